@@ -1,0 +1,186 @@
+"""The implementation registry.
+
+An implementation is an *algorithm* (a function returning a ``@dace.program``
+for one layer, with every size a compile-time constant) plus one *schedule* per
+target (a function that transforms the SDFG in place: map schedules, storage
+types, tiling, auto-optimize).  Modules in the top-level ``impls`` package
+register themselves on import::
+
+    register(Implementation(
+        name="implicitGemm", summary="...", layout=Layout.NDHWC, pass_=Pass.FWD,
+        algorithm=algorithm, schedules={"cpu": cpu_schedule, "gpu": gpu_schedule},
+        params=(Param("CTAtileM", 64, "rows of a thread-block tile"),),
+        supports=lambda layer, params: None))
+
+The harness looks implementations up by the name users type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import pkgutil
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
+
+from .errors import UsageError
+from .layouts import Layout, Pass
+
+TARGETS = ("cpu", "gpu")
+
+
+@dataclasses.dataclass(frozen=True)
+class Param:
+    """A tunable integer parameter of an implementation (a tile size, a split factor)."""
+
+    name: str
+    default: int
+    help: str = ""
+    #: ``check(value) -> None or a message`` for values outside the valid range.
+    check: Optional[Callable[[int], Optional[str]]] = None
+    minimum: int = 1
+
+    def validate(self, value: Any, source: str = "--param") -> int:
+        if isinstance(value, str):
+            try:
+                value = int(value.strip(), 10)
+            except ValueError:
+                raise UsageError(f"{source}: {self.name} must be an integer, got {value!r}") from None
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise UsageError(f"{source}: {self.name} must be an integer, got {value!r}")
+        if value < self.minimum:
+            raise UsageError(f"{source}: {self.name} must be >= {self.minimum}, got {value}")
+        if self.check is not None:
+            message = self.check(value)
+            if message:
+                raise UsageError(f"{source}: {self.name}={value}: {message}")
+        return value
+
+
+Schedule = Callable[..., None]  # (sdfg, layer, params) -> None, transforms in place
+
+
+@dataclasses.dataclass(frozen=True)
+class Implementation:
+    name: str
+    summary: str
+    layout: Layout
+    pass_: Pass
+    #: ``algorithm(layer, dtype, params) -> dace program or SDFG`` for one layer, with every
+    #: size a Python integer (a compile-time constant).  DaCe 1.0.2's frontend miscompiles
+    #: strided accesses such as ``x[od * S + kd]`` inside maps when sizes are symbolic.
+    algorithm: Callable[..., Any]
+    #: target name -> ``schedule(sdfg, layer, params)``.
+    schedules: Mapping[str, Schedule]
+    params: Tuple[Param, ...] = ()
+    #: ``supports(layer, params) -> None`` if supported, else the reason why not.
+    supports: Optional[Callable[..., Optional[str]]] = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "layout", Layout(self.layout))
+        object.__setattr__(self, "pass_", Pass(self.pass_))
+        unknown = set(self.schedules) - set(TARGETS)
+        if unknown:
+            raise ValueError(f"{self.name}: unknown targets {sorted(unknown)}; known: {TARGETS}")
+        names = [p.name for p in self.params]
+        if len(set(names)) != len(names):
+            raise ValueError(f"{self.name}: duplicated parameter names {names}")
+
+    @property
+    def targets(self) -> Tuple[str, ...]:
+        return tuple(t for t in TARGETS if t in self.schedules)
+
+    def resolve_params(self, overrides: Optional[Mapping[str, Any]] = None,
+                       source: str = "--param") -> Dict[str, int]:
+        """Defaults updated by ``overrides``; unknown names and bad values raise UsageError."""
+        known = {p.name: p for p in self.params}
+        values = {p.name: p.default for p in self.params}
+        for key, value in (overrides or {}).items():
+            if key not in known:
+                names = ", ".join(known) or "none"
+                raise UsageError(f"{source}: {self.name} has no parameter '{key}' "
+                                 f"(its parameters: {names})")
+            values[key] = known[key].validate(value, source)
+        return values
+
+    def unsupported_reason(self, layer, params: Mapping[str, int]) -> Optional[str]:
+        """None if this implementation handles ``layer`` with ``params``, else why not."""
+        if self.supports is None:
+            return None
+        return self.supports(layer, params)
+
+    def source_files(self) -> Sequence[str]:
+        """Files whose text defines this implementation (for cache keys)."""
+        files = {inspect.getsourcefile(self.algorithm)}
+        files.update(inspect.getsourcefile(s) for s in self.schedules.values())
+        return sorted(f for f in files if f)
+
+
+_REGISTRY: Dict[str, Implementation] = {}
+_LOADED = False
+
+
+def register(impl: Implementation) -> Implementation:
+    """Add an implementation under its name.  Names are unique."""
+    existing = _REGISTRY.get(impl.name)
+    if existing is not None and existing is not impl:
+        raise ValueError(f"implementation '{impl.name}' is registered twice")
+    _REGISTRY[impl.name] = impl
+    return impl
+
+
+def load_implementations(package: str = "impls") -> None:
+    """Import every module of the ``impls`` package so that each registers itself."""
+    global _LOADED
+    if _LOADED:
+        return
+    pkg = importlib.import_module(package)
+    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{package}.{info.name}")
+    _LOADED = True
+
+
+def all_implementations() -> Dict[str, Implementation]:
+    load_implementations()
+    return dict(_REGISTRY)
+
+
+def get(name: str) -> Implementation:
+    impls = all_implementations()
+    if name not in impls:
+        raise UsageError(f"--implementation: unknown implementation '{name}' (known: "
+                         f"{', '.join(impls)})")
+    return impls[name]
+
+
+def parse_param_overrides(items: Sequence[str]) -> Dict[str, str]:
+    """``["CTAtileM=64", ...]`` -> ``{"CTAtileM": "64"}`` (values validated later)."""
+    out: Dict[str, str] = {}
+    for item in items or ():
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip() or not value.strip():
+            raise UsageError(f"--param: expected NAME=VALUE, got {item!r}")
+        out[name.strip()] = value.strip()
+    return out
+
+
+def format_listing(impls: Mapping[str, Implementation]) -> str:
+    """The text printed by ``--list``."""
+    lines = []
+    for impl in impls.values():
+        lines.append(f"{impl.name}")
+        lines.append(f"    {impl.summary}")
+        lines.append(f"    pass: {impl.pass_}   layout: {impl.layout}   targets: "
+                     f"{', '.join(impl.targets)}")
+        if impl.params:
+            params = ", ".join(f"{p.name}={p.default}" for p in impl.params)
+            lines.append(f"    params: {params}")
+            for p in impl.params:
+                if p.help:
+                    lines.append(f"      {p.name}: {p.help}")
+        else:
+            lines.append("    params: none")
+        limits = getattr(impl.supports, "__doc__", None) if impl.supports else None
+        lines.append(f"    supports: {limits.strip() if limits else 'every layer'}")
+    return "\n".join(lines)

@@ -1,0 +1,170 @@
+"""Verification against torch in float64.
+
+The ground truth is ``torch.nn.functional.conv3d`` in float64 on the CPU, fed
+with the same float32 inputs upcast exactly.  On a GPU the result is also
+compared with torch's float32 convolution on the GPU with TF32 off.
+
+Tolerance.  A float32 sum of L products, each term ``x_i * w_i``, is off from
+the exact sum by roundings whose size follows the partial sums; for any
+summation order the error is well within ``sqrt(L) * u * sum_i |x_i * w_i|`` for
+random data (``u`` the unit roundoff), whereas the worst-case bound
+``L * u * sum|x_i w_i|`` is too loose to notice a skipped term.  So each output
+element i must satisfy::
+
+    |out_i - ref_i| <= TOL_FACTOR * sqrt(L) * u * absref_i
+
+where ``absref`` is the same convolution of ``|x|`` and ``|w|`` in float64 and
+L the reduction length.  A missing or doubled reduction term, a wrong tap, or
+an unwritten element (outputs are poisoned with NaN before each run) fails.
+Inputs are fresh uniform(-1, 1) random numbers, never zeros.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Dict, Optional
+
+from .layers import Layer
+from .layouts import PASS_SIGNATURE, Pass, from_layout, stored_shape, to_layout
+
+#: Safety factor of the tolerance (see the module docstring).
+TOL_FACTOR = 8.0
+
+
+@dataclasses.dataclass
+class Check:
+    """The outcome of comparing one output with its reference."""
+
+    reference: str
+    ok: bool
+    max_abs: float
+    #: max |out - ref| / max |ref|.
+    max_rel: float
+    #: max over elements of |out - ref| / tolerance (pass iff <= 1 and nothing is NaN).
+    worst_ratio: float
+    #: elements that are NaN or infinite (unwritten or broken).
+    nonfinite: int
+    numel: int
+
+    def summary(self) -> str:
+        text = (f"max abs {self.max_abs:.3e}  max rel {self.max_rel:.3e}  "
+                f"err/tol {self.worst_ratio:.3g}")
+        if self.nonfinite:
+            text += f"  non-finite {self.nonfinite}/{self.numel}"
+        return text
+
+
+@dataclasses.dataclass
+class Reference:
+    """Inputs (logical NCDHW/KCTRS, float32, CPU) and float64 results for one layer."""
+
+    layer: Layer
+    pass_: Pass
+    inputs: Dict[str, "torch.Tensor"]
+    ref: "torch.Tensor"
+    absref: "torch.Tensor"
+    reduction_len: int
+
+
+def make_inputs(layer: Layer, pass_: Pass, seed: int, dtype="float32"):
+    """Fresh uniform(-1, 1) inputs, logical layout, on the CPU."""
+    import torch
+    gen = torch.Generator().manual_seed(seed)
+    shapes = {"x": layer.input_shape, "w": layer.filter_shape, "y": layer.output_shape}
+    roles, _ = PASS_SIGNATURE[Pass(pass_)]
+    tdtype = getattr(torch, dtype)
+    return {r: (torch.rand(shapes[r], generator=gen, dtype=torch.float64) * 2 - 1).to(tdtype)
+            for r in roles}
+
+
+def torch_pass(layer: Layer, pass_: Pass, inputs):
+    """The pass computed by torch on ``inputs`` (any dtype and device)."""
+    import torch.nn.functional as F
+    if Pass(pass_) == Pass.FWD:
+        return F.conv3d(inputs["x"], inputs["w"], stride=layer.stride, padding=layer.pad)
+    raise NotImplementedError(pass_)
+
+
+def reduction_length(layer: Layer, pass_: Pass) -> int:
+    if Pass(pass_) == Pass.FWD:
+        return layer.gemm_k
+    raise NotImplementedError(pass_)
+
+
+def make_reference(layer: Layer, pass_: Pass = Pass.FWD, seed: int = 0,
+                   dtype="float32") -> Reference:
+    import torch
+    inputs = make_inputs(layer, pass_, seed, dtype)
+    with torch.no_grad():
+        ref = torch_pass(layer, pass_, {k: v.double() for k, v in inputs.items()})
+        absref = torch_pass(layer, pass_, {k: v.double().abs() for k, v in inputs.items()})
+    return Reference(layer, Pass(pass_), inputs, ref, absref, reduction_length(layer, pass_))
+
+
+def compare(out, reference: Reference, unit_roundoff: float, name: str = "torch-fp64",
+            ref=None, slack: float = 1.0) -> Check:
+    """Check ``out`` (logical layout, any device) against ``ref`` (default: the float64
+    ground truth) with the tolerance of the module docstring times ``slack``."""
+    import torch
+    ref = reference.ref if ref is None else ref
+    out = out.detach().to("cpu", torch.float64)
+    ref = ref.detach().to("cpu", torch.float64)
+    if out.shape != ref.shape:
+        raise ValueError(f"output shape {tuple(out.shape)} != reference {tuple(ref.shape)}")
+    err = (out - ref).abs()
+    scale = slack * TOL_FACTOR * math.sqrt(reference.reduction_len) * unit_roundoff
+    tol = reference.absref * scale
+    finite = torch.isfinite(out)
+    nonfinite = int((~finite).sum())
+    ok_elems = (err <= tol) & finite  # NaN compares False: unwritten elements fail
+    ratio = torch.where(tol > 0, err / tol, torch.where(err > 0, math.inf, 0.0))
+    ratio = torch.where(finite, ratio, torch.full_like(ratio, math.inf))
+    max_ref = float(ref.abs().max()) if ref.numel() else 0.0
+    max_abs = float(err[finite].max()) if nonfinite < err.numel() else math.nan
+    if nonfinite:
+        max_abs = math.nan
+    return Check(reference=name, ok=bool(ok_elems.all()), max_abs=max_abs,
+                 max_rel=max_abs / max_ref if max_ref > 0 else max_abs,
+                 worst_ratio=float(ratio.max()) if ratio.numel() else 0.0,
+                 nonfinite=nonfinite, numel=out.numel())
+
+
+def run_build(build, reference: Reference, device: str = "cpu"):
+    """Run a loaded build on the reference inputs; return its output in logical layout.
+
+    The output buffer is poisoned with NaN first, so unwritten elements fail.
+    """
+    import torch
+    impl, layer = build.spec.impl, build.spec.layer
+    roles, out_role = PASS_SIGNATURE[impl.pass_]
+    tdev = torch.device("cuda" if device == "gpu" else "cpu")
+    args = {r: to_layout(reference.inputs[r], impl.layout, r).to(tdev) for r in roles}
+    logical_out = {"y": layer.output_shape, "x": layer.input_shape, "w": layer.filter_shape}
+    out = torch.full(stored_shape(impl.layout, out_role, logical_out[out_role]), math.nan,
+                     dtype=build.spec.dtype.torch, device=tdev)
+    args[out_role] = out
+    build(**args)
+    if tdev.type == "cuda":
+        torch.cuda.synchronize()
+    return from_layout(out, impl.layout, out_role)
+
+
+def verify_build(build, reference: Reference, device: str = "cpu") -> list:
+    """All checks for one build: float64 ground truth, plus torch on the GPU (TF32 off)."""
+    import torch
+    out = run_build(build, reference, device)
+    u = build.spec.dtype.unit_roundoff
+    checks = [compare(out, reference, u)]
+    if device == "gpu":
+        prev = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        try:
+            with torch.no_grad():
+                gpu_ref = torch_pass(reference.layer, reference.pass_,
+                                     {k: v.cuda() for k, v in reference.inputs.items()})
+        finally:
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = prev
+        # Both sides carry float32 rounding: allow twice the tolerance.
+        checks.append(compare(out, reference, u, name="torch-gpu-fp32", ref=gpu_ref, slack=2.0))
+    return checks

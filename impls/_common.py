@@ -1,0 +1,80 @@
+"""Building blocks shared by the implementations: layer constants, input padding and the
+auto-optimize schedules.
+
+Algorithms are written per layer with every size a Python integer
+(:func:`layer_constants`), so each compiled SDFG has constant sizes.  A forward
+algorithm's compute program reads the *padded* input; :func:`pad_input` turns it
+into an SDFG with the harness's signature ``(x, w, y)`` by adding a zero-fill and
+an interior copy in front of it, as plain maps that every target's schedule can
+place.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import dace
+
+from convbench.layers import Layer
+from convbench.layouts import Layout, stored_shape
+
+
+def layer_constants(layer: Layer, layout: Layout) -> SimpleNamespace:
+    """Sizes of ``layer`` as plain integers, plus the stored shapes for ``layout``.
+
+    Fields: ``N C K D H W KD KH KW S P DP HP WP OD OH OW`` (``DP = D + 2P`` ...), the GEMM
+    sizes ``GM GN GK``, and the shapes ``xp_shape`` (padded input), ``w_shape``, ``y_shape``.
+    """
+    p = layer.pad
+    padded = (layer.batch, layer.in_channels, layer.in_d + 2 * p, layer.in_h + 2 * p,
+              layer.in_w + 2 * p)
+    return SimpleNamespace(
+        N=layer.batch, C=layer.in_channels, K=layer.out_channels, D=layer.in_d, H=layer.in_h,
+        W=layer.in_w, KD=layer.k_d, KH=layer.k_h, KW=layer.k_w, S=layer.stride, P=p,
+        DP=padded[2], HP=padded[3], WP=padded[4], OD=layer.out_d, OH=layer.out_h,
+        OW=layer.out_w, GM=layer.gemm_m, GN=layer.gemm_n, GK=layer.gemm_k,
+        xp_shape=stored_shape(layout, "x", padded),
+        w_shape=stored_shape(layout, "w", layer.filter_shape),
+        y_shape=stored_shape(layout, "y", layer.output_shape))
+
+
+def pad_input(program, layer: Layer, layout: Layout):
+    """SDFG of ``program(x=padded input, w, y)`` that takes the unpadded ``x``.
+
+    Without padding the program's own SDFG is returned.  Otherwise its ``x``
+    becomes the transient ``xp``, and two states before the computation zero
+    ``xp`` and copy the new input ``x`` into its interior.
+    """
+    sdfg = program.to_sdfg(simplify=True)
+    if layer.pad == 0:
+        return sdfg
+    padded = sdfg.arrays["x"]
+    sdfg.replace("x", "xp")
+    padded.transient = True
+    shape = stored_shape(layout, "x", layer.input_shape)
+    spatial = (2, 3, 4) if layout == Layout.NCDHW else (1, 2, 3)
+    sdfg.add_array("x", shape, padded.dtype, storage=padded.storage)
+    idx = [f"i{d}" for d in range(5)]
+    zero = sdfg.add_state_before(sdfg.start_state, "pad_zero")
+    zero.add_mapped_tasklet(
+        "pad_zero", {i: f"0:{s}" for i, s in zip(idx, padded.shape)}, {}, "out = 0",
+        {"out": dace.Memlet(f"xp[{','.join(idx)}]")}, external_edges=True)
+    copy = sdfg.add_state_after(zero, "pad_copy")
+    dst = [f"{i} + {layer.pad}" if d in spatial else i for d, i in enumerate(idx)]
+    copy.add_mapped_tasklet(
+        "pad_copy", {i: f"0:{s}" for i, s in zip(idx, shape)},
+        {"inp": dace.Memlet(f"x[{','.join(idx)}]")}, "out = inp",
+        {"out": dace.Memlet(f"xp[{','.join(dst)}]")}, external_edges=True)
+    return sdfg
+
+
+def auto_cpu(sdfg, layer, params):
+    """CPU schedule: DaCe's auto-optimize for the CPU (OpenMP)."""
+    from dace.transformation.auto.auto_optimize import auto_optimize
+    auto_optimize(sdfg, dace.DeviceType.CPU)
+
+
+def auto_gpu(sdfg, layer, params):
+    """GPU schedule: DaCe's auto-optimize for the GPU (moves data and maps to the device)."""
+    from dace.transformation.auto.auto_optimize import auto_optimize
+    auto_optimize(sdfg, dace.DeviceType.GPU)

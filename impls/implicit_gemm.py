@@ -1,0 +1,54 @@
+"""``implicitGemm``: implicit GEMM on NDHWC, scheduled by DaCe's auto-optimize.
+
+The convolution is the GEMM ``Y[M, N] = A[M, K] * B[K, N]`` with
+
+* M = batch * Do * Ho * Wo (row m is the output pixel (b, od, oh, ow)),
+* N = output channels,
+* K = C * kd * kh * kw (column kk is the tap (kd, kh, kw, c), c fastest),
+
+where ``A`` is never formed: ``A[m, kk]`` is read from the (padded) input at the
+pixel and tap that ``m`` and ``kk`` stand for, and ``B[kk, n]`` is the KTRSC
+filter ``w[n, kd, kh, kw, c]``.  In NDHWC, ``Y`` is the output itself, row-major
+``[M, N]``.
+
+The M and K indices are written in their decoded, multi-dimensional form (a map
+over (b, od, oh, ow, n), a loop nest over (kd, kh, kw, c)).  Flat indices would
+need ``m % Do``-style arithmetic, which DaCe 1.0.2's frontend cannot parse when a
+size is 1 (the expression folds to a sympy zero and parsing fails).
+"""
+
+import dace
+
+from convbench.layouts import Layout, Pass
+from convbench.registry import Implementation, register
+from impls._common import auto_cpu, auto_gpu, layer_constants, pad_input
+
+
+def algorithm(layer, dtype, params):
+    L = layer_constants(layer, Layout.NDHWC)
+    dt, zero = dtype.dace, dtype.numpy(0)
+    N, C, K, KD, KH, KW, S = L.N, L.C, L.K, L.KD, L.KH, L.KW, L.S
+    OD, OH, OW = L.OD, L.OH, L.OW
+
+    @dace.program
+    def implicit_gemm(x: dt[L.xp_shape], w: dt[L.w_shape], y: dt[L.y_shape]):
+        for b, od, oh, ow, n in dace.map[0:N, 0:OD, 0:OH, 0:OW, 0:K]:  # (m, n)
+            acc = zero
+            for kd in range(KD):  # kk
+                for kh in range(KH):
+                    for kw in range(KW):
+                        for c in range(C):
+                            acc += x[b, od * S + kd, oh * S + kh, ow * S + kw, c] * w[n, kd, kh, kw, c]
+            y[b, od, oh, ow, n] = acc
+
+    return pad_input(implicit_gemm, layer, Layout.NDHWC)
+
+
+register(Implementation(
+    name="implicitGemm",
+    summary="implicit GEMM (M=N*Do*Ho*Wo, N=K, K=C*kd*kh*kw) on NDHWC, DaCe auto-optimize",
+    layout=Layout.NDHWC,
+    pass_=Pass.FWD,
+    algorithm=algorithm,
+    schedules={"cpu": auto_cpu, "gpu": auto_gpu},
+))

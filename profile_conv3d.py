@@ -1,0 +1,15 @@
+#!/usr/bin/env python3
+"""Verify (and, later, profile) DaCe 3D-convolution implementations layer by layer.
+
+A thin wrapper: the logic lives in :mod:`convbench.cli`.  Run with ``--help``.
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from convbench.cli import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main())

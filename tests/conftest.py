@@ -1,0 +1,51 @@
+import functools
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from convbench import devices  # noqa: E402
+from convbench.verify import make_reference  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    if devices.gpu_usable():
+        return
+    skip = pytest.mark.skip(reason=f"needs a GPU: {devices.gpu_problem()}")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def cachedir(tmp_path_factory):
+    """One build folder for the whole session, outside the project cache."""
+    return tmp_path_factory.mktemp("builds")
+
+
+@functools.lru_cache(maxsize=4)
+def _reference(layer, seed):
+    return make_reference(layer, seed=seed)
+
+
+@pytest.fixture(scope="session")
+def reference():
+    """``reference(layer, seed=0)``: float64 reference, shared between implementations."""
+    return lambda layer, seed=0: _reference(layer, seed)
+
+
+@pytest.fixture
+def write_csv(tmp_path):
+    def write(text, name="layers.csv"):
+        path = tmp_path / name
+        path.write_text(text)
+        return path
+    return write
+
+
+PYTHON = sys.executable
+ENV = dict(os.environ, PYTHONPATH=str(ROOT))
