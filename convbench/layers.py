@@ -183,8 +183,6 @@ def parse_layers(text: str, path="<string>") -> List[Layer]:
     header_line, header = numbered[0]
     header = [h.strip() for h in header]
     body = numbered[1:]
-    if not body:
-        raise LayerFileError(path, header_line, "no layers after the header")
 
     if "InChannel" in header or "OutputChannel" in header:
         expected, legacy = LEGACY_HEADER, True
@@ -201,6 +199,8 @@ def parse_layers(text: str, path="<string>") -> List[Layer]:
         dup = next(c for c in header if header.count(c) > 1)
         raise LayerFileError(path, header_line, f"duplicated column '{dup}'")
 
+    if not body:
+        raise LayerFileError(path, header_line, "no layers after the header")
     layers: List[Layer] = []
     seen = {}
     for lineno, row in body:

@@ -27,7 +27,7 @@ def cachedir(tmp_path_factory):
     return tmp_path_factory.mktemp("builds")
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=2)  # CosmoFlow references take up to ~1 GB each
 def _reference(layer, seed):
     return make_reference(layer, seed=seed)
 

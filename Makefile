@@ -1,0 +1,41 @@
+# Set-up, the default job and the tests.  `make run` and `make test` set up first.
+#
+#   make setup   create .venv (if missing) and install the project (idempotent)
+#   make run     verify the default implementation on every CosmoFlow layer (CPU, batch 1)
+#   make test    run the whole test suite (GPU tests skip without a GPU)
+#
+# Variables: PYTHON (interpreter that creates the venv), VENV, TORCH_SPEC (the torch
+# requirement installed first; the default takes this machine's local CPU wheel),
+# RUN_ARGS (extra flags for `make run`), PYTEST_ARGS.
+
+PYTHON     ?= python3
+VENV       ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+RUN_ARGS   ?=
+PYTEST_ARGS ?=
+
+PY    := $(VENV)/bin/python
+STAMP := $(VENV)/.convbench-installed
+
+.PHONY: setup run test clean-cache
+
+setup: $(STAMP)
+
+# Re-install when the package metadata or the torch spec changes.
+$(STAMP): setup.cfg pyproject.toml Makefile
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade "pip>=23" "setuptools>=61" wheel
+	@# torch first, explicitly: otherwise pip resolves "torch" to the newest CUDA build.
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet --no-build-isolation -e ".[test]"
+	@$(PY) -c "import dace, numpy, networkx, torch; print('dace', dace.__version__, '| numpy', numpy.__version__, '| networkx', networkx.__version__, '| torch', torch.__version__)"
+	@touch $(STAMP)
+
+run: setup
+	$(PY) profile_conv3d.py --verify --device cpu --batch 1 --paramscsv cosmoflow $(RUN_ARGS)
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+clean-cache:
+	rm -rf .cache/builds

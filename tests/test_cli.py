@@ -1,0 +1,156 @@
+"""profile_conv3d.py: bad input gets one line and exit status 2; --verify runs and reports."""
+
+import dataclasses
+import subprocess
+
+import pytest
+
+from conftest import ENV, PYTHON, ROOT
+from convbench import cli, devices, registry
+from convbench.layers import Layer
+
+HEADER = "layer,batch,in_channels,out_channels,in_d,in_h,in_w,k_d,k_h,k_w,stride,pad\n"
+TINY = HEADER + "t1,1,2,3,4,5,6,3,3,3,1,0\nt2,2,3,4,5,5,5,3,3,3,2,1\n"
+
+
+def run_cli(*args):
+    return subprocess.run([PYTHON, str(ROOT / "profile_conv3d.py"), *args], capture_output=True,
+                          text=True, env=ENV, cwd=ROOT, timeout=600)
+
+
+def assert_usage_error(capsys, args, words):
+    assert cli.main(list(args)) == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("profile_conv3d.py: error: ")
+    assert words in lines[0], lines[0]
+    assert "Traceback" not in out + err
+    return lines[0]
+
+
+@pytest.mark.parametrize("body, words", [
+    (HEADER.replace(",pad", ""), "missing column 'pad'"),
+    (HEADER.strip() + ",extra\n", "unknown column 'extra'"),
+    (HEADER + "a,1,1,1,4,four,4,3,3,3,1,0\n", ":2: field 'in_h': not an integer"),
+    (HEADER + "a,1,1,1,0,4,4,3,3,3,1,0\n", ":2: field 'in_d': must be a positive integer"),
+    (HEADER + "a,1,1,-1,4,4,4,3,3,3,1,0\n", ":2: field 'out_channels'"),
+    (HEADER + "a,1,1,1,4,4,4,5,3,3,1,0\n", ":2: field 'k_d': kernel size 5 is larger"),
+    (HEADER + "a,1,1,1,4,4,4,3,3,3,0,0\n", ":2: field 'stride'"),
+    (HEADER + "a,1,1,1,4,4,4,3,3,3,1,-1\n", ":2: field 'pad'"),
+    ("", "empty file"),
+    (HEADER + "a,1,1,1,4,4,4,3,3,3,1,0\na,1,1,1,4,4,4,3,3,3,1,0\n", ":3: field 'layer': duplicated"),
+    ("InChannel,InputDepth,InputHeight,InputWidth,KernelDepth,KernelHeight,KernelWidth,"
+     "OutputChannel,OutputDepth,OutputHeight,OutputWidth\n1,10,10,10,3,3,3,4,8,8,9\n",
+     ":2: field 'OutputWidth': output size 9 is inconsistent"),
+])
+def test_bad_csv(capsys, write_csv, body, words):
+    path = write_csv(body)
+    line = assert_usage_error(capsys, ["--verify", "--device", "cpu", "--paramscsv", str(path)],
+                              words)
+    assert str(path) in line  # names the file
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--paramscsv", "nosuchset"], "no layer set or file named 'nosuchset'"),
+    (["--implementation", "nosuch"], "unknown implementation 'nosuch' (known: "),
+    (["--currlayer", "7"], "--currlayer: 7 is out of range"),
+    (["--currlayer", "3", "--lastlayer", "2"], "--lastlayer: 2 must be in 4..7"),
+    (["--lastlayer", "9"], "--lastlayer: 9"),
+    (["--currlayer", "x"], "argument --currlayer: invalid int value"),
+    (["--batch", "0"], "--batch: must be a positive integer"),
+    (["--batch", "-3"], "--batch: must be a positive integer"),
+    (["--batch", "two"], "argument --batch: invalid int value"),
+    (["--device", "tpu"], "--device: unknown device 'tpu'"),
+    (["--param", "tile"], "--param: expected NAME=VALUE"),
+    (["--param", "tileM=8"], "implicitGemm has no parameter 'tileM'"),
+    (["--nosuchflag"], "unrecognized arguments: --nosuchflag"),
+    ([], "nothing to do"),
+])
+def test_bad_flags(capsys, args, words):
+    full = args if "--verify" in args or not args else ["--verify", "--device", "cpu", *args]
+    if args == []:
+        full = ["--device", "cpu"]
+    assert_usage_error(capsys, full, words)
+
+
+def test_unknown_implementation_lists_known(capsys):
+    assert cli.main(["--implementation", "nosuch", "--verify"]) == 2
+    err = capsys.readouterr().err
+    for name in registry.all_implementations():
+        assert name in err
+
+
+@pytest.mark.skipif(devices.gpu_usable(), reason="a GPU is usable here")
+def test_gpu_requested_without_one(capsys):
+    assert_usage_error(capsys, ["--verify", "--device", "gpu"], "--device gpu: ")
+
+
+def test_subprocess_one_line_no_traceback(write_csv):
+    path = write_csv(HEADER + "a,1,1,1,4,4,4,3,3,3,1,-2\n")
+    for args in (["--verify", "--paramscsv", str(path)], ["--implementation", "bogus"],
+                 ["--batch", "0", "--verify"]):
+        proc = run_cli(*args)
+        assert proc.returncode == 2, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert "Traceback" not in proc.stderr
+
+
+def test_list():
+    proc = run_cli("--list")
+    assert proc.returncode == 0
+    for name in ("implicitGemm", "directConvNCDHW"):
+        assert name in proc.stdout
+    assert "layout: NDHWC" in proc.stdout and "targets: cpu, gpu" in proc.stdout
+
+
+def test_verify_end_to_end(write_csv, tmp_path):
+    path = write_csv(TINY)
+    proc = run_cli("--verify", "--device", "cpu", "--paramscsv", str(path), "--implementation",
+                   "directConvNCDHW", "--cachedir", str(tmp_path / "c"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert sum("PASS" in l for l in lines) == 2
+    assert "max abs" in proc.stdout and "max rel" in proc.stdout
+    assert lines[-1] == "directConvNCDHW: 2 passed, 0 failed, 0 unsupported (of 2 layers)"
+    # --currlayer/--lastlayer and --batch
+    proc = run_cli("--verify", "--device", "cpu", "--paramscsv", str(path), "--currlayer", "1",
+                   "--lastlayer", "2", "--batch", "1", "--cachedir", str(tmp_path / "c"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "t2" in proc.stdout and "t1 " not in proc.stdout and " b1" in proc.stdout
+
+
+def _with_toy(monkeypatch, **changes):
+    impls = dict(registry.all_implementations())
+    toy = dataclasses.replace(impls["directConvNCDHW"], name="toy", **changes)
+    impls["toy"] = toy
+    monkeypatch.setattr(registry, "_REGISTRY", impls)
+    return toy
+
+
+def test_unsupported_and_strict(monkeypatch, capsys, write_csv, tmp_path):
+    _with_toy(monkeypatch, supports=lambda layer, params: "needs stride 1"
+              if layer.stride != 1 else None)
+    path = str(write_csv(TINY))
+    args = ["--verify", "--device", "cpu", "--implementation", "toy", "--paramscsv", path,
+            "--cachedir", str(tmp_path)]
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    assert "t2" in out and "unsupported: needs stride 1" in out
+    assert "1 passed, 0 failed, 1 unsupported" in out
+    assert cli.main(args + ["--strict"]) == 1
+    assert "FAIL (--strict)" in capsys.readouterr().out
+
+
+def test_failing_layer_exits_1(monkeypatch, capsys, write_csv, tmp_path):
+    from test_verify import _direct, off_by_one_tap
+    _with_toy(monkeypatch, algorithm=_direct(off_by_one_tap).algorithm)
+    path = str(write_csv(HEADER + "t1,1,2,3,4,5,6,3,3,3,1,0\n"))
+    assert cli.main(["--verify", "--device", "cpu", "--implementation", "toy", "--paramscsv",
+                     path, "--cachedir", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "0 passed, 1 failed" in out
+
+
+def test_layer_describe():
+    assert Layer("a", 2, 3, 4, 5, 5, 5, 3, 3, 3, 2, 1).describe() == "3->4 @5^3 k3^3 s2 p1 b2"

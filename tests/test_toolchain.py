@@ -1,0 +1,85 @@
+"""The DaCe toolchain: unique build names, cache folders, and CUDA builds with nvcc 13."""
+
+import shutil
+
+import pytest
+
+from convbench import registry, toolchain
+from convbench.errors import UsageError
+from convbench.layers import Layer
+
+LAYER = Layer("tc", 1, 3, 4, 6, 5, 4, 3, 3, 3, pad=1)
+IMPLS = sorted(registry.all_implementations())
+
+
+def test_build_names_are_unique():
+    impl = registry.get("implicitGemm")
+    base = toolchain.make_spec(impl, LAYER)
+    variants = [
+        base,
+        toolchain.make_spec(impl, LAYER.with_batch(2)),
+        toolchain.make_spec(impl, LAYER, target="gpu"),
+        toolchain.make_spec(registry.get("directConvNCDHW"), LAYER),
+        # same layer name, other geometry (layer sets share names like "conv1")
+        toolchain.make_spec(impl, Layer("tc", 1, 3, 4, 6, 5, 4, 3, 3, 3, pad=0)),
+    ]
+    names = [v.name for v in variants]
+    assert len(set(names)) == len(names), names
+    assert toolchain.make_spec(impl, LAYER).name == base.name  # deterministic
+    for name in names:
+        assert name.isidentifier()
+
+
+def test_unknown_target_and_dtype():
+    impl = registry.get("implicitGemm")
+    with pytest.raises(UsageError, match="no schedule for target 'fpga'"):
+        toolchain.make_spec(impl, LAYER, target="fpga")
+    with pytest.raises(UsageError, match="unknown dtype"):
+        toolchain.make_spec(impl, LAYER, dtype="float7")
+
+
+def test_cpu_build_goes_to_cachedir(tmp_path):
+    spec = toolchain.make_spec(registry.get("directConvNCDHW"), LAYER)
+    build = toolchain.build(spec, tmp_path)
+    assert build.folder == tmp_path / spec.name
+    assert build.library.is_file() and build.library.is_relative_to(tmp_path)
+    assert build.program is not None and set(build.times) == {"sdfg", "compile"}
+
+
+def test_gpu_settings_carry_the_nvcc13_fixes(tmp_path):
+    settings = toolchain.dace_settings("gpu", tmp_path)
+    assert settings[("compiler", "cuda", "cuda_arch")] == "90"
+    assert settings[("compiler", "cuda", "backend")] == "cuda"
+    assert "-include" in settings[("compiler", "cuda", "args")]
+    assert "cub3_compat.cuh" in settings[("compiler", "cuda", "args")]
+    assert "CMAKE_USER_MAKE_RULES_OVERRIDE_CUDA" in settings[("compiler", "extra_cmake_args")]
+    assert settings[("compiler", "cuda", "max_concurrent_streams")] == -1
+    for name in ("cub3_compat.cuh", "cuda_cxx17.cmake"):
+        assert (toolchain.COMPAT_DIR / name).is_file()
+    cpu = toolchain.dace_settings("cpu", tmp_path)
+    assert ("compiler", "cuda", "args") not in cpu
+
+
+def test_gpu_settings_are_temporary(tmp_path):
+    import dace
+    before = dace.config.Config.get("compiler", "cuda", "cuda_arch")
+    with toolchain.dace_config("gpu", tmp_path):
+        assert dace.config.Config.get("compiler", "cuda", "cuda_arch") == "90"
+    assert dace.config.Config.get("compiler", "cuda", "cuda_arch") == before
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("name", IMPLS)
+def test_gpu_sdfg_compiles_with_nvcc(name, tmp_path):
+    """The GPU schedule generates CUDA kernels that nvcc compiles for sm_90 (no GPU needed)."""
+    spec = toolchain.make_spec(registry.get(name), LAYER, target="gpu")
+    build = toolchain.build(spec, tmp_path, load=False)
+    assert build.program is None
+    assert build.library.is_file()
+    cuda_sources = list((build.folder / "src" / "cuda").glob("*.cu"))
+    assert cuda_sources, "no CUDA source generated"
+    text = cuda_sources[0].read_text()
+    assert "__global__" in text
+    cmake_cache = (build.folder / "build" / "CMakeCache.txt").read_text()
+    assert "cuda_cxx17.cmake" in cmake_cache

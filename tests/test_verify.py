@@ -1,0 +1,187 @@
+"""Verification has teeth: the comparison rejects wrong results and planted bugs.
+
+The planted bugs are real DaCe programs compiled on the CPU, each a small change
+to a correct convolution: an off-by-one in a kernel index, a skipped tail of a
+tiled K loop, a missing last reduction term, an output not fully written, and an
+output accumulated into instead of assigned (the original work's bug: it only
+passed when the output happened to start at zero).
+"""
+
+import math
+
+import dace
+import pytest
+import torch
+
+from convbench import toolchain, verify
+from convbench.layers import Layer
+from convbench.layouts import Layout
+from convbench.registry import Implementation
+from impls._common import auto_cpu, layer_constants, pad_input
+
+LAYER = Layer("odd", 2, 3, 5, 6, 5, 7, 3, 3, 3, stride=1, pad=1)  # K = 81 = 5*16 + 1
+
+
+def test_tolerance_scales_with_reduction():
+    ref = verify.make_reference(LAYER, seed=1)
+    u = toolchain.get_dtype("float32").unit_roundoff
+    out32 = ref.ref.float()  # correctly rounded float32: passes
+    assert verify.compare(out32, ref, u).ok
+    wrong = ref.ref.clone()
+    wrong[0, 0, 0, 0, 0] += 1e-3  # one wrong element fails
+    check = verify.compare(wrong, ref, u)
+    assert not check.ok and check.worst_ratio > 1 and check.max_abs == pytest.approx(1e-3)
+    nan = ref.ref.clone()
+    nan[1, 4, 5, 4, 6] = math.nan
+    check = verify.compare(nan, ref, u)
+    assert not check.ok and check.nonfinite == 1
+
+
+def test_fresh_inputs_not_zero():
+    a = verify.make_inputs(LAYER, "fwd", seed=0)
+    b = verify.make_inputs(LAYER, "fwd", seed=1)
+    assert a["x"].abs().min() >= 0 and a["x"].abs().mean() > 0.4
+    assert not torch.equal(a["x"], b["x"])
+    assert a["x"].min() < 0 < a["x"].max()
+
+
+def _direct(body):
+    """A toy NCDHW direct-conv implementation whose compute program is ``body(L, dt, zero)``."""
+    def algorithm(layer, dtype, params):
+        L = layer_constants(layer, Layout.NCDHW)
+        return pad_input(body(L, dtype.dace, dtype.numpy(0)), layer, Layout.NCDHW)
+    return Implementation(name="planted", summary="planted bug", layout="NCDHW", pass_="fwd",
+                          algorithm=algorithm, schedules={"cpu": auto_cpu})
+
+
+def correct(L, dt, zero):
+    N, C, K, KD, KH, KW, S, OD, OH, OW = L.N, L.C, L.K, L.KD, L.KH, L.KW, L.S, L.OD, L.OH, L.OW
+
+    @dace.program
+    def conv(x: dt[L.xp_shape], w: dt[L.w_shape], y: dt[L.y_shape]):
+        for n, k, od, oh, ow in dace.map[0:N, 0:K, 0:OD, 0:OH, 0:OW]:
+            acc = zero
+            for c in range(C):
+                for kd in range(KD):
+                    for kh in range(KH):
+                        for kw in range(KW):
+                            acc += x[n, c, od * S + kd, oh * S + kh, ow * S + kw] * w[k, c, kd, kh, kw]
+            y[n, k, od, oh, ow] = acc
+    return conv
+
+
+def off_by_one_tap(L, dt, zero):
+    N, C, K, KD, KH, KW, S, OD, OH, OW = L.N, L.C, L.K, L.KD, L.KH, L.KW, L.S, L.OD, L.OH, L.OW
+
+    @dace.program
+    def conv(x: dt[L.xp_shape], w: dt[L.w_shape], y: dt[L.y_shape]):
+        for n, k, od, oh, ow in dace.map[0:N, 0:K, 0:OD, 0:OH, 0:OW]:
+            acc = zero
+            for c in range(C):
+                for kd in range(KD):
+                    for kh in range(KH):
+                        for kw in range(KW):  # filter tap shifted by one (wrapping)
+                            acc += x[n, c, od * S + kd, oh * S + kh, ow * S + kw] * w[k, c, kd, kh, (kw + 1) % KW]
+            y[n, k, od, oh, ow] = acc
+    return conv
+
+
+def skipped_k_tail(L, dt, zero):
+    """K loop tiled by 16 over kk = ((c*KD + kd)*KH + kh)*KW + kw; the tail K % 16 is dropped."""
+    N, C, K, S, OD, OH, OW = L.N, L.C, L.K, L.S, L.OD, L.OH, L.OW
+    KD, KH, KW = L.KD, L.KH, L.KW
+    TK = 16
+    NT = (C * KD * KH * KW) // TK  # bug: should round up and guard the last tile
+
+    @dace.program
+    def conv(x: dt[L.xp_shape], w: dt[L.w_shape], y: dt[L.y_shape]):
+        for n, k, od, oh, ow in dace.map[0:N, 0:K, 0:OD, 0:OH, 0:OW]:
+            acc = zero
+            for t in range(NT):
+                for i in range(TK):
+                    acc += (x[n, (t * TK + i) // (KD * KH * KW),
+                              od * S + ((t * TK + i) // (KH * KW)) % KD,
+                              oh * S + ((t * TK + i) // KW) % KH,
+                              ow * S + (t * TK + i) % KW]
+                            * w[k, (t * TK + i) // (KD * KH * KW), ((t * TK + i) // (KH * KW)) % KD,
+                                ((t * TK + i) // KW) % KH, (t * TK + i) % KW])
+            y[n, k, od, oh, ow] = acc
+    return conv
+
+
+def missing_last_term(L, dt, zero):
+    N, C, K, KD, KH, KW, S, OD, OH, OW = L.N, L.C, L.K, L.KD, L.KH, L.KW, L.S, L.OD, L.OH, L.OW
+
+    @dace.program
+    def conv(x: dt[L.xp_shape], w: dt[L.w_shape], y: dt[L.y_shape]):
+        for n, k, od, oh, ow in dace.map[0:N, 0:K, 0:OD, 0:OH, 0:OW]:
+            acc = zero
+            for c in range(C):
+                for kd in range(KD):
+                    for kh in range(KH):
+                        for kw in range(KW):
+                            acc += x[n, c, od * S + kd, oh * S + kh, ow * S + kw] * w[k, c, kd, kh, kw]
+            # one of 81 terms taken away again
+            y[n, k, od, oh, ow] = acc - x[n, C - 1, od * S + KD - 1, oh * S + KH - 1, ow * S + KW - 1] * w[k, C - 1, KD - 1, KH - 1, KW - 1]
+    return conv
+
+
+def last_column_unwritten(L, dt, zero):
+    N, C, K, KD, KH, KW, S, OD, OH, OW = L.N, L.C, L.K, L.KD, L.KH, L.KW, L.S, L.OD, L.OH, L.OW
+
+    @dace.program
+    def conv(x: dt[L.xp_shape], w: dt[L.w_shape], y: dt[L.y_shape]):
+        for n, k, od, oh, ow in dace.map[0:N, 0:K, 0:OD, 0:OH, 0:OW - 1]:
+            acc = zero
+            for c in range(C):
+                for kd in range(KD):
+                    for kh in range(KH):
+                        for kw in range(KW):
+                            acc += x[n, c, od * S + kd, oh * S + kh, ow * S + kw] * w[k, c, kd, kh, kw]
+            y[n, k, od, oh, ow] = acc
+    return conv
+
+
+def accumulates_into_output(L, dt, zero):
+    N, C, K, KD, KH, KW, S, OD, OH, OW = L.N, L.C, L.K, L.KD, L.KH, L.KW, L.S, L.OD, L.OH, L.OW
+
+    @dace.program
+    def conv(x: dt[L.xp_shape], w: dt[L.w_shape], y: dt[L.y_shape]):
+        for n, k, od, oh, ow in dace.map[0:N, 0:K, 0:OD, 0:OH, 0:OW]:
+            acc = zero
+            for c in range(C):
+                for kd in range(KD):
+                    for kh in range(KH):
+                        for kw in range(KW):
+                            acc += x[n, c, od * S + kd, oh * S + kh, ow * S + kw] * w[k, c, kd, kh, kw]
+            y[n, k, od, oh, ow] += acc
+    return conv
+
+
+def _verify(body, cachedir, reference):
+    spec = toolchain.make_spec(_direct(body), LAYER)
+    build = toolchain.build(spec, cachedir)
+    return verify.verify_build(build, reference(LAYER))[0]
+
+
+def test_correct_toy_passes(cachedir, reference):
+    check = _verify(correct, cachedir, reference)
+    assert check.ok, check.summary()
+    assert check.worst_ratio < 0.5
+
+
+@pytest.mark.parametrize("bug", [off_by_one_tap, skipped_k_tail, missing_last_term,
+                                 last_column_unwritten, accumulates_into_output])
+def test_planted_bug_fails(bug, cachedir, reference):
+    check = _verify(bug, cachedir, reference)
+    assert not check.ok, f"{bug.__name__} passed verification: {check.summary()}"
+
+
+def test_runs_are_poisoned(cachedir, reference):
+    """Each run starts from NaN, so a second run of an accumulating kernel still fails
+    (no stale output from an earlier run can make it pass)."""
+    spec = toolchain.make_spec(_direct(accumulates_into_output), LAYER)
+    build = toolchain.build(spec, cachedir)
+    for _ in range(2):
+        out = verify.run_build(build, reference(LAYER))
+        assert torch.isnan(out).all()
