@@ -164,6 +164,8 @@ class Build:
     times: Dict[str, float]
     #: The shared library that was built.
     library: Optional[Path] = None
+    #: The scheduled SDFG that was compiled (for inspection).
+    sdfg: Any = None
 
     def __call__(self, **arrays):
         if self.program is None:
@@ -214,4 +216,5 @@ def build(spec: BuildSpec, cachedir: Optional[os.PathLike] = None, load: bool = 
         library = Path(compiler.get_binary_name(str(folder), sdfg.name))
         times["compile"] = time.perf_counter() - t1
         program = compiler.get_program_handle(str(library), sdfg) if load else None
-    return Build(spec=spec, folder=folder, program=program, times=times, library=library)
+    return Build(spec=spec, folder=folder, program=program, times=times, library=library,
+                 sdfg=sdfg)

@@ -77,6 +77,10 @@ def test_gpu_sdfg_compiles_with_nvcc(name, tmp_path):
     build = toolchain.build(spec, tmp_path, load=False)
     assert build.program is None
     assert build.library.is_file()
+    # The harness passes torch CUDA tensors: every argument must live in GPU memory.
+    import dace
+    for role in ("x", "w", "y"):
+        assert build.sdfg.arrays[role].storage == dace.StorageType.GPU_Global, role
     cuda_sources = list((build.folder / "src" / "cuda").glob("*.cu"))
     assert cuda_sources, "no CUDA source generated"
     text = cuda_sources[0].read_text()
