@@ -170,3 +170,17 @@ def test_runs_are_poisoned(cachedir, reference):
     for _ in range(2):
         out = verify.run_build(build, reference(LAYER))
         assert torch.isnan(out).all()
+
+
+def test_one_missing_term_caught_at_long_reduction():
+    """At L = 256*27 = 6912 (CosmoFlow's deepest layers) the tolerance still catches a
+    single product missing from every output element."""
+    layer = Layer("deep", 1, 256, 8, 4, 4, 4, 3, 3, 3)
+    ref = verify.make_reference(layer, seed=3)
+    u = toolchain.get_dtype("float32").unit_roundoff
+    w = ref.inputs["w"].double().clone()
+    w[:, 255, 2, 2, 2] = 0  # drop one of 6912 terms
+    out = torch.nn.functional.conv3d(ref.inputs["x"].double(), w).float()
+    check = verify.compare(out, ref, u)
+    assert not check.ok and check.worst_ratio > 5
+    assert verify.compare(ref.ref.float(), ref, u).ok
