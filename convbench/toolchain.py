@@ -115,19 +115,6 @@ def dace_config(target: str, build_root: Path) -> Iterator[None]:
         yield
 
 
-def toolchain_flags(target: str) -> Dict[str, str]:
-    """The flags that shape a binary (recorded with each build)."""
-    import dace
-    cfg = dace.config.Config
-    flags = {"cpu_args": cfg.get("compiler", "cpu", "args")}
-    if target == "gpu":
-        with dace_config(target, default_cachedir()):
-            flags.update(cuda_args=cfg.get("compiler", "cuda", "args"),
-                         cuda_arch=cfg.get("compiler", "cuda", "cuda_arch"),
-                         extra_cmake_args=cfg.get("compiler", "extra_cmake_args"))
-    return flags
-
-
 # ---------------------------------------------------------------------------------------------
 # Builds
 # ---------------------------------------------------------------------------------------------
