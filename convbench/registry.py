@@ -10,7 +10,7 @@ register themselves on import::
         name="implicitGemm", summary="...", layout=Layout.NDHWC, pass_=Pass.FWD,
         algorithm=algorithm, schedules={"cpu": cpu_schedule, "gpu": gpu_schedule},
         params=(Param("CTAtileM", 64, "rows of a thread-block tile"),),
-        supports=lambda layer, params: None))
+        supports=lambda layer, params: None, constraints="every layer"))
 
 The harness looks implementations up by the name users type.
 """
@@ -75,6 +75,8 @@ class Implementation:
     params: Tuple[Param, ...] = ()
     #: ``supports(layer, params) -> None`` if supported, else the reason why not.
     supports: Optional[Callable[..., Optional[str]]] = None
+    #: The supported layers in words, for ``--list`` (required with ``supports``).
+    constraints: str = ""
 
     def __post_init__(self):
         object.__setattr__(self, "layout", Layout(self.layout))
@@ -82,6 +84,8 @@ class Implementation:
         unknown = set(self.schedules) - set(TARGETS)
         if unknown:
             raise ValueError(f"{self.name}: unknown targets {sorted(unknown)}; known: {TARGETS}")
+        if self.supports is not None and not self.constraints.strip():
+            raise ValueError(f"{self.name}: describe the layers `supports` accepts in `constraints`")
         names = [p.name for p in self.params]
         if len(set(names)) != len(names):
             raise ValueError(f"{self.name}: duplicated parameter names {names}")
@@ -181,6 +185,5 @@ def format_listing(impls: Mapping[str, Implementation]) -> str:
                     lines.append(f"      {p.name}: {p.help}")
         else:
             lines.append("    params: none")
-        limits = getattr(impl.supports, "__doc__", None) if impl.supports else None
-        lines.append(f"    supports: {limits.strip() if limits else 'every layer'}")
+        lines.append(f"    supports: {impl.constraints.strip() or 'every layer'}")
     return "\n".join(lines)

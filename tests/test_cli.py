@@ -130,7 +130,7 @@ def _with_toy(monkeypatch, **changes):
 
 def test_unsupported_and_strict(monkeypatch, capsys, write_csv, tmp_path):
     _with_toy(monkeypatch, supports=lambda layer, params: "needs stride 1"
-              if layer.stride != 1 else None)
+              if layer.stride != 1 else None, constraints="stride 1")
     path = str(write_csv(TINY))
     args = ["--verify", "--device", "cpu", "--implementation", "toy", "--paramscsv", path,
             "--cachedir", str(tmp_path)]

@@ -30,7 +30,8 @@ def _toy(**kw):
                 params=(Param("tileM", 64, "rows per tile", check=lambda v: None if v % 8 == 0
                               else "must be a multiple of 8"),
                         Param("splitK", 1, "K splits")),
-                supports=lambda layer, params: None)
+                supports=lambda layer, params: None if layer.stride == 1 else "needs stride 1",
+                constraints="stride 1")
     base.update(kw)
     return Implementation(**base)
 
@@ -58,6 +59,8 @@ def test_bad_declarations():
         _toy(layout="NHWC")
     with pytest.raises(ValueError, match="duplicated parameter"):
         _toy(params=(Param("a", 1), Param("a", 2)))
+    with pytest.raises(ValueError, match="constraints"):
+        _toy(constraints="")
 
 
 def test_register_twice(monkeypatch):
@@ -69,8 +72,9 @@ def test_register_twice(monkeypatch):
 
 
 def test_listing():
-    text = registry.format_listing({"toy": _toy(supports=lambda l, p: None)})
+    text = registry.format_listing({"toy": _toy()})
     assert "toy" in text and "pass: fwd" in text and "layout: NCDHW" in text
+    assert "supports: stride 1" in text
     assert "targets: cpu" in text and "tileM=64" in text and "splitK=1" in text
     full = registry.format_listing(registry.all_implementations())
     assert "implicitGemm" in full and "directConvNCDHW" in full

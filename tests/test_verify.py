@@ -184,3 +184,20 @@ def test_one_missing_term_caught_at_long_reduction():
     check = verify.compare(out, ref, u)
     assert not check.ok and check.worst_ratio > 5
     assert verify.compare(ref.ref.float(), ref, u).ok
+
+
+def test_compare_in_chunks_matches_whole():
+    ref = verify.make_reference(LAYER, seed=2)
+    u = toolchain.get_dtype("float32").unit_roundoff
+    out = ref.ref.float().clone()
+    out[1, 2, 3, 4, 5] += 0.5
+    out[0, 0, 0, 0, 0] = math.nan
+    whole = verify.compare(out, ref, u, chunk=1 << 30)
+    pieces = verify.compare(out, ref, u, chunk=97)
+    assert not whole.ok and not pieces.ok
+    assert (whole.nonfinite, whole.worst_ratio, whole.numel) == \
+        (pieces.nonfinite, pieces.worst_ratio, pieces.numel) == (1, math.inf, out.numel())
+    out[0, 0, 0, 0, 0] = ref.ref[0, 0, 0, 0, 0]
+    a, b = verify.compare(out, ref, u, chunk=1 << 30), verify.compare(out, ref, u, chunk=97)
+    assert a.max_abs == b.max_abs == pytest.approx(0.5, rel=1e-6)
+    assert a.worst_ratio == b.worst_ratio > 1
