@@ -23,10 +23,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Dict, Optional
+from typing import TYPE_CHECKING, Dict
 
 from .layers import Layer
 from .layouts import PASS_SIGNATURE, Pass, from_layout, stored_shape, to_layout
+
+if TYPE_CHECKING:  # torch is imported lazily: the CLI's error paths stay fast
+    import torch
 
 #: Safety factor of the tolerance (see the module docstring).
 TOL_FACTOR = 8.0
