@@ -11,7 +11,7 @@ from typing import List, Optional
 from .errors import UsageError
 
 #: The implementation run when ``--implementation`` is not given.
-DEFAULT_IMPLEMENTATION = "implicitGemm"
+DEFAULT_IMPLEMENTATION = "implicitGemmNCDHW"
 PROG = "profile_conv3d.py"
 
 

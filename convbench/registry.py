@@ -77,6 +77,9 @@ class Implementation:
     supports: Optional[Callable[..., Optional[str]]] = None
     #: The supported layers in words, for ``--list`` (required with ``supports``).
     constraints: str = ""
+    #: ``check_params(values) -> None or a message`` for combinations of parameters that
+    #: are invalid together (a tile that does not divide another, too many threads).
+    check_params: Optional[Callable[[Mapping[str, int]], Optional[str]]] = None
 
     def __post_init__(self):
         object.__setattr__(self, "layout", Layout(self.layout))
@@ -105,6 +108,11 @@ class Implementation:
                 raise UsageError(f"{source}: {self.name} has no parameter '{key}' "
                                  f"(its parameters: {names})")
             values[key] = known[key].validate(value, source)
+        if self.check_params is not None:
+            message = self.check_params(values)
+            if message:
+                shown = ", ".join(f"{k}={v}" for k, v in values.items())
+                raise UsageError(f"{source}: {self.name} ({shown}): {message}")
         return values
 
     def unsupported_reason(self, layer, params: Mapping[str, int]) -> Optional[str]:

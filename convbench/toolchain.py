@@ -16,6 +16,8 @@
      ``nvcc -include``.
   3. ``compiler.cuda.cuda_arch`` is 90 (H100/H200; nvcc 13 rejects DaCe's
      default 60) and the GPU backend is ``cuda`` even where no GPU is present.
+* BLAS library nodes link Intel MKL (CPU) and cuBLAS (GPU) from their pip wheels
+  when nothing else provides them (see :func:`vendor_blas`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, Mapping, Optional, Tuple
@@ -107,12 +110,116 @@ def dace_settings(target: str, build_root: Path) -> Dict[Tuple[str, ...], Any]:
 
 @contextlib.contextmanager
 def dace_config(target: str, build_root: Path) -> Iterator[None]:
-    """Apply :func:`dace_settings` for the duration of the block."""
+    """Apply :func:`dace_settings` and :func:`vendor_blas` for the duration of the block."""
     import dace
     with contextlib.ExitStack() as stack:
         for path, value in dace_settings(target, build_root).items():
             stack.enter_context(dace.config.set_temporary(*path, value=value))
+        stack.enter_context(vendor_blas(target))
         yield
+
+
+# ---------------------------------------------------------------------------------------------
+# Vendor BLAS for DaCe's BLAS library nodes: Intel MKL (CPU) and cuBLAS (GPU) from pip wheels
+# ---------------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def vendor_blas(target: str) -> Iterator[None]:
+    """Let DaCe's BLAS environments find the vendor libraries that pip installed.
+
+    * CPU: DaCe's ``IntelMKL`` environment (``dace/libraries/blas/environments/intel_mkl.py``)
+      takes ``$MKLROOT/include/mkl.h`` and links ``$MKLROOT/lib/libmkl_rt.so``.  The
+      ``mkl-include``/``mkl-devel`` wheels install into the environment prefix
+      (``<venv>/include``, ``<venv>/lib``), so when ``MKLROOT`` is unset and the prefix has
+      ``mkl.h``, ``MKLROOT`` is set to the prefix.  The wheels ship only the versioned
+      runtime (``libmkl_rt.so.3``), which DaCe does not look for: that file is linked then.
+    * GPU: DaCe's ``cuBLAS`` environment expects cuBLAS inside the CUDA toolkit.  Where
+      nvcc's toolkit has none (this machine's has not), the ``nvidia-cublas`` wheel's
+      headers and ``libcublas.so.N`` are used.
+
+    Libraries are linked by absolute path, so CMake puts their folder on the built
+    library's RPATH and it loads them without ``LD_LIBRARY_PATH``.  Everything is undone
+    when the block ends.
+    """
+    with contextlib.ExitStack() as stack:
+        if target == "cpu":
+            from dace.libraries.blas.environments.intel_mkl import IntelMKL
+            if "MKLROOT" not in os.environ and Path(sys.prefix, "include", "mkl.h").is_file():
+                stack.enter_context(_environ("MKLROOT", sys.prefix))
+            root = os.environ.get("MKLROOT")
+            runtime = _shared_library(Path(root, "lib"), "libmkl_rt") if root else None
+            if runtime is not None and runtime.name != "libmkl_rt.so":
+                stack.enter_context(_override(IntelMKL, cmake_libraries=[str(runtime)]))
+        elif target == "gpu":
+            from dace.libraries.blas.environments.cublas import cuBLAS
+            wheel = _cublas_wheel() if not _toolkit_has_cublas() else None
+            if wheel is not None:
+                include, library = wheel
+                stack.enter_context(_override(cuBLAS, cmake_includes=[str(include)],
+                                              cmake_libraries=[str(library)]))
+        yield
+
+
+def _shared_library(folder: Path, stem: str) -> Optional[Path]:
+    """``folder/stem.so`` if it exists, else the newest ``folder/stem.so.N``, else None."""
+    if (folder / f"{stem}.so").is_file():
+        return folder / f"{stem}.so"
+    versions = [p for p in folder.glob(f"{stem}.so.*") if p.is_file()
+                and re.fullmatch(r"[0-9]+(\.[0-9]+)*", p.name[len(stem) + 4:])]
+    return max(versions, key=lambda p: [int(v) for v in p.name[len(stem) + 4:].split(".")],
+               default=None)
+
+
+def _toolkit_has_cublas() -> bool:
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        return False
+    root = Path(nvcc).resolve().parent.parent
+    return any(root.glob("include/cublas_v2.h")) or any(root.glob("targets/*/include/cublas_v2.h"))
+
+
+def _cublas_wheel() -> Optional[Tuple[Path, Path]]:
+    """(include folder, libcublas) of an installed ``nvidia-cublas`` wheel, or None.
+
+    The wheels put them in ``nvidia/<cu13 or cublas>/{include,lib}`` of site-packages."""
+    import importlib.util
+    spec = importlib.util.find_spec("nvidia")
+    for base in (spec.submodule_search_locations or []) if spec else []:
+        for header in sorted(Path(base).glob("*/include/cublas_v2.h")):
+            library = _shared_library(header.parent.parent / "lib", "libcublas")
+            if library is not None:
+                return header.parent, library
+    return None
+
+
+@contextlib.contextmanager
+def _environ(name: str, value: str) -> Iterator[None]:
+    """Set an environment variable for the duration of the block."""
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
+@contextlib.contextmanager
+def _override(environment, **fields) -> Iterator[None]:
+    """Give fields of a DaCe library environment class fixed list values for the block
+    (as a static method where DaCe has one, since DaCe calls those)."""
+    saved = {name: environment.__dict__[name] for name in fields}
+    try:
+        for name, value in fields.items():
+            fixed = list(value)
+            setattr(environment, name, staticmethod(lambda fixed=fixed: list(fixed))
+                    if isinstance(saved[name], staticmethod) else fixed)
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(environment, name, value)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -63,7 +63,11 @@ def test_bad_csv(capsys, write_csv, body, words):
     (["--batch", "two"], "argument --batch: invalid int value"),
     (["--device", "tpu"], "--device: unknown device 'tpu'"),
     (["--param", "tile"], "--param: expected NAME=VALUE"),
-    (["--param", "tileM=8"], "implicitGemm has no parameter 'tileM'"),
+    (["--param", "tileM=8"], "implicitGemmNCDHW has no parameter 'tileM'"),
+    (["--param", "CTAtileM=48"], "CTAtileM=48: must be a power of two"),
+    (["--param", "CTAtileK=8"], "CTAtileK=8 must be a multiple of CTAtileM/threadTileM=16"),
+    (["--param", "threadTileM=0"], "threadTileM must be >= 1"),
+    (["--param", "CTAtileM=1024", "--param", "CTAtileN=1024"], "threads > 1024"),
     (["--nosuchflag"], "unrecognized arguments: --nosuchflag"),
     ([], "nothing to do"),
 ])

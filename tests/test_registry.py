@@ -1,6 +1,7 @@
 """The implementation registry and the --list output."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,55 @@ def test_first_two_implementations():
     assert (dc.layout, dc.pass_, dc.targets) == (Layout.NCDHW, Pass.FWD, ("cpu", "gpu"))
     assert ig.unsupported_reason(None, {}) is None
     assert any(f.endswith("impls/implicit_gemm.py") for f in ig.source_files())
+
+
+#: Registry names users type (issue 3) and the module that defines each.
+VARIANTS = {
+    "implicitGemm": "implicit_gemm", "implicitGemmTiledonly": "implicit_gemm_tiledonly",
+    "implicitGemmWarpTiled": "implicit_gemm_warptiled", "implicitGemmNCDHW": "implicit_gemm_ncdhw",
+    "implicitGemmsplitK": "implicit_gemm_splitk", "directConvNCDHW": "direct_conv_ncdhw",
+    "directConvNCDHWnobuffer": "direct_conv_ncdhw_nobuffer",
+    "directConvNCDHWmerged": "direct_conv_ncdhw_merged",
+    "directConvNCDHWtileIC": "direct_conv_ncdhw_tileic", "im2colGemm": "im2col_gemm",
+}
+
+
+def test_every_variant_is_registered_for_both_targets():
+    impls = registry.all_implementations()
+    assert set(VARIANTS) <= set(impls)
+    for name, module in VARIANTS.items():
+        impl = impls[name]
+        assert impl.targets == ("cpu", "gpu"), name
+        assert impl.pass_ == Pass.FWD
+        source = (Path(__file__).resolve().parent.parent / "impls" / f"{module}.py").read_text()
+        assert f'name="{name}"' in source, (name, module)
+        params = impl.resolve_params()  # the defaults are valid together
+        assert set(params) == {p.name for p in impl.params}
+
+
+def test_default_implementation():
+    from convbench import cli
+    assert cli.DEFAULT_IMPLEMENTATION == "implicitGemmNCDHW"
+
+
+def test_table_based_variants_refuse_int32_overflow():
+    from convbench.layers import Layer
+    huge = Layer("huge", 64, 64, 8, 130, 130, 130, 3, 3, 3)  # 9.1e9 input elements
+    for name in VARIANTS:
+        impl = registry.get(name)
+        reason = impl.unsupported_reason(huge, impl.resolve_params())
+        if name in ("implicitGemm", "directConvNCDHW", "im2colGemm"):
+            continue
+        assert reason and "int32" in reason, name
+
+
+def test_merged_refuses_kernels_whose_taps_overflow_shared_memory():
+    from convbench.layers import Layer
+    impl = registry.get("directConvNCDHWmerged")
+    params = impl.resolve_params()
+    assert impl.unsupported_reason(Layer("k5", 1, 2, 2, 9, 9, 9, 5, 5, 5), params) is None
+    reason = impl.unsupported_reason(Layer("k7", 1, 2, 2, 9, 9, 9, 7, 7, 7), params)
+    assert reason and "shared memory" in reason
 
 
 def test_unknown_name_lists_known():

@@ -87,3 +87,24 @@ def test_gpu_sdfg_compiles_with_nvcc(name, tmp_path):
     assert "__global__" in text
     cmake_cache = (build.folder / "build" / "CMakeCache.txt").read_text()
     assert "cuda_cxx17.cmake" in cmake_cache
+    _check_tiled_kernel(name, "\n".join(f.read_text() for f in cuda_sources))
+
+
+#: Per tiled variant: (staged in shared memory?, accumulators per thread with the defaults).
+TILED_KERNELS = {
+    "implicitGemmTiledonly": (False, 1), "implicitGemmWarpTiled": (True, 16),
+    "implicitGemmNCDHW": (True, 16), "implicitGemmsplitK": (True, 16),
+    "directConvNCDHWnobuffer": (False, 4), "directConvNCDHWtileIC": (False, 4),
+    "directConvNCDHWmerged": (True, 8),
+}
+
+
+def _check_tiled_kernel(name, text):
+    """The GPU schedule of a tiled variant stages in shared memory, keeps one thread's
+    accumulators (and only those) in a local array, and adds them up without atomics."""
+    if name not in TILED_KERNELS:
+        return
+    staged, per_thread = TILED_KERNELS[name]
+    assert ("__shared__" in text) == staged, name
+    assert f"float acc[{per_thread}]" in text, name
+    assert "reduce_atomic" not in text and "atomicAdd" not in text, name

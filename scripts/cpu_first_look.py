@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""A first look at CPU speed: wall time per implementation per layer, and torch's conv3d
+on the same inputs for scale.
+
+    python scripts/cpu_first_look.py [--paramscsv cosmoflow] [--batch 1] [--repeat 3]
+                                     [--implementation NAME ...] [--out results/cpu/x.json]
+
+Per layer and implementation: build (or reuse the cache), one warm-up call, then
+``--repeat`` timed calls; the median is reported.  No L2 flush and no pinning: this
+is an indication, not the profiler (``--compareprof`` is).  Raw samples and the
+machine description go to the JSON file.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from convbench import registry, toolchain  # noqa: E402
+from convbench.errors import UsageError  # noqa: E402
+from convbench.layers import load_layers  # noqa: E402
+from convbench.layouts import stored_shape, to_layout  # noqa: E402
+
+
+def _time(fn, repeat):
+    fn()  # warm-up
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return samples
+
+
+def main(argv=None):
+    import torch
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--paramscsv", default="cosmoflow")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--implementation", action="append", default=None)
+    p.add_argument("--out", default=None, help="JSON file for the raw samples")
+    args = p.parse_args(argv)
+    try:
+        layers = [layer.with_batch(args.batch) for layer in load_layers(args.paramscsv)]
+        impls = [registry.get(n) for n in (args.implementation or registry.all_implementations())]
+    except UsageError as err:
+        print(f"cpu_first_look.py: error: {err}", file=sys.stderr)
+        return 2
+    records = []
+    for layer in layers:
+        gen = torch.Generator().manual_seed(0)
+        x = torch.rand(layer.input_shape, generator=gen) * 2 - 1
+        w = torch.rand(layer.filter_shape, generator=gen) * 2 - 1
+        gflop = layer.flops() / 1e9
+        ref = _time(lambda: torch.nn.functional.conv3d(x, w, stride=layer.stride,
+                                                        padding=layer.pad), args.repeat)
+        records.append({"layer": layer.name, "impl": "torch.conv3d", "samples_s": ref})
+        line = [f"{layer.name:6s} torch {statistics.median(ref) * 1e3:9.1f} ms "
+                f"({gflop / statistics.median(ref):6.1f} GFLOP/s)"]
+        for impl in impls:
+            params = impl.resolve_params()
+            if impl.unsupported_reason(layer, params):
+                continue
+            build = toolchain.build(toolchain.make_spec(impl, layer, params=params))
+            a = {r: to_layout(t, impl.layout, r).contiguous() for r, t in (("x", x), ("w", w))}
+            a["y"] = torch.empty(stored_shape(impl.layout, "y", layer.output_shape))
+            samples = _time(lambda: build(**a), args.repeat)
+            med = statistics.median(samples)
+            records.append({"layer": layer.name, "impl": impl.name, "params": params,
+                            "samples_s": samples})
+            line.append(f"  {impl.name} {med * 1e3:.1f} ms ({gflop / med:.1f} GFLOP/s)")
+            print("\n".join(line), flush=True)
+            line = []
+    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "torch_threads":
+            torch.get_num_threads(), "paramscsv": args.paramscsv, "batch": args.batch,
+            "repeat": args.repeat, "method": "wall clock, 1 warm-up, median, no L2 flush"}
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"meta": meta, "records": records}, indent=1))
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

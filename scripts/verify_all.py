@@ -1,0 +1,61 @@
+#!/usr/bin/env python3
+"""Run ``profile_conv3d.py --verify`` for every registered implementation on layer sets,
+and keep each run's output.
+
+    python scripts/verify_all.py [--device cpu|gpu] [--batch N] [--paramscsv SET ...]
+                                 [--implementation NAME ...] [--out DIR]
+
+One CLI run per (implementation, layer set), in a subprocess, with its output saved to
+``DIR/<impl>_<set>.log``; ``DIR/summary.txt`` has the CLI's summary line per run and
+``DIR/device.txt`` the device description.  Exit status 1 if any run failed.  This is
+the check the issues ask for ("passes for every X and both CosmoFlow sets"), as data.
+"""
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from convbench import devices, registry  # noqa: E402
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--batch", type=int, default=None, help="override the sets' batch")
+    p.add_argument("--paramscsv", action="append", default=None)
+    p.add_argument("--implementation", action="append", default=None)
+    p.add_argument("--out", default=None, help="log folder (default results/verify/<device>)")
+    args = p.parse_args(argv)
+    sets = args.paramscsv or ["cosmoflow", "cosmoflow_mlperf"]
+    names = args.implementation or list(registry.all_implementations())
+    out = Path(args.out or ROOT / "results" / "verify" / args.device)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "device.txt").write_text(devices.describe(args.device) + "\n")
+    summary, failed = [], 0
+    for name in names:
+        for layer_set in sets:
+            cmd = [sys.executable, str(ROOT / "profile_conv3d.py"), "--implementation", name,
+                   "--verify", "--device", args.device, "--paramscsv", layer_set]
+            if args.batch:
+                cmd += ["--batch", str(args.batch)]
+            t0 = time.perf_counter()
+            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+            log = out / f"{name}_{layer_set}.log"
+            log.write_text(" ".join(cmd[1:]) + "\n" + proc.stdout + proc.stderr)
+            last = (proc.stdout.strip().splitlines() or ["(no output)"])[-1]
+            line = f"{name:26s} {layer_set:17s} rc={proc.returncode} " \
+                   f"{time.perf_counter() - t0:7.1f}s  {last}"
+            print(line, flush=True)
+            summary.append(line)
+            failed += proc.returncode != 0
+    (out / "summary.txt").write_text("\n".join(summary) + "\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
