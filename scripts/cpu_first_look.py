@@ -4,6 +4,7 @@ on the same inputs for scale.
 
     python scripts/cpu_first_look.py [--paramscsv cosmoflow] [--batch 1] [--repeat 3]
                                      [--implementation NAME ...] [--out results/cpu/x.json]
+    python scripts/cpu_first_look.py --table results/cpu/x.json [...]   # markdown, ms
 
 Per layer and implementation: build (or reuse the cache), one warm-up call, then
 ``--repeat`` timed calls; the median is reported.  No L2 flush and no pinning: this
@@ -39,15 +40,40 @@ def _time(fn, repeat):
     return samples
 
 
+def table(paths) -> str:
+    """Median milliseconds per implementation (rows) and layer (columns), from result files."""
+    out = []
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        recs, meta = data["records"], data["meta"]
+        layers = list(dict.fromkeys(r["layer"] for r in recs))
+        impls = list(dict.fromkeys(r["impl"] for r in recs))
+        med = {(r["impl"], r["layer"]): statistics.median(r["samples_s"]) * 1e3 for r in recs}
+        out.append(f"{meta['paramscsv']}, batch {meta['batch']}, {meta['date']}, "
+                   f"{meta['method']}, ms:\n")
+        out.append("| implementation | " + " | ".join(layers) + " |")
+        out.append("|---|" + "---:|" * len(layers))
+        for impl in impls:
+            cells = [f"{med[impl, layer]:.1f}" if (impl, layer) in med else "-" for layer in layers]
+            out.append(f"| {impl} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
 def main(argv=None):
-    import torch
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--paramscsv", default="cosmoflow")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--implementation", action="append", default=None)
     p.add_argument("--out", default=None, help="JSON file for the raw samples")
+    p.add_argument("--table", nargs="+", metavar="JSON", default=None,
+                   help="print the medians of result files as a markdown table, and stop")
     args = p.parse_args(argv)
+    if args.table:
+        print(table(args.table))
+        return 0
+    import torch
     try:
         layers = [layer.with_batch(args.batch) for layer in load_layers(args.paramscsv)]
         impls = [registry.get(n) for n in (args.implementation or registry.all_implementations())]
