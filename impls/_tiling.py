@@ -36,6 +36,7 @@ from dace.sdfg import nodes
 
 from convbench.layers import Layer
 from convbench.layouts import Layout
+from impls._common import layer_constants
 
 S = dace.ScheduleType
 ST = dace.StorageType
@@ -71,9 +72,8 @@ def pixel_grid(layer: Layer):
 
 def input_strides(layer: Layer, layout: Layout) -> Dict[str, int]:
     """Element strides of the padded input per logical dimension (n, c, d, h, w)."""
-    p = layer.pad
-    dp, hp, wp = layer.in_d + 2 * p, layer.in_h + 2 * p, layer.in_w + 2 * p
-    c = layer.in_channels
+    L = layer_constants(layer, layout)
+    c, dp, hp, wp = L.C, L.DP, L.HP, L.WP
     if layout == Layout.NCDHW:
         return {"n": c * dp * hp * wp, "c": dp * hp * wp, "d": hp * wp, "h": wp, "w": 1}
     return {"n": dp * hp * wp * c, "d": hp * wp * c, "h": wp * c, "w": c, "c": 1}
@@ -94,15 +94,6 @@ def _linear(dims: Sequence[Tuple[str, int]]) -> str:
     return expr
 
 
-def _add_fill(sdfg, name: str, length: int, start: int, stop: int, value: str = "0"):
-    if stop <= start:
-        return
-    state = sdfg.add_state_before(sdfg.start_state, f"fill_{name}")
-    state.add_mapped_tasklet(
-        f"fill_{name}", {"i": f"{start}:{stop}"}, {}, f"out = {value}",
-        {"out": dace.Memlet(f"{name}[i]")}, external_edges=True)
-
-
 def _add_table(sdfg, name: str, ranges: Mapping[str, str], index: str, value: str,
                length: int, valid: int):
     """``name[index] = value`` over ``ranges``; entries ``valid:length`` are zero."""
@@ -114,7 +105,11 @@ def _add_table(sdfg, name: str, ranges: Mapping[str, str], index: str, value: st
     state.add_mapped_tasklet(
         f"table_{name}", dict(ranges), {}, f"out = {value}",
         {"out": dace.Memlet(f"{name}[{index}]")}, external_edges=True)
-    _add_fill(sdfg, name, length, valid, length)
+    if valid < length:
+        fill = sdfg.add_state_before(sdfg.start_state, f"fill_{name}")
+        fill.add_mapped_tasklet(
+            f"fill_{name}", {"i": f"{valid}:{length}"}, {}, "out = 0",
+            {"out": dace.Memlet(f"{name}[i]")}, external_edges=True)
 
 
 def add_row_table(sdfg, name: str, layer: Layer, layout: Layout, length: int):
@@ -143,7 +138,7 @@ def add_tap_table(sdfg, name: str, layer: Layer, layout: Layout, length: int,
     st = input_strides(layer, layout)
     dims = tuple(dims or tap_dims(layer, layout))
     ranges = {n: f"0:{size}" for n, size in dims}
-    value = " + ".join(f"{n} * {st[n[-1]] if n != 'c' else st['c']}" for n, _ in dims)
+    value = " + ".join(f"{n} * {st[n[-1]]}" for n, _ in dims)  # kd -> stride of d, c -> c
     _add_table(sdfg, name, ranges, _linear(dims), value, length, math.prod(s for _, s in dims))
 
 
@@ -198,9 +193,7 @@ INT32_CONSTRAINT = "padded input and output below 2^31 elements each (int32 offs
 
 def int32_offsets(layer: Layer, params=None) -> Optional[str]:
     """Why ``layer`` is too large for int32 offset tables, or None."""
-    p = layer.pad
-    padded = (layer.batch * layer.in_channels * (layer.in_d + 2 * p) * (layer.in_h + 2 * p)
-              * (layer.in_w + 2 * p))
+    padded = math.prod(layer_constants(layer, Layout.NCDHW).xp_shape)
     out = math.prod(layer.output_shape)
     if max(padded, out) > INT32_MAX:
         return (f"padded input ({padded}) or output ({out}) elements exceed the int32 "
@@ -224,10 +217,10 @@ def require(*conditions: Tuple[bool, str]) -> Optional[str]:
 # Schedules
 # ---------------------------------------------------------------------------------------------
 
-def _map_entries(sdfg) -> Iterable[Tuple[nodes.MapEntry, object]]:
-    for node, parent in sdfg.all_nodes_recursive():
+def _map_entries(sdfg) -> Iterable[nodes.MapEntry]:
+    for node, _ in sdfg.all_nodes_recursive():
         if isinstance(node, nodes.MapEntry):
-            yield node, parent
+            yield node
 
 
 def _transients(sdfg, names: Iterable[str]):
@@ -283,7 +276,7 @@ def tiled_schedule(target: str, block: str = "blk_", threads: Sequence[str] = ("
             for desc in sdfg.arrays.values():  # arguments, tables, views: device memory
                 desc.storage = ST.GPU_Global
         top_level = {n for st in sdfg.states() for n in st.nodes()}
-        for entry, _ in _map_entries(sdfg):
+        for entry in _map_entries(sdfg):
             mp = entry.map
             if mp.params[0].startswith(block):
                 mp.schedule = S.GPU_Device if gpu else S.CPU_Multicore
