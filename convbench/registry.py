@@ -20,7 +20,10 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import os
 import pkgutil
+import sys
+from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 from .errors import UsageError
@@ -80,6 +83,8 @@ class Implementation:
     #: ``check_params(values) -> None or a message`` for combinations of parameters that
     #: are invalid together (a tile that does not divide another, too many threads).
     check_params: Optional[Callable[[Mapping[str, int]], Optional[str]]] = None
+    #: The file of the module that registered this implementation (set by :func:`register`).
+    module_file: str = dataclasses.field(default="", compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "layout", Layout(self.layout))
@@ -122,10 +127,17 @@ class Implementation:
         return self.supports(layer, params)
 
     def source_files(self) -> Sequence[str]:
-        """Files whose text defines this implementation (for cache keys)."""
-        files = {inspect.getsourcefile(self.algorithm)}
+        """Files whose text defines this implementation (for cache keys): the registering
+        module, the modules of its algorithm and schedules, and every shared helper module
+        (``_*.py``) of the package it lives in, since helpers import each other."""
+        files = {self.module_file, inspect.getsourcefile(self.algorithm)}
         files.update(inspect.getsourcefile(s) for s in self.schedules.values())
-        return sorted(f for f in files if f)
+        files.discard(None)
+        files.discard("")
+        for folder in {os.path.dirname(f) for f in files}:
+            if os.path.isfile(os.path.join(folder, "__init__.py")):
+                files.update(str(p) for p in Path(folder).glob("_*.py"))
+        return sorted(os.path.abspath(f) for f in files)
 
 
 _REGISTRY: Dict[str, Implementation] = {}
@@ -134,6 +146,10 @@ _LOADED = False
 
 def register(impl: Implementation) -> Implementation:
     """Add an implementation under its name.  Names are unique."""
+    if not impl.module_file:
+        caller = sys._getframe(1).f_globals.get("__file__")
+        if caller:
+            object.__setattr__(impl, "module_file", os.path.abspath(caller))
     existing = _REGISTRY.get(impl.name)
     if existing is not None and existing is not impl:
         raise ValueError(f"implementation '{impl.name}' is registered twice")

@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -84,6 +86,13 @@ def default_cachedir() -> Path:
 # DaCe configuration
 # ---------------------------------------------------------------------------------------------
 
+#: ``-march`` of the host code of GPU builds.  GPU builds must load on other x86-64 hosts
+#: with the same GPU architecture (see :mod:`convbench.cache`), so their host code avoids
+#: ``-march=native``; x86-64-v2 (SSE4.2, POPCNT) runs on every x86-64 server of the last
+#: decade.  CPU builds keep DaCe's ``-march=native``: the cache key records what it means.
+PORTABLE_MARCH = "-march=x86-64-v2"
+
+
 def dace_settings(target: str, build_root: Path) -> Dict[Tuple[str, ...], Any]:
     """The DaCe configuration entries a build for ``target`` runs under."""
     import dace
@@ -94,9 +103,11 @@ def dace_settings(target: str, build_root: Path) -> Dict[Tuple[str, ...], Any]:
         ("compiler", "use_cache"): False,
     }
     if target == "gpu":
-        base_args = cfg.get("compiler", "cuda", "args")
+        base_args = cfg.get("compiler", "cuda", "args").replace("-march=native", PORTABLE_MARCH)
         compat = f"-include {COMPAT_DIR / 'cub3_compat.cuh'}"
         settings.update({
+            ("compiler", "cpu", "args"):
+                cfg.get("compiler", "cpu", "args").replace("-march=native", PORTABLE_MARCH),
             ("compiler", "cuda", "backend"): "cuda",
             ("compiler", "cuda", "cuda_arch"): CUDA_ARCH,
             ("compiler", "cuda", "args"): base_args if compat in base_args else f"{base_args} {compat}",
@@ -106,6 +117,95 @@ def dace_settings(target: str, build_root: Path) -> Dict[Tuple[str, ...], Any]:
             ("compiler", "cuda", "max_concurrent_streams"): -1,
         })
     return settings
+
+
+#: DaCe configuration entries that change what a build produces (for cache keys and
+#: result metadata), besides those :func:`dace_settings` sets.
+_RELEVANT_CONFIG = {
+    "cpu": [("compiler", "cpu", "executable"), ("compiler", "cpu", "args"),
+            ("compiler", "cpu", "libs"), ("compiler", "cpu", "openmp_sections"),
+            ("compiler", "build_type"), ("compiler", "linker", "args"),
+            ("compiler", "extra_cmake_args")],
+    "gpu": [("compiler", "cuda", "args"), ("compiler", "cuda", "cuda_arch"),
+            ("compiler", "cuda", "backend"), ("compiler", "cuda", "max_concurrent_streams"),
+            ("compiler", "cuda", "default_block_size"), ("compiler", "cuda", "libs")],
+}
+
+
+def toolchain_flags(target: str) -> Dict[str, Any]:
+    """The toolchain settings that decide a ``target`` build (part of cache keys).
+
+    The DaCe version, the DaCe configuration entries a build uses, what
+    ``-march=native`` resolves to on this host (when CPU code is compiled with it) and
+    the CUDA compatibility files (GPU builds).  The project's and the environment's
+    folders are written as ``<project>`` and ``<prefix>``, so the same checkout
+    elsewhere gets the same flags.  Compiler versions and library paths, which
+    legitimately differ between the host that builds and the host that loads, are in
+    :func:`toolchain_versions` instead.
+    """
+    import dace
+    keys = _RELEVANT_CONFIG["cpu"] + (_RELEVANT_CONFIG["gpu"] if target == "gpu" else [])
+    with dace_config(target, Path("<unused>")):
+        config = {".".join(k): dace.config.Config.get(*k) for k in keys}
+    flags: Dict[str, Any] = {"dace": dace.__version__, "config": config}
+    if "-march=native" in config["compiler.cpu.args"]:
+        flags["native_march"] = _native_march()
+    if target == "gpu":
+        flags["cuda_compat"] = {p.name: hashlib.sha256(p.read_bytes()).hexdigest()[:16]
+                                for p in sorted(COMPAT_DIR.iterdir()) if p.is_file()}
+    return json.loads(_portable(json.dumps(flags, sort_keys=True)))
+
+
+def toolchain_versions(target: str) -> Dict[str, Any]:
+    """The compilers and the vendor BLAS a ``target`` build uses here (recorded, not keyed)."""
+    with dace_config(target, Path("<unused>")):
+        info: Dict[str, Any] = {"cxx": _tool_version(("c++", "--version")),
+                                "blas": _blas_flags(target)}
+    if target == "gpu":
+        info["nvcc"] = _tool_version(("nvcc", "--version"), last=True)
+    return info
+
+
+def _blas_flags(target: str) -> Dict[str, Any]:
+    if target == "cpu":
+        from dace.libraries.blas.environments.intel_mkl import IntelMKL as env
+    else:
+        from dace.libraries.blas.environments.cublas import cuBLAS as env
+    libs = env.cmake_libraries() if callable(env.cmake_libraries) else env.cmake_libraries
+    return {"environment": env.__name__, "libraries": [str(x) for x in libs]}
+
+
+def _portable(text: str) -> str:
+    """``text`` with the project folder and the Python prefix replaced by placeholders."""
+    for path, name in ((str(PROJECT_ROOT), "<project>"), (sys.prefix, "<prefix>")):
+        text = text.replace(path, name)
+    return text
+
+
+@functools.lru_cache(maxsize=None)
+def _tool_version(command: Tuple[str, ...], last: bool = False) -> str:
+    """First (or last) non-empty line of ``command``'s output, or why it did not run."""
+    try:
+        out = subprocess.run(command, capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as err:
+        return f"unavailable ({type(err).__name__})"
+    lines = [line.strip() for line in out.splitlines() if line.strip()]
+    return (lines[-1] if last else lines[0]) if lines else "unknown"
+
+
+@functools.lru_cache(maxsize=None)
+def _native_march() -> str:
+    """What gcc's ``-march=native`` means on this host (e.g. ``znver3``)."""
+    try:
+        out = subprocess.run(("c++", "-march=native", "-Q", "--help=target"), capture_output=True,
+                             text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == "-march=":
+            return parts[1]
+    return "unknown"
 
 
 @contextlib.contextmanager
@@ -254,12 +354,20 @@ class Build:
     folder: Path
     #: The loaded program (``CompiledSDFG``), or None when only compiled.
     program: Any
-    #: Seconds spent per phase: ``sdfg`` (parse + schedule) and ``compile`` (codegen + compiler).
+    #: Seconds per phase: ``sdfg`` (parse + schedule) and ``compile`` (codegen + compiler)
+    #: for a fresh build, ``load`` for one loaded from the cache.
     times: Dict[str, float]
     #: The shared library that was built.
     library: Optional[Path] = None
-    #: The scheduled SDFG that was compiled (for inspection).
+    #: The scheduled SDFG that was compiled, or loaded from the cache (for inspection).
     sdfg: Any = None
+    #: ``built`` (compiled in this process) or ``loaded`` (precompiled, from the cache).
+    origin: str = "built"
+
+    @property
+    def seconds(self) -> float:
+        """Time it took to get this build: compiling, or loading from the cache."""
+        return sum(self.times.values())
 
     def __call__(self, **arrays):
         if self.program is None:
@@ -287,28 +395,48 @@ def make_sdfg(spec: BuildSpec):
     return sdfg
 
 
-def build(spec: BuildSpec, cachedir: Optional[os.PathLike] = None, load: bool = True) -> Build:
-    """Generate, schedule and compile ``spec``; load it unless ``load`` is False.
+def compile_spec(spec: BuildSpec, folder: Path,
+                 prepare=None) -> Tuple[Any, Path, Dict[str, float]]:
+    """Generate, schedule and compile ``spec`` into ``folder`` (emptied first).
 
-    GPU builds compile on a machine without a GPU; loading one needs a GPU.
+    ``prepare(sdfg)``, if given, changes the scheduled SDFG before it is compiled (for
+    example to add instrumentation); such builds do not belong in the cache.
+
+    Returns the scheduled SDFG, the shared library and the seconds per phase.  GPU
+    builds compile on a machine without a GPU; loading one needs a GPU.
     """
     from dace.codegen import compiler
 
-    root = Path(cachedir) if cachedir is not None else default_cachedir()
-    root.mkdir(parents=True, exist_ok=True)
-    folder = root / spec.name
+    folder = Path(folder)
     times = {}
-    with dace_config(spec.target, root):
+    with dace_config(spec.target, folder.parent):
         t0 = time.perf_counter()
         sdfg = make_sdfg(spec)
+        if prepare is not None:
+            prepare(sdfg)
         sdfg.build_folder = str(folder)
         t1 = time.perf_counter()
         times["sdfg"] = t1 - t0
-        if folder.exists():  # a stale build of the same spec: build from scratch
+        if folder.exists():
             shutil.rmtree(folder)
         sdfg.compile(return_program_handle=False)
         library = Path(compiler.get_binary_name(str(folder), sdfg.name))
         times["compile"] = time.perf_counter() - t1
-        program = compiler.get_program_handle(str(library), sdfg) if load else None
-    return Build(spec=spec, folder=folder, program=program, times=times, library=library,
-                 sdfg=sdfg)
+    return sdfg, library, times
+
+
+def load_program(library: Path, sdfg) -> Any:
+    """dlopen a compiled SDFG's library (initialisation waits for the first call)."""
+    from dace.codegen import compiler
+    return compiler.get_program_handle(str(library), sdfg)
+
+
+def build(spec: BuildSpec, cachedir: Optional[os.PathLike] = None, load: bool = True,
+          policy: str = "rebuild") -> Build:
+    """The build of ``spec`` from the cache in ``cachedir`` (see :mod:`convbench.cache`).
+
+    ``policy``: ``rebuild`` compiles afresh (and stores the result), ``reuse`` loads a
+    valid stored build and compiles on a miss, ``require`` fails on a miss.
+    """
+    from .cache import BuildCache
+    return BuildCache(cachedir).get(spec, policy=policy, load=load)

@@ -143,6 +143,20 @@ def compare(out, reference: Reference, unit_roundoff: float, name: str = "torch-
                  nonfinite=nonfinite, numel=flat_out.numel())
 
 
+def program_arrays(impl, layer: Layer, inputs, device: str = "cpu", dtype=None,
+                   fill: float = math.nan):
+    """The arguments of ``impl``'s program: ``inputs`` (logical layout) converted to its
+    stored layout on ``device``, plus its output buffer filled with ``fill``."""
+    import torch
+    roles, out_role = PASS_SIGNATURE[impl.pass_]
+    tdev = torch.device("cuda" if device == "gpu" else "cpu")
+    arrays = {r: to_layout(inputs[r], impl.layout, r).to(tdev) for r in roles}
+    logical_out = {"y": layer.output_shape, "x": layer.input_shape, "w": layer.filter_shape}
+    arrays[out_role] = torch.full(stored_shape(impl.layout, out_role, logical_out[out_role]),
+                                  fill, dtype=dtype or torch.float32, device=tdev)
+    return arrays
+
+
 def run_build(build, reference: Reference, device: str = "cpu"):
     """Run a loaded build on the reference inputs; return its output in logical layout.
 
@@ -150,17 +164,12 @@ def run_build(build, reference: Reference, device: str = "cpu"):
     """
     import torch
     impl, layer = build.spec.impl, build.spec.layer
-    roles, out_role = PASS_SIGNATURE[impl.pass_]
-    tdev = torch.device("cuda" if device == "gpu" else "cpu")
-    args = {r: to_layout(reference.inputs[r], impl.layout, r).to(tdev) for r in roles}
-    logical_out = {"y": layer.output_shape, "x": layer.input_shape, "w": layer.filter_shape}
-    out = torch.full(stored_shape(impl.layout, out_role, logical_out[out_role]), math.nan,
-                     dtype=build.spec.dtype.torch, device=tdev)
-    args[out_role] = out
+    out_role = PASS_SIGNATURE[impl.pass_][1]
+    args = program_arrays(impl, layer, reference.inputs, device, build.spec.dtype.torch)
     build(**args)
-    if tdev.type == "cuda":
+    if device == "gpu":
         torch.cuda.synchronize()
-    return from_layout(out, impl.layout, out_role)
+    return from_layout(args[out_role], impl.layout, out_role)
 
 
 def verify_build(build, reference: Reference, device: str = "cpu") -> list:

@@ -111,9 +111,8 @@ def main(argv=None):
             torch.get_num_threads(), "paramscsv": args.paramscsv, "batch": args.batch,
             "repeat": args.repeat, "method": "wall clock, 1 warm-up, median, no L2 flush"}
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"meta": meta, "records": records}, indent=1))
-        print(f"wrote {args.out}")
+        from convbench.results import save_records
+        save_records(args.out, meta, records)
     return 0
 
 

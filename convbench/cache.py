@@ -1,0 +1,226 @@
+"""The build cache: compiled SDFGs stored per build, reloaded without parsing,
+transforming or compiling.
+
+Layout of a cache folder (``--cachedir``, ``$CONVBENCH_CACHE`` or ``.cache/builds``)::
+
+    <root>/<build name>/            DaCe's build folder of one BuildSpec
+        program.sdfg                the scheduled SDFG (DaCe writes it when compiling)
+        build/lib<name>.so          the compiled program
+        build/libdacestub_<name>.so DaCe's loader stub
+        manifest.json               written last: the full key and the files' checksums
+    <root>/.locks/<build name>.lock
+
+The build name (see :class:`~convbench.toolchain.BuildSpec`) names the implementation,
+layer geometry, batch, dtype, target and parameters.  The manifest's key adds what
+else decides the binary: a hash of the implementation's source files, the DaCe
+version and the toolchain flags (compilers, DaCe configuration, vendor BLAS, what
+``-march=native`` means here).  An entry is used only if its manifest's key equals
+the current one (otherwise it is *stale*) and every file has the recorded size and
+SHA-256 (otherwise it is *corrupt*, for example a truncated library).  Paths in the
+manifest are relative to the entry, and the key writes the project and Python
+folders as placeholders, so a cache folder can be copied to another host.  GPU
+builds' host code is compiled for a portable x86-64 baseline for that reason.
+
+Concurrency: building takes an exclusive ``flock`` on the entry's lock file,
+loading a shared one.  A builder removes the manifest before touching the entry and
+writes the new one atomically at the end, so a reader never trusts a half-built
+entry, and a second builder waiting for the lock finds the first one's result.
+"""
+
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterator, Optional
+
+from . import toolchain
+
+#: Bumped when the manifest's meaning changes: older entries become stale.
+CACHE_FORMAT = 1
+MANIFEST = "manifest.json"
+POLICIES = ("rebuild", "reuse", "require")
+
+
+class CacheMiss(RuntimeError):
+    """``require`` policy: no valid stored build."""
+
+
+@dataclasses.dataclass
+class Lookup:
+    """What the cache holds for one spec."""
+
+    #: ``valid``, ``missing``, ``stale`` or ``corrupt``.
+    status: str
+    reason: str
+    manifest: Optional[Dict[str, Any]] = None
+
+    @property
+    def valid(self) -> bool:
+        return self.status == "valid"
+
+
+def source_hash(impl) -> str:
+    """SHA-256 over the implementation's source files and the toolchain's own code that
+    shapes the SDFG (sizes, layouts, schedules)."""
+    files = list(impl.source_files())
+    here = Path(__file__).resolve().parent
+    files += [str(here / "toolchain.py"), str(here / "layouts.py"), str(here / "layers.py")]
+    digest = hashlib.sha256()
+    # Ordered by file name, so that the hash does not depend on where the checkout is.
+    for name in sorted(set(files), key=lambda f: (Path(f).name, f)):
+        digest.update(Path(name).name.encode() + b"\0")
+        digest.update(Path(name).read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def cache_key(spec: "toolchain.BuildSpec") -> Dict[str, Any]:
+    """The full key of a build: the spec plus source, DaCe and toolchain."""
+    return {"format": CACHE_FORMAT, **spec.key(), "name": spec.name,
+            "source_sha256": source_hash(spec.impl),
+            "toolchain": toolchain.toolchain_flags(spec.target)}
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _differences(old: Any, new: Any, prefix: str = "") -> list:
+    """Dotted names of the entries that differ between two keys."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for k in sorted(set(old) | set(new)):
+            out += _differences(old.get(k), new.get(k), f"{prefix}{k}.")
+        return out
+    return [] if old == new else [prefix.rstrip(".")]
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class BuildCache:
+    """A cache folder of compiled builds."""
+
+    def __init__(self, root: Optional[os.PathLike] = None):
+        self.root = Path(root) if root is not None else toolchain.default_cachedir()
+
+    def entry(self, spec) -> Path:
+        return self.root / spec.name
+
+    @contextlib.contextmanager
+    def lock(self, spec, exclusive: bool) -> Iterator[None]:
+        """Hold the entry's lock (exclusive for building, shared for loading)."""
+        folder = self.root / ".locks"
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / f"{spec.name}.lock", "a+") as f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            try:
+                yield
+            finally:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+    # -- looking ----------------------------------------------------------------------------
+    def inspect(self, spec, key: Optional[Dict[str, Any]] = None) -> Lookup:
+        """Is there a valid stored build of ``spec``?  (Takes no lock.)"""
+        key = cache_key(spec) if key is None else key
+        path = self.entry(spec) / MANIFEST
+        try:
+            manifest = json.loads(path.read_text())
+        except FileNotFoundError:
+            return Lookup("missing", f"no stored build in {self.entry(spec)}")
+        except (OSError, ValueError) as err:
+            return Lookup("corrupt", f"unreadable manifest {path}: {err}")
+        if manifest.get("key") != key:
+            changed = _differences(manifest.get("key"), key) or ["format"]
+            return Lookup("stale", "stored build is stale (changed: " + ", ".join(changed[:6])
+                          + (", ..." if len(changed) > 6 else "") + ")", manifest)
+        for rel, info in manifest.get("files", {}).items():
+            file = self.entry(spec) / rel
+            if not file.is_file():
+                return Lookup("corrupt", f"{rel} is missing from {self.entry(spec)}", manifest)
+            size = file.stat().st_size
+            if size != info["size"]:
+                return Lookup("corrupt", f"{rel} has {size} bytes, the manifest says "
+                              f"{info['size']} (truncated or overwritten)", manifest)
+            if _sha256(file) != info["sha256"]:
+                return Lookup("corrupt", f"{rel} does not match its checksum", manifest)
+        return Lookup("valid", "valid", manifest)
+
+    # -- loading and building ---------------------------------------------------------------
+    def get(self, spec, policy: str = "rebuild", load: bool = True) -> "toolchain.Build":
+        """The build of ``spec``: ``rebuild`` always compiles (and stores the result);
+        ``reuse`` loads a valid stored build and compiles on a miss; ``require`` loads
+        a valid stored build and raises :class:`CacheMiss` otherwise."""
+        if policy not in POLICIES:
+            raise ValueError(f"unknown cache policy {policy!r} (known: {POLICIES})")
+        key = cache_key(spec)
+        if policy != "rebuild":
+            with self.lock(spec, exclusive=False):
+                found = self.inspect(spec, key)
+                if found.valid:
+                    return self._load(spec, found.manifest, load)
+            if policy == "require":
+                raise CacheMiss(f"no usable precompiled build of {spec.impl.name} for layer "
+                                f"{spec.layer.name} ({spec.target}): {found.reason}")
+        with self.lock(spec, exclusive=True):
+            if policy == "reuse":  # another process may have built it while we waited
+                found = self.inspect(spec, key)
+                if found.valid:
+                    return self._load(spec, found.manifest, load)
+            return self._build(spec, key, load)
+
+    def _load(self, spec, manifest: Dict[str, Any], load: bool) -> "toolchain.Build":
+        import dace
+        folder = self.entry(spec)
+        t0 = time.perf_counter()
+        library = folder / manifest["library"]
+        sdfg = program = None
+        if load:
+            sdfg = dace.SDFG.from_file(str(folder / manifest["sdfg"]))
+            program = toolchain.load_program(library, sdfg)
+        return toolchain.Build(spec=spec, folder=folder, program=program,
+                               times={"load": time.perf_counter() - t0}, library=library,
+                               sdfg=sdfg, origin="loaded")
+
+    def _build(self, spec, key: Dict[str, Any], load: bool) -> "toolchain.Build":
+        folder = self.entry(spec)
+        (folder / MANIFEST).unlink(missing_ok=True)
+        sdfg, library, times = toolchain.compile_spec(spec, folder)
+        # The object files are not needed to load the library.
+        shutil.rmtree(folder / "build" / "CMakeFiles", ignore_errors=True)
+        files = [Path(library), Path(library).with_name(f"libdacestub_{spec.name}{library.suffix}"),
+                 folder / "program.sdfg"]
+        manifest = {
+            "key": key,
+            "library": os.path.relpath(library, folder),
+            "sdfg": "program.sdfg",
+            "files": {os.path.relpath(f, folder): {"size": f.stat().st_size, "sha256": _sha256(f)}
+                      for f in files},
+            "build_seconds": times,
+            "toolchain_versions": toolchain.toolchain_versions(spec.target),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "host": os.uname().nodename,
+        }
+        _write_atomic(folder / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+        program = toolchain.load_program(library, sdfg) if load else None
+        return toolchain.Build(spec=spec, folder=folder, program=program, times=times,
+                               library=Path(library), sdfg=sdfg, origin="built")
+
+    def entries(self) -> Iterator[Path]:
+        """Entry folders that have a manifest."""
+        if self.root.is_dir():
+            yield from sorted(p.parent for p in self.root.glob(f"*/{MANIFEST}"))

@@ -1,0 +1,213 @@
+"""Result files of a profiling run, written into one folder.
+
+* ``samples.csv``: one row per timed sample:
+  ``layer_index, layer, implementation, backend, iteration, time_ms``.
+* ``summary.csv``: one row per layer and backend: the statistics of
+  :func:`convbench.timing.summarize`, GFLOP/s, the compulsory traffic (inputs read
+  once, output written once) with the bandwidth and arithmetic intensity it
+  implies, and ``ratio_vs_<reference>``: this row's median over the reference's on
+  the same layer (above 1: slower than the reference).
+* ``metadata.json``: what ran where and how (see :func:`run_metadata`), with
+  ``status`` (``running``, ``complete`` or ``interrupted``) and the layers done.
+
+``backend`` is ``dace`` for the implementation under test (named in
+``implementation``) and the reference's name otherwise.  All three files are
+rewritten atomically after every layer, so an interrupted run keeps every layer it
+finished and no reader sees a half-written file.
+"""
+
+import csv
+import dataclasses
+import datetime
+import io
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from .layers import Layer
+from .timing import Timing
+
+SAMPLE_COLUMNS = ["layer_index", "layer", "implementation", "backend", "iteration", "time_ms"]
+SUMMARY_COLUMNS = ["layer_index", "layer", "geometry", "batch", "implementation", "backend",
+                   "samples", "median_ms", "q1_ms", "q3_ms", "iqr_ms", "iqr_over_median",
+                   "noisy", "min_ms", "mean_ms", "gflop", "gflops", "mbytes", "bandwidth_gbs",
+                   "intensity"]
+DACE = "dace"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def save_records(path: os.PathLike, meta: Dict[str, Any], records: List[Any]) -> Path:
+    """Write a benchmark script's raw numbers as ``{"meta": ..., "records": ...}`` JSON."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps({"meta": meta, "records": records}, indent=1, default=str))
+    print(f"wrote {path}")
+    return path
+
+
+def compulsory_bytes(layer: Layer, element_bytes: int = 4) -> int:
+    """Bytes a forward pass must move at least: input and filter read, output written."""
+    numel = 0
+    for shape in (layer.input_shape, layer.filter_shape, layer.output_shape):
+        count = 1
+        for s in shape:
+            count *= s
+        numel += count
+    return numel * element_bytes
+
+
+@dataclasses.dataclass
+class Measurement:
+    """One backend timed on one layer."""
+
+    backend: str
+    timing: Timing
+
+
+class RunWriter:
+    """Collects the measurements of a run and keeps its folder up to date."""
+
+    def __init__(self, outdir: os.PathLike, metadata: Dict[str, Any], references: List[str]):
+        self.outdir = Path(outdir)
+        self.outdir.mkdir(parents=True, exist_ok=True)
+        self.metadata = dict(metadata, status="running", layers_done=[])
+        self.references = list(references)
+        self.samples: List[Dict[str, Any]] = []
+        self.summary: List[Dict[str, Any]] = []
+        self._write()
+
+    @property
+    def paths(self) -> Dict[str, Path]:
+        return {"samples": self.outdir / "samples.csv", "summary": self.outdir / "summary.csv",
+                "metadata": self.outdir / "metadata.json"}
+
+    def add_layer(self, index: int, layer: Layer, implementation: str,
+                  measurements: List[Measurement], extra: Optional[Dict[str, Any]] = None):
+        """Record one layer's measurements and rewrite the files."""
+        flop = layer.flops()
+        nbytes = compulsory_bytes(layer)
+        rows = []
+        for m in measurements:
+            for i, t in enumerate(m.timing.samples_ms):
+                self.samples.append({"layer_index": index, "layer": layer.name,
+                                     "implementation": implementation, "backend": m.backend,
+                                     "iteration": i, "time_ms": t})
+            stats = m.timing.stats()
+            seconds = stats["median_ms"] * 1e-3
+            rows.append({"layer_index": index, "layer": layer.name, "geometry": layer.describe(),
+                         "batch": layer.batch, "implementation": implementation,
+                         "backend": m.backend, **stats, "gflop": flop / 1e9,
+                         "gflops": flop / seconds / 1e9, "mbytes": nbytes / 1e6,
+                         "bandwidth_gbs": nbytes / seconds / 1e9, "intensity": flop / nbytes})
+        medians = {r["backend"]: r["median_ms"] for r in rows}
+        for r in rows:
+            for ref in self.references:
+                r[f"ratio_vs_{ref}"] = r["median_ms"] / medians[ref] if ref in medians else ""
+        self.summary.extend(rows)
+        self.metadata["layers_done"].append(
+            dict({"index": index, "layer": layer.name}, **(extra or {}),
+                 limited=[m.backend for m in measurements if m.timing.limited]))
+        self._write()
+        return rows
+
+    def finish(self, status: str = "complete") -> None:
+        self.metadata["status"] = status
+        self.metadata["finished"] = _now()
+        self._write()
+
+    def _write(self) -> None:
+        write_atomic(self.paths["samples"], _csv(SAMPLE_COLUMNS, self.samples))
+        columns = SUMMARY_COLUMNS + [f"ratio_vs_{r}" for r in self.references]
+        write_atomic(self.paths["summary"], _csv(columns, self.summary))
+        write_atomic(self.paths["metadata"], json.dumps(self.metadata, indent=1, default=str))
+
+
+def _csv(columns: List[str], rows: List[Dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: _cell(row.get(k, "")) for k in columns})
+    return buf.getvalue()
+
+
+def _cell(value):
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return value
+
+
+def _now() -> str:
+    return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+def git_commit(root: Path) -> Dict[str, Any]:
+    """The checkout's commit and whether it has uncommitted changes."""
+    def git(*args):
+        return subprocess.run(("git", "-C", str(root)) + args, capture_output=True, text=True,
+                              timeout=30)
+    try:
+        head = git("rev-parse", "HEAD")
+        if head.returncode != 0:
+            return {"commit": None, "dirty": None}
+        dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip() != ""
+        return {"commit": head.stdout.strip(), "dirty": dirty}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
+def device_metadata(device: str) -> Dict[str, Any]:
+    """The device by name, with driver and CUDA versions on the GPU."""
+    from . import devices
+    out: Dict[str, Any] = {"kind": device, "name": devices.describe(device),
+                           "cpu": devices.describe("cpu"), "host": platform.node()}
+    if device == "gpu":
+        import torch
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        out.update({"gpu": props.name, "compute_capability": f"{props.major}.{props.minor}",
+                    "memory_gib": round(props.total_memory / 2 ** 30, 1),
+                    "sm_count": props.multi_processor_count, "cuda_runtime": torch.version.cuda,
+                    "driver": _nvidia_smi("driver_version")})
+    return out
+
+
+def _nvidia_smi(field: str) -> Optional[str]:
+    try:
+        out = subprocess.run(("nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"),
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+
+
+def run_metadata(root: Path, device: str, threads: Optional[int]) -> Dict[str, Any]:
+    """Versions, device, threads and commit: the parts of the metadata every run shares."""
+    import dace
+    import numpy
+    import torch
+    cudnn = None
+    try:
+        cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    except Exception:  # noqa: BLE001 - a CPU-only torch may not know cuDNN at all
+        cudnn = None
+    return {
+        "timestamp": _now(),
+        "command": [Path(sys.argv[0]).name] + sys.argv[1:],
+        "git": git_commit(root),
+        "versions": {"python": platform.python_version(), "dace": dace.__version__,
+                     "torch": torch.__version__, "numpy": numpy.__version__, "cudnn": cudnn},
+        "device": device_metadata(device),
+        "threads": {"requested": threads, "torch": torch.get_num_threads(),
+                    "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")},
+    }

@@ -1,0 +1,221 @@
+"""Timing: warm-up, then one sample per call, with the caches flushed before each.
+
+* CPU: ``time.perf_counter_ns`` around the call alone.  DaCe programs are called
+  through :func:`prepared_call`, which converts the arguments once, so the samples
+  hold the compiled code plus a few microseconds of ctypes overhead.
+* GPU: a pair of CUDA events per sample, recorded on torch's current stream, which
+  must be the legacy default stream: GPU builds launch on it
+  (``compiler.cuda.max_concurrent_streams = -1``, see :mod:`convbench.toolchain`), so
+  the events bracket exactly the kernels of the call.  The host synchronises only
+  after the last sample.
+* Flushing: before every sample (outside the timed region) a buffer much larger
+  than the last-level cache is overwritten, so no call finds its operands in a
+  cache warmed by the previous one: 256 MiB on the GPU (H100/H200 L2 is 50 MB), and
+  on the CPU four times the L3 size, at least 64 MiB.
+* Statistics: median and interquartile range; a measurement whose IQR exceeds
+  :data:`NOISY_IQR` of its median is flagged as noisy.
+"""
+
+import dataclasses
+import math
+import os
+import statistics
+import time
+from typing import Callable, Dict, List, Optional
+
+#: IQR / median above which a measurement is flagged as noisy.
+NOISY_IQR = 0.10
+GPU_FLUSH_BYTES = 256 << 20
+MIN_CPU_FLUSH_BYTES = 64 << 20
+#: With a time limit, the fewest samples kept.
+MIN_SAMPLES = 3
+
+
+@dataclasses.dataclass
+class Timing:
+    """The samples of one (layer, backend) measurement, in milliseconds."""
+
+    samples_ms: List[float]
+    warmup: int
+    method: str
+    #: True when a time limit stopped the sampling before ``iterations``.
+    limited: bool = False
+
+    def stats(self) -> Dict[str, float]:
+        return summarize(self.samples_ms)
+
+
+def quantile(sorted_values: List[float], q: float) -> float:
+    """Linear-interpolation quantile (numpy's default) of sorted values."""
+    if not sorted_values:
+        return math.nan
+    pos = (len(sorted_values) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def summarize(samples_ms: List[float]) -> Dict[str, float]:
+    """Median, quartiles, IQR (absolute and relative to the median), min, mean, noisy."""
+    values = sorted(samples_ms)
+    med = quantile(values, 0.5)
+    q1, q3 = quantile(values, 0.25), quantile(values, 0.75)
+    iqr = q3 - q1
+    rel = iqr / med if med > 0 else math.nan
+    return {"samples": len(values), "median_ms": med, "q1_ms": q1, "q3_ms": q3, "iqr_ms": iqr,
+            "iqr_over_median": rel, "noisy": bool(rel > NOISY_IQR),
+            "min_ms": values[0] if values else math.nan,
+            "mean_ms": statistics.fmean(values) if values else math.nan}
+
+
+def cpu_flush_bytes() -> int:
+    """Four times the L3 (or last-level) cache of CPU 0, at least 64 MiB."""
+    largest = 0
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for index in os.listdir(base):
+            try:
+                with open(os.path.join(base, index, "size")) as f:
+                    text = f.read().strip()
+            except OSError:
+                continue
+            scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+            digits = text[:-1] if text[-1:].isalpha() else text
+            if digits.isdigit():
+                largest = max(largest, int(digits) * scale)
+    except OSError:
+        pass
+    return max(4 * largest, MIN_CPU_FLUSH_BYTES)
+
+
+class _Timer:
+    method = ""
+
+    def __init__(self, flush: bool = True):
+        self.flush_enabled = flush
+        self._buffer = None
+
+    def flush(self) -> None:
+        if self.flush_enabled:
+            self._buffer.fill_(1.0)  # a write: evicts everything, including dirty lines
+
+    def _limits(self, warmup, iterations, time_limit):
+        return max(int(warmup), 0), max(int(iterations), 1), time_limit
+
+    def measure(self, fn: Callable[[], object], warmup: int = 10, iterations: int = 100,
+                time_limit: Optional[float] = None, progress=None) -> Timing:
+        """Call ``fn`` ``warmup`` times, then time ``iterations`` calls.
+
+        With ``time_limit`` (seconds, warm-up included), warm-up stops after a fifth of
+        it (one call at least) and sampling once it is spent (``MIN_SAMPLES`` at least).
+        ``progress`` (a :class:`~convbench.progress.Progress`) advances per call.
+        """
+        raise NotImplementedError
+
+    def _warm(self, fn, warmup, time_limit, progress, start):
+        done = 0
+        for done in range(1, warmup + 1):
+            self.flush()
+            fn()
+            if progress is not None:
+                progress.update()
+            if time_limit is not None and time.perf_counter() - start > time_limit / 5:
+                break
+        return done
+
+
+class CpuTimer(_Timer):
+    method = "perf_counter_ns around each call, cache flushed before each"
+
+    def __init__(self, flush: bool = True):
+        super().__init__(flush)
+        if flush:
+            import torch
+            self.flush_bytes = cpu_flush_bytes()
+            self._buffer = torch.empty(self.flush_bytes // 4, dtype=torch.float32)
+        else:
+            self.flush_bytes = 0
+
+    def measure(self, fn, warmup=10, iterations=100, time_limit=None, progress=None) -> Timing:
+        start = time.perf_counter()
+        warmed = self._warm(fn, warmup, time_limit, progress, start)
+        samples: List[float] = []
+        limited = False
+        for _ in range(iterations):
+            self.flush()
+            t0 = time.perf_counter_ns()
+            fn()
+            samples.append((time.perf_counter_ns() - t0) * 1e-6)
+            if progress is not None:
+                progress.update()
+            if (time_limit is not None and len(samples) >= MIN_SAMPLES
+                    and len(samples) < iterations and time.perf_counter() - start > time_limit):
+                limited = True
+                break
+        return Timing(samples, warmed, self.method, limited)
+
+
+class CudaEventTimer(_Timer):
+    method = ("CUDA events on the default stream around each call, L2 flushed before each "
+              "(256 MiB write)")
+
+    def __init__(self, flush: bool = True):
+        super().__init__(flush)
+        import torch
+        self.flush_bytes = GPU_FLUSH_BYTES if flush else 0
+        if flush:
+            self._buffer = torch.empty(GPU_FLUSH_BYTES // 4, dtype=torch.float32, device="cuda")
+
+    def measure(self, fn, warmup=10, iterations=100, time_limit=None, progress=None) -> Timing:
+        import torch
+        stream = torch.cuda.current_stream()
+        if stream != torch.cuda.default_stream():
+            raise RuntimeError("CUDA timing needs torch's current stream to be the default "
+                               "stream, where DaCe's GPU builds launch")
+        start = time.perf_counter()
+        warmed = self._warm(fn, warmup, time_limit, progress, start)
+        torch.cuda.synchronize()
+        pairs = []
+        limited = False
+        for _ in range(iterations):
+            self.flush()
+            begin = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            begin.record(stream)
+            fn()
+            end.record(stream)
+            pairs.append((begin, end))
+            if progress is not None:
+                progress.update()
+            if (time_limit is not None and len(pairs) >= MIN_SAMPLES and len(pairs) < iterations
+                    and time.perf_counter() - start > time_limit):
+                limited = True
+                break
+        torch.cuda.synchronize()
+        return Timing([b.elapsed_time(e) for b, e in pairs], warmed, self.method, limited)
+
+
+def make_timer(device: str, flush: bool = True) -> _Timer:
+    return CudaEventTimer(flush) if device == "gpu" else CpuTimer(flush)
+
+
+def prepared_call(build, arrays: Dict[str, object]) -> Callable[[], object]:
+    """A no-argument function that runs ``build`` on ``arrays``, with DaCe's argument
+    conversion done once here rather than in every timed call.
+
+    The first call goes through the checked path (it also initialises the program and,
+    on a GPU, checks for launch errors); later calls use ``fast_call``.
+    """
+    program = build.program
+    if program is None:
+        raise RuntimeError(f"build {build.spec.name} is not loaded")
+    construct = getattr(program, "_construct_args", None)
+    fast = getattr(program, "fast_call", None)
+    if construct is None or fast is None:  # another DaCe version: the checked path
+        return lambda: program(**arrays)
+    program(**arrays)
+    callargs, initargs = construct(dict(arrays))
+
+    def call():
+        return fast(callargs, initargs)
+    call.keepalive = arrays  # the arrays must outlive the converted pointers
+    return call

@@ -1,0 +1,217 @@
+"""--compareprof: timing statistics, result files, metadata, plots, interruption, flags."""
+
+import csv
+import json
+import time
+
+import pytest
+
+from convbench import cli, timing
+from convbench.results import SAMPLE_COLUMNS
+
+IMPL = "implicitGemm"
+CSV = ("layer,batch,in_channels,out_channels,in_d,in_h,in_w,k_d,k_h,k_w,stride,pad\n"
+       "tiny,1,3,4,6,5,7,3,3,3,1,1\ntiny2,2,2,3,5,5,5,3,3,3,2,0\n")
+
+
+# -- statistics and timers ------------------------------------------------------------------
+
+def test_summarize_quartiles_and_noise():
+    s = timing.summarize([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert (s["median_ms"], s["q1_ms"], s["q3_ms"], s["iqr_ms"]) == (3.0, 2.0, 4.0, 2.0)
+    assert s["min_ms"] == 1.0 and s["mean_ms"] == 3.0 and s["samples"] == 5
+    assert s["noisy"]  # IQR is 67% of the median
+    quiet = timing.summarize([10.0, 10.1, 10.2, 10.3, 10.4])
+    assert not quiet["noisy"] and quiet["iqr_over_median"] == pytest.approx(0.2 / 10.2)
+    # IQR/median of 0.4 flags, 0.05 does not
+    assert timing.summarize([0.95, 1.0, 1.05])["noisy"] is False
+    assert timing.summarize([0.6, 1.0, 1.4])["noisy"] is True
+
+
+def test_quantile_matches_numpy():
+    import numpy as np
+    values = sorted([3.2, 1.5, 9.9, 4.4, 2.0, 7.7, 6.1])
+    for q in (0.0, 0.25, 0.5, 0.75, 1.0):
+        assert timing.quantile(values, q) == pytest.approx(np.quantile(values, q))
+
+
+def test_cpu_timer_measures_the_call_only():
+    calls = []
+    timer = timing.CpuTimer(flush=False)
+
+    def fn():
+        calls.append(1)
+        time.sleep(0.004)
+    t = timer.measure(fn, warmup=2, iterations=5)
+    assert len(calls) == 7 and t.warmup == 2 and len(t.samples_ms) == 5
+    assert all(3.9 <= s < 100 for s in t.samples_ms), t.samples_ms
+    assert not t.limited
+
+
+def test_time_limit_keeps_a_minimum_of_samples():
+    timer = timing.CpuTimer(flush=False)
+    t = timer.measure(lambda: time.sleep(0.02), warmup=10, iterations=100, time_limit=0.05)
+    assert t.limited and len(t.samples_ms) == timing.MIN_SAMPLES
+    assert t.warmup == 1  # warm-up stops after a fifth of the limit
+
+
+def test_flush_buffer_exceeds_the_last_level_cache():
+    timer = timing.CpuTimer(flush=True)
+    assert timer.flush_bytes >= timing.MIN_CPU_FLUSH_BYTES
+    assert timer.flush_bytes == timer._buffer.numel() * 4
+    timer._buffer.zero_()
+    timer.flush()
+    assert float(timer._buffer[-1]) == 1.0  # the flush writes the whole buffer
+
+
+# -- the CLI --------------------------------------------------------------------------------
+
+@pytest.fixture
+def layer_csv(tmp_path):
+    path = tmp_path / "layers.csv"
+    path.write_text(CSV)
+    return path
+
+
+def profile(tmp_path, layer_csv, *extra):
+    outdir = tmp_path / "run"
+    args = ["--implementation", IMPL, "--device", "cpu", "--paramscsv", str(layer_csv),
+            "--cachedir", str(tmp_path / "cache"), "--compareprof", "--warmupiter", "2",
+            "--totaliter", "6", "--outdir", str(outdir), *extra]
+    return cli.main(args), outdir
+
+
+def read_csv(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_compareprof_writes_results_and_plots(tmp_path, layer_csv, capsys):
+    rc, outdir = profile(tmp_path, layer_csv, "--enableplots", "--verify")
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    samples = read_csv(outdir / "samples.csv")
+    assert list(samples[0]) == SAMPLE_COLUMNS
+    assert len(samples) == 2 * 2 * 6  # layers x backends x iterations
+    assert {(r["layer"], r["backend"]) for r in samples} == {
+        (lay, b) for lay in ("tiny", "tiny2") for b in ("dace", "torch")}
+    assert all(float(r["time_ms"]) > 0 for r in samples)
+    summary = read_csv(outdir / "summary.csv")
+    assert len(summary) == 4
+    for row in summary:
+        dace_med = next(float(r["median_ms"]) for r in summary
+                        if r["layer"] == row["layer"] and r["backend"] == "dace")
+        torch_med = next(float(r["median_ms"]) for r in summary
+                         if r["layer"] == row["layer"] and r["backend"] == "torch")
+        med = float(row["median_ms"])
+        assert float(row["ratio_vs_torch"]) == pytest.approx(med / torch_med, rel=1e-4)
+        assert float(row["gflops"]) == pytest.approx(float(row["gflop"]) / med * 1e3, rel=1e-4)
+        assert float(row["q1_ms"]) <= med <= float(row["q3_ms"])
+        assert row["implementation"] == IMPL and row["noisy"] in ("True", "False")
+        assert dace_med > 0
+    meta = json.loads((outdir / "metadata.json").read_text())
+    assert meta["status"] == "complete"
+    assert [x["layer"] for x in meta["layers_done"]] == ["tiny", "tiny2"]
+    assert all(x["verified"] is True and x["build"] == "built" for x in meta["layers_done"])
+    for key in ("git", "versions", "device", "threads", "dace_config", "params", "timestamp",
+                "ceilings", "timing", "references"):
+        assert key in meta, key
+    assert set(meta["versions"]) >= {"dace", "torch", "numpy", "cudnn"}
+    assert meta["device"]["kind"] == "cpu" and meta["device"]["cpu"]
+    assert meta["ceilings"]["peak_gflops"] > 0 and meta["ceilings"]["bandwidth_gbs"] > 0
+    assert meta["timing"]["warmup"] == 2 and meta["timing"]["iterations"] == 6
+    assert "compiler.cpu.args" in meta["dace_config"]["flags"]["config"]
+    for name in ("violin.png", "medians.png", "roofline.png"):
+        data = (outdir / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, name
+    assert "x torch" in out  # the ratio is printed per layer
+
+
+def test_interrupted_run_keeps_finished_layers(tmp_path, layer_csv, monkeypatch, capsys):
+    original = cli.Session._layer
+
+    def layer_then_interrupt(self, i, layer):
+        if i == 1:
+            raise KeyboardInterrupt
+        return original(self, i, layer)
+    monkeypatch.setattr(cli.Session, "_layer", layer_then_interrupt)
+    rc, outdir = profile(tmp_path, layer_csv)
+    assert rc == 130
+    meta = json.loads((outdir / "metadata.json").read_text())
+    assert meta["status"] == "interrupted"
+    assert {r["layer"] for r in read_csv(outdir / "summary.csv")} == {"tiny"}
+    assert {r["layer"] for r in read_csv(outdir / "samples.csv")} == {"tiny"}
+    assert not list(outdir.glob(".*.tmp"))  # atomic writes leave no temporaries
+
+
+def test_threads_flag_sets_torch_threads(tmp_path, layer_csv, monkeypatch):
+    import torch
+    before = torch.get_num_threads()
+    monkeypatch.setenv("OMP_NUM_THREADS", str(before))
+    try:
+        rc, outdir = profile(tmp_path, layer_csv, "--threads", "1", "--totaliter", "2",
+                             "--currlayer", "1")
+        assert rc == 0
+        meta = json.loads((outdir / "metadata.json").read_text())
+        assert meta["threads"]["requested"] == 1 and meta["threads"]["torch"] == 1
+        assert meta["reference_settings"]["torch"]["threads"] == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--compareprof", "--totaliter", "0"], "--totaliter: must be an integer >= 1"),
+    (["--compareprof", "--warmupiter", "-1"], "--warmupiter: must be an integer >= 0"),
+    (["--compareprof", "--time-limit", "0"], "--time-limit: must be a positive number"),
+    (["--compareprof", "--threads", "0"], "--threads: must be an integer >= 1"),
+    (["--verify", "--enableplots"], "--enableplots: plots are drawn from --compareprof"),
+    (["--verify", "--outdir", "x"], "--outdir: only --compareprof writes result files"),
+    (["--compareprof", "--totaliter", "many"], "argument --totaliter: invalid int value"),
+])
+def test_bad_profiling_flags(capsys, args, words):
+    assert cli.main(["--device", "cpu", *args]) == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("profile_conv3d.py: error: ")
+    assert words in lines[0], lines[0]
+    assert "Traceback" not in out + err
+
+
+def test_prepared_call_matches_the_checked_call(tmp_path):
+    import torch
+
+    from convbench import registry, toolchain, verify
+    from convbench.layers import Layer
+    from convbench.layouts import from_layout, stored_shape, to_layout
+    layer = Layer("t", 1, 3, 4, 6, 5, 7, 3, 3, 3, 1, 1)
+    impl = registry.get(IMPL)
+    build = toolchain.build(toolchain.make_spec(impl, layer), tmp_path)
+    ref = verify.make_reference(layer, seed=3)
+    arrays = {r: to_layout(ref.inputs[r], impl.layout, r) for r in ("x", "w")}
+    arrays["y"] = torch.full(stored_shape(impl.layout, "y", layer.output_shape), float("nan"))
+    call = timing.prepared_call(build, arrays)
+    arrays["y"].fill_(float("nan"))
+    call()  # the fast path writes into the same buffers
+    check = verify.compare(from_layout(arrays["y"], impl.layout, "y"), ref, 2.0 ** -24)
+    assert check.ok, check.summary()
+
+
+def test_progress_bar_text_and_log_lines():
+    import io
+
+    from convbench.progress import Progress
+    live = io.StringIO()
+    with Progress(4, label="build", stream=live, enabled=True) as bar:
+        bar.update(note="a")
+        assert "build [######..................] 1/4" in bar.text()
+        bar.update(3)
+    assert "\r" in live.getvalue() and live.getvalue().endswith("\r\033[K")  # erased at the end
+    log = io.StringIO()
+    with Progress(2, stream=log, lines=True) as bar:  # not a terminal: one line per note
+        bar.update(note="first done")
+        bar.update()
+    assert log.getvalue() == "[1/2] first done\n"
+    quiet = io.StringIO()
+    with Progress(2, stream=quiet, heartbeat=0.0) as bar:
+        bar.update()
+    assert quiet.getvalue().startswith("[############............] 1/2")
