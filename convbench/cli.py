@@ -68,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do not flush the caches before each timed call")
     g.add_argument("--allow-tf32", action="store_true",
                    help="let torch/cuDNN use TF32 tensor cores on the GPU (default: IEEE FP32)")
+    g.add_argument("--cudnn-algo", default="find", metavar="NAME|find|heuristic",
+                   help="cuDNN's algorithm on the GPU, for --verify and --compareprof: find "
+                   "(benchmark all, default), heuristic, or a name such as "
+                   "IMPLICIT_PRECOMP_GEMM")
     g.add_argument("--outdir", default=None, metavar="DIR",
                    help="result folder (default outputs/<impl>_b<batch>_<device>/)")
     g.add_argument("--enableplots", action="store_true",
@@ -117,6 +121,11 @@ def _check_args(args) -> None:
                          "--compareprof (or run scripts/plot_results.py RUN_DIR)")
     if args.outdir is not None and not args.compareprof:
         raise UsageError("--outdir: only --compareprof writes result files")
+    from cudnn_bindings.conv import parse_algo
+    try:
+        parse_algo("fwd", args.cudnn_algo)
+    except ValueError as err:
+        raise UsageError(f"--cudnn-algo: {err}") from None
 
 
 def set_threads(threads: Optional[int]) -> Optional[int]:
@@ -187,7 +196,8 @@ class Session:
         from . import ceilings, references, results, timing, toolchain
         args = self.args
         self.refs = references.available(self.device)
-        self.ref_options = references.ReferenceOptions(allow_tf32=args.allow_tf32)
+        self.ref_options = references.ReferenceOptions(allow_tf32=args.allow_tf32,
+                                                       cudnn_algo=args.cudnn_algo)
         self.timer = timing.make_timer(self.device, flush=not args.no_flush)
         outdir = Path(args.outdir) if args.outdir else default_outdir(
             self.impl.name, self.layers, self.device)
@@ -261,7 +271,8 @@ class Session:
             if args.verify:
                 t0 = time.perf_counter()
                 reference = verify.make_reference(layer, impl.pass_, seed=args.seed + i)
-                checks = verify.verify_build(build, reference, self.device)
+                checks = verify.verify_build(build, reference, self.device,
+                                             cudnn_algo=args.cudnn_algo)
                 ok = all(c.ok for c in checks)
                 detail = "  ".join(f"[{c.reference}] {c.summary()}" if len(checks) > 1
                                    else c.summary() for c in checks)
@@ -299,17 +310,25 @@ class Session:
             (r.name, lambda r=r: r.prepare(layer, impl.pass_, impl.layout, self.device,
                                            device_inputs, self.ref_options)) for r in self.refs]
         per_backend = args.warmupiter + args.totaliter
-        measurements = []
+        measurements, infos = [], {}
         with Progress(per_backend * len(backends), label=f"  timing {layer.name}",
                       heartbeat=60) as bar:
             for name, prepare in backends:
                 bar.label = f"  timing {layer.name} {name}"
-                timing = self.timer.measure(prepare(), args.warmupiter, args.totaliter,
+                fn = prepare()  # cuDNN's Find runs here, outside the timed region
+                if getattr(fn, "info", None):
+                    infos[name] = fn.info
+                timing = self.timer.measure(fn, args.warmupiter, args.totaliter,
                                             args.time_limit, progress=bar)
                 measurements.append(Measurement(name, timing))
                 bar.done = per_backend * len(measurements)
+        if infos:
+            extra = dict(extra, references=infos)
         rows = self.writer.add_layer(i, layer, impl.name, measurements, extra)
         print("    " + "   ".join(_describe_row(r, self.refs) for r in rows), flush=True)
+        for name, info in infos.items():
+            print(f"    {name}: {info.get('algo')} ({info.get('method')}, {info.get('math')}, "
+                  f"chosen in {info.get('find_ms')} ms)", flush=True)
 
 
 def _describe_row(row, refs) -> str:

@@ -19,6 +19,8 @@ from .layouts import Layout, Pass
 @dataclasses.dataclass
 class ReferenceOptions:
     allow_tf32: bool = False
+    #: cuDNN's algorithm: ``find``, ``heuristic`` or a name (see :mod:`cudnn_bindings`).
+    cudnn_algo: str = "find"
 
 
 class Reference:
@@ -38,6 +40,13 @@ class Reference:
         return {}
 
 
+def _in_layout(inputs, layout):
+    """x and w in the memory format of ``layout`` (channels_last_3d for NDHWC)."""
+    import torch
+    fmt = torch.channels_last_3d if Layout(layout) == Layout.NDHWC else torch.contiguous_format
+    return inputs["x"].contiguous(memory_format=fmt), inputs["w"].contiguous(memory_format=fmt)
+
+
 class TorchReference(Reference):
     name = "torch"
 
@@ -46,9 +55,7 @@ class TorchReference(Reference):
         import torch.nn.functional as F
         if Pass(pass_) != Pass.FWD:
             raise NotImplementedError(f"torch reference for {pass_}")
-        fmt = torch.channels_last_3d if Layout(layout) == Layout.NDHWC else torch.contiguous_format
-        x = inputs["x"].contiguous(memory_format=fmt)
-        w = inputs["w"].contiguous(memory_format=fmt)
+        x, w = _in_layout(inputs, layout)
         if device == "gpu":
             torch.backends.cudnn.benchmark = True
             torch.backends.cudnn.allow_tf32 = options.allow_tf32
@@ -70,8 +77,53 @@ class TorchReference(Reference):
         return out
 
 
+class CudnnReference(Reference):
+    """cuDNN through this project's ctypes bindings, on torch's tensors and stream.
+
+    The algorithm is chosen (Find, by default) when the callable is prepared, outside
+    any timed region; the callable's ``info`` says which one and how long Find took."""
+
+    name = "cudnn"
+
+    def problem(self, device):
+        if device != "gpu":
+            return "cuDNN runs on the GPU only"
+        import cudnn_bindings
+        return cudnn_bindings.problem()
+
+    def prepare(self, layer, pass_, layout, device, inputs, options):
+        import torch
+
+        import cudnn_bindings
+        if Pass(pass_) != Pass.FWD:
+            raise NotImplementedError(f"cuDNN reference for {pass_}")
+        x, w = _in_layout(inputs, layout)
+        y = torch.empty(layer.output_shape, dtype=x.dtype, device=x.device,
+                        memory_format=torch.channels_last_3d if Layout(layout) == Layout.NDHWC
+                        else torch.contiguous_format)
+        plan = cudnn_bindings.plan("fwd", x, w, y, layer.stride, layer.pad, 1,
+                                   algo=options.cudnn_algo, math=cudnn_math(options))
+
+        def call():
+            plan.run(x, w, y)
+            return y
+        call.info = plan.info()
+        return call
+
+    def settings(self, device, options):
+        import cudnn_bindings
+        lib = cudnn_bindings.load()
+        return {"version": ".".join(map(str, lib.version_tuple)), "library": str(lib.path),
+                "found_via": lib.source, "algo": options.cudnn_algo,
+                "math": cudnn_math(options)}
+
+
+def cudnn_math(options: ReferenceOptions) -> str:
+    return "tf32" if options.allow_tf32 else "ieee"
+
+
 #: Every reference, in the order they are timed and reported.
-REFERENCES: List[Reference] = [TorchReference()]
+REFERENCES: List[Reference] = [TorchReference(), CudnnReference()]
 
 
 def available(device: str) -> List[Reference]:

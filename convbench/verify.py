@@ -172,8 +172,11 @@ def run_build(build, reference: Reference, device: str = "cpu"):
     return from_layout(args[out_role], impl.layout, out_role)
 
 
-def verify_build(build, reference: Reference, device: str = "cpu") -> list:
-    """All checks for one build: float64 ground truth, plus torch on the GPU (TF32 off)."""
+def verify_build(build, reference: Reference, device: str = "cpu",
+                 cudnn_algo: str = "find") -> list:
+    """All checks for one build: the float64 ground truth; on the GPU also torch's float32
+    convolution (TF32 off) and, where cuDNN is usable, cuDNN through this project's
+    bindings (IEEE FP32, algorithm ``cudnn_algo``)."""
     import torch
     out = run_build(build, reference, device)
     u = build.spec.dtype.unit_roundoff
@@ -189,4 +192,21 @@ def verify_build(build, reference: Reference, device: str = "cpu") -> list:
             torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = prev
         # Both sides carry float32 rounding: allow twice the tolerance.
         checks.append(compare(out, reference, u, name="torch-gpu-fp32", ref=gpu_ref, slack=2.0))
+        cudnn_out = cudnn_pass(reference, cudnn_algo)
+        if cudnn_out is not None:
+            checks.append(compare(out, reference, u, name="cudnn-fp32", ref=cudnn_out,
+                                  slack=2.0))
     return checks
+
+
+def cudnn_pass(reference: Reference, algo: str = "find"):
+    """The reference's pass computed by cuDNN on the GPU (IEEE FP32), or None where
+    cuDNN is not usable."""
+    import cudnn_bindings
+    if cudnn_bindings.problem() is not None:
+        return None
+    layer = reference.layer
+    if reference.pass_ != Pass.FWD:
+        raise NotImplementedError(reference.pass_)
+    x, w = (reference.inputs[r].cuda() for r in ("x", "w"))
+    return cudnn_bindings.conv3d_forward(x, w, layer.stride, layer.pad, algo=algo, math="ieee")

@@ -17,7 +17,7 @@ SHAPES = [Layer("gpu_small", 2, 3, 5, 6, 7, 8, 3, 3, 3, pad=1),
 def test_gpu_verify_small(name, layer, cachedir, reference):
     build = toolchain.build(toolchain.make_spec(registry.get(name), layer, target="gpu"), cachedir)
     checks = verify.verify_build(build, reference(layer), device="gpu")
-    assert [c.reference for c in checks] == ["torch-fp64", "torch-gpu-fp32"]
+    assert [c.reference for c in checks] == ["torch-fp64", "torch-gpu-fp32", "cudnn-fp32"]
     for check in checks:
         assert check.ok, f"{name} on {layer.name}: {check.reference}: {check.summary()}"
 
