@@ -11,8 +11,11 @@ from typing import List, Optional
 
 from .errors import UsageError
 
-#: The implementation run when ``--implementation`` is not given.
+#: The implementation run when ``--implementation`` is not given (forward pass).
 DEFAULT_IMPLEMENTATION = "implicitGemmNCDHW"
+#: ... and per pass, with ``--pass``.
+DEFAULT_FOR_PASS = {"fwd": DEFAULT_IMPLEMENTATION, "bwd_data": "implicitGemmBwdData",
+                    "bwd_filter": "implicitGemmBwdFilter"}
 PROG = "profile_conv3d.py"
 
 
@@ -27,9 +30,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description="Verify and profile DaCe 3D-convolution implementations "
                 "layer by layer against torch (float64 for verification; torch/oneDNN or "
                 "cuDNN for timing).")
-    p.add_argument("--implementation", default=DEFAULT_IMPLEMENTATION, metavar="NAME",
-                   help=f"registered implementation (default: {DEFAULT_IMPLEMENTATION}; see --list)")
-    p.add_argument("--list", action="store_true", help="list the implementations and exit")
+    p.add_argument("--implementation", default=None, metavar="NAME",
+                   help=f"registered implementation (default: {DEFAULT_IMPLEMENTATION}, or "
+                   "the default of --pass; see --list)")
+    p.add_argument("--pass", dest="pass_", default=None, metavar="fwd|bwd_data|bwd_filter",
+                   help="the convolution to compute: forward, gradient for the input, or "
+                   "gradient for the filter (default: fwd, or the implementation's pass)")
+    p.add_argument("--list", action="store_true",
+                   help="list the implementations (of --pass, if given) and exit")
     p.add_argument("--paramscsv", default="cosmoflow", metavar="SET",
                    help="layer set: a name in convparams/ or a CSV path (default: cosmoflow)")
     p.add_argument("--currlayer", type=int, default=None, metavar="I",
@@ -128,6 +136,17 @@ def _check_args(args) -> None:
         raise UsageError(f"--cudnn-algo: {err}") from None
 
 
+def _resolve_pass(text):
+    from .layouts import Pass
+    if text is None:
+        return None
+    try:
+        return Pass(text)
+    except ValueError:
+        raise UsageError(f"--pass: unknown pass '{text}' (choose from "
+                         f"{', '.join(p.value for p in Pass)})") from None
+
+
 def set_threads(threads: Optional[int]) -> Optional[int]:
     """One thread count for torch and for DaCe's OpenMP code (before either starts)."""
     if threads is None:
@@ -144,14 +163,22 @@ def _main(argv) -> int:
     args = build_parser().parse_args(argv)
     from . import registry
 
+    pass_ = _resolve_pass(args.pass_)
     if args.list:
-        print(registry.format_listing(registry.all_implementations()))
+        impls = registry.all_implementations()
+        if pass_ is not None:
+            impls = {n: i for n, i in impls.items() if i.pass_ == pass_}
+        print(registry.format_listing(impls))
         return 0
 
     from .devices import resolve_device
     from .layers import load_layers, select_layers
 
-    impl = registry.get(args.implementation)
+    impl = registry.get(args.implementation or DEFAULT_FOR_PASS[str(pass_ or "fwd")])
+    if pass_ is not None and impl.pass_ != pass_:
+        same = [n for n, i in registry.all_implementations().items() if i.pass_ == pass_]
+        raise UsageError(f"--pass {pass_}: {impl.name} computes {impl.pass_}; implementations "
+                         f"of {pass_}: {', '.join(same) or 'none'}")
     params = impl.resolve_params(registry.parse_param_overrides(args.param))
     _check_args(args)
     layers = select_layers(load_layers(args.paramscsv), args.currlayer, args.lastlayer)

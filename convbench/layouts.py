@@ -30,16 +30,24 @@ class Layout(str, enum.Enum):
 
 
 class Pass(str, enum.Enum):
+    """The three convolutions of a training step: the forward pass, and the gradients
+    for the input (backward data) and for the filter (backward filter)."""
+
     FWD = "fwd"
+    BWD_DATA = "bwd_data"
+    BWD_FILTER = "bwd_filter"
 
     def __str__(self):
         return self.value
 
 
 #: For each pass: the program's input tensor roles, in order, and its output role.
-#: Roles: ``x`` input activations, ``w`` filter, ``y`` output activations.
+#: Roles: ``x`` input activations, ``w`` filter, ``y`` output activations; in the
+#: backward passes ``y`` is dL/dy, and the output ``x`` (``w``) is dL/dx (dL/dw).
 PASS_SIGNATURE: Dict[Pass, Tuple[Tuple[str, ...], str]] = {
     Pass.FWD: (("x", "w"), "y"),
+    Pass.BWD_DATA: (("y", "w"), "x"),
+    Pass.BWD_FILTER: (("x", "y"), "w"),
 }
 
 # Permutations from torch's logical order to the stored order, per layout and role kind.

@@ -40,11 +40,14 @@ class Reference:
         return {}
 
 
-def _in_layout(inputs, layout):
-    """x and w in the memory format of ``layout`` (channels_last_3d for NDHWC)."""
+def _format(layout):
     import torch
-    fmt = torch.channels_last_3d if Layout(layout) == Layout.NDHWC else torch.contiguous_format
-    return inputs["x"].contiguous(memory_format=fmt), inputs["w"].contiguous(memory_format=fmt)
+    return torch.channels_last_3d if Layout(layout) == Layout.NDHWC else torch.contiguous_format
+
+
+def _in_layout(inputs, layout):
+    """The inputs in the memory format of ``layout`` (channels_last_3d for NDHWC)."""
+    return {r: t.contiguous(memory_format=_format(layout)) for r, t in inputs.items()}
 
 
 class TorchReference(Reference):
@@ -53,17 +56,26 @@ class TorchReference(Reference):
     def prepare(self, layer, pass_, layout, device, inputs, options):
         import torch
         import torch.nn.functional as F
-        if Pass(pass_) != Pass.FWD:
-            raise NotImplementedError(f"torch reference for {pass_}")
-        x, w = _in_layout(inputs, layout)
+        from torch.nn import grad
+        t = _in_layout(inputs, layout)
         if device == "gpu":
             torch.backends.cudnn.benchmark = True
             torch.backends.cudnn.allow_tf32 = options.allow_tf32
             torch.backends.cuda.matmul.allow_tf32 = options.allow_tf32
+        s, p = layer.stride, layer.pad
+        if Pass(pass_) == Pass.FWD:
+            def compute():
+                return F.conv3d(t["x"], t["w"], stride=s, padding=p)
+        elif Pass(pass_) == Pass.BWD_DATA:
+            def compute():
+                return grad.conv3d_input(layer.input_shape, t["w"], t["y"], s, p)
+        else:
+            def compute():
+                return grad.conv3d_weight(t["x"], layer.filter_shape, t["y"], s, p)
 
         def call():
             with torch.no_grad():
-                return F.conv3d(x, w, stride=layer.stride, padding=layer.pad)
+                return compute()
         return call
 
     def settings(self, device, options):
@@ -95,18 +107,19 @@ class CudnnReference(Reference):
         import torch
 
         import cudnn_bindings
-        if Pass(pass_) != Pass.FWD:
-            raise NotImplementedError(f"cuDNN reference for {pass_}")
-        x, w = _in_layout(inputs, layout)
-        y = torch.empty(layer.output_shape, dtype=x.dtype, device=x.device,
-                        memory_format=torch.channels_last_3d if Layout(layout) == Layout.NDHWC
-                        else torch.contiguous_format)
-        plan = cudnn_bindings.plan("fwd", x, w, y, layer.stride, layer.pad, 1,
-                                   algo=options.cudnn_algo, math=cudnn_math(options))
+        t = _in_layout(inputs, layout)
+        shapes = {"x": layer.input_shape, "w": layer.filter_shape, "y": layer.output_shape}
+        for role in ("x", "w", "y"):  # the pass's output buffer
+            if role not in t:
+                like = next(iter(t.values()))
+                t[role] = torch.empty(shapes[role], dtype=like.dtype, device=like.device,
+                                      memory_format=_format(layout))
+        plan = cudnn_bindings.plan(str(Pass(pass_)), t["x"], t["w"], t["y"], layer.stride,
+                                   layer.pad, 1, algo=options.cudnn_algo,
+                                   math=cudnn_math(options))
 
         def call():
-            plan.run(x, w, y)
-            return y
+            plan.run(t["x"], t["w"], t["y"])
         call.info = plan.info()
         return call
 

@@ -82,17 +82,34 @@ def make_inputs(layer: Layer, pass_: Pass, seed: int, dtype="float32"):
 
 
 def torch_pass(layer: Layer, pass_: Pass, inputs):
-    """The pass computed by torch on ``inputs`` (any dtype and device)."""
+    """The pass computed by torch on ``inputs`` (any dtype and device): the forward
+    convolution, or autograd's gradients for the input and the filter."""
     import torch.nn.functional as F
-    if Pass(pass_) == Pass.FWD:
+    from torch.nn import grad
+    pass_ = Pass(pass_)
+    if pass_ == Pass.FWD:
         return F.conv3d(inputs["x"], inputs["w"], stride=layer.stride, padding=layer.pad)
-    raise NotImplementedError(pass_)
+    if pass_ == Pass.BWD_DATA:
+        return grad.conv3d_input(layer.input_shape, inputs["w"], inputs["y"], layer.stride,
+                                 layer.pad)
+    return grad.conv3d_weight(inputs["x"], layer.filter_shape, inputs["y"], layer.stride,
+                              layer.pad)
 
 
 def reduction_length(layer: Layer, pass_: Pass) -> int:
-    if Pass(pass_) == Pass.FWD:
+    """The most terms an output element of the pass sums (the tolerance scales with it).
+
+    Backward data: an input element meets each output channel through at most
+    ceil(k/stride) taps per dimension; backward filter: every output pixel."""
+    pass_ = Pass(pass_)
+    if pass_ == Pass.FWD:
         return layer.gemm_k
-    raise NotImplementedError(pass_)
+    if pass_ == Pass.BWD_DATA:
+        taps = 1
+        for k in (layer.k_d, layer.k_h, layer.k_w):
+            taps *= -(-k // layer.stride)
+        return layer.out_channels * taps
+    return layer.gemm_m
 
 
 def make_reference(layer: Layer, pass_: Pass = Pass.FWD, seed: int = 0,
@@ -205,8 +222,10 @@ def cudnn_pass(reference: Reference, algo: str = "find"):
     import cudnn_bindings
     if cudnn_bindings.problem() is not None:
         return None
-    layer = reference.layer
-    if reference.pass_ != Pass.FWD:
-        raise NotImplementedError(reference.pass_)
-    x, w = (reference.inputs[r].cuda() for r in ("x", "w"))
-    return cudnn_bindings.conv3d_forward(x, w, layer.stride, layer.pad, algo=algo, math="ieee")
+    layer, g = reference.layer, {r: t.cuda() for r, t in reference.inputs.items()}
+    common = dict(stride=layer.stride, padding=layer.pad, algo=algo, math="ieee")
+    if reference.pass_ == Pass.FWD:
+        return cudnn_bindings.conv3d_forward(g["x"], g["w"], **common)
+    if reference.pass_ == Pass.BWD_DATA:
+        return cudnn_bindings.conv3d_backward_data(g["y"], g["w"], layer.input_shape, **common)
+    return cudnn_bindings.conv3d_backward_filter(g["x"], g["y"], layer.filter_shape, **common)

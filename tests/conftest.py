@@ -28,14 +28,15 @@ def cachedir(tmp_path_factory):
 
 
 @functools.lru_cache(maxsize=2)  # CosmoFlow references take up to ~1 GB each
-def _reference(layer, seed):
-    return make_reference(layer, seed=seed)
+def _reference(layer, seed, pass_):
+    return make_reference(layer, pass_, seed=seed)
 
 
 @pytest.fixture(scope="session")
 def reference():
-    """``reference(layer, seed=0)``: float64 reference, shared between implementations."""
-    return lambda layer, seed=0: _reference(layer, seed)
+    """``reference(layer, seed=0, pass_="fwd")``: float64 reference of a pass, shared
+    between implementations (tests order implementations by pass, so that it is reused)."""
+    return lambda layer, seed=0, pass_="fwd": _reference(layer, seed, str(pass_))
 
 
 @pytest.fixture

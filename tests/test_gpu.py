@@ -15,8 +15,9 @@ SHAPES = [Layer("gpu_small", 2, 3, 5, 6, 7, 8, 3, 3, 3, pad=1),
 @pytest.mark.parametrize("name", IMPLS)
 @pytest.mark.parametrize("layer", SHAPES, ids=lambda l: l.name)
 def test_gpu_verify_small(name, layer, cachedir, reference):
-    build = toolchain.build(toolchain.make_spec(registry.get(name), layer, target="gpu"), cachedir)
-    checks = verify.verify_build(build, reference(layer), device="gpu")
+    impl = registry.get(name)
+    build = toolchain.build(toolchain.make_spec(impl, layer, target="gpu"), cachedir)
+    checks = verify.verify_build(build, reference(layer, pass_=impl.pass_), device="gpu")
     assert [c.reference for c in checks] == ["torch-fp64", "torch-gpu-fp32", "cudnn-fp32"]
     for check in checks:
         assert check.ok, f"{name} on {layer.name}: {check.reference}: {check.summary()}"
@@ -26,6 +27,7 @@ def test_gpu_verify_small(name, layer, cachedir, reference):
 @pytest.mark.parametrize("name", IMPLS)
 def test_gpu_verify_cosmoflow_first_layer(name, cachedir, reference):
     layer = load_layers("cosmoflow")[1].with_batch(1)
-    build = toolchain.build(toolchain.make_spec(registry.get(name), layer, target="gpu"), cachedir)
-    for check in verify.verify_build(build, reference(layer), device="gpu"):
+    impl = registry.get(name)
+    build = toolchain.build(toolchain.make_spec(impl, layer, target="gpu"), cachedir)
+    for check in verify.verify_build(build, reference(layer, pass_=impl.pass_), device="gpu"):
         assert check.ok, f"{name}: {check.reference}: {check.summary()}"

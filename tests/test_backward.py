@@ -1,0 +1,157 @@
+"""The backward passes: --pass on the command line, and verification with teeth (a flipped
+kernel, a wrong stride phase and a split-K chunk that drops planes are caught)."""
+
+import importlib.util
+import inspect
+import sys
+
+import pytest
+
+from convbench import cli, registry, toolchain, verify
+from convbench.layers import Layer
+from convbench.layouts import Pass
+from convbench.registry import Implementation
+from impls import _backward
+from impls._common import auto_cpu
+
+BACKWARD = sorted(n for n, i in registry.all_implementations().items() if i.pass_ != Pass.FWD)
+
+
+def test_every_backward_pass_has_implementations():
+    passes = {registry.get(n).pass_ for n in BACKWARD}
+    assert passes == {Pass.BWD_DATA, Pass.BWD_FILTER}
+    assert set(BACKWARD) >= {"implicitGemmBwdData", "implicitGemmBwdFilter",
+                             "implicitGemmsplitKBwdFilter"}
+    for name in BACKWARD:
+        assert registry.get(name).targets == ("cpu", "gpu")
+
+
+def test_reference_is_autograd():
+    """The backward references are the gradients torch's autograd computes."""
+    import torch
+    layer = Layer("g", 1, 2, 3, 5, 6, 4, 3, 3, 3, stride=2, pad=1)
+    x = torch.rand(layer.input_shape, dtype=torch.float64, requires_grad=True)
+    w = torch.rand(layer.filter_shape, dtype=torch.float64, requires_grad=True)
+    dy = torch.rand(layer.output_shape, dtype=torch.float64)
+    torch.nn.functional.conv3d(x, w, stride=2, padding=1).backward(dy)
+    inputs = {"x": x.detach(), "w": w.detach(), "y": dy}
+    assert torch.allclose(verify.torch_pass(layer, Pass.BWD_DATA, inputs), x.grad)
+    assert torch.allclose(verify.torch_pass(layer, Pass.BWD_FILTER, inputs), w.grad)
+
+
+def _planted(tmp_path, name, replacements):
+    """A copy of ``impls/_backward.py`` with ``replacements`` (old, new, count) applied, as
+    a fresh module (DaCe parses programs from their source file)."""
+    source = inspect.getsource(_backward)
+    for old, new, count in replacements:
+        assert source.count(old) >= count, old
+        source = source.replace(old, new, count)
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _verify(algorithm, pass_, layer, cachedir, reference, params=None):
+    impl = Implementation(name="planted", summary="a planted bug", layout="NDHWC",
+                          pass_=pass_, algorithm=algorithm, schedules={"cpu": auto_cpu})
+    spec = toolchain.make_spec(impl, layer, params=params or {})
+    build = toolchain.build(spec, cachedir)
+    return verify.verify_build(build, reference(layer, pass_=pass_))[0]
+
+
+LAYER = Layer("bwd_odd", 1, 3, 4, 7, 6, 5, 3, 3, 3, stride=2, pad=1)
+
+
+def test_unplanted_copy_passes(tmp_path, cachedir, reference):
+    """The copying machinery itself leaves a correct program (so the failures below come
+    from the planted bugs alone)."""
+    module = _planted(tmp_path, "bwd_copy", [])
+    check = _verify(module.bwd_data_algorithm, Pass.BWD_DATA, LAYER, cachedir / "copy",
+                    reference)
+    assert check.ok, check.summary()
+
+
+def test_flipped_kernel_is_caught(tmp_path, cachedir, reference):
+    # The filter taps read mirrored: w[k, KD-1-kd, KH-1-kh, KW-1-kw, c].
+    module = _planted(tmp_path, "bwd_flip", [('"t = tap if ok else 0"',
+                                              'f"t = ({KX} - 1 - tap) if ok else 0"', 1)])
+    check = _verify(module.bwd_data_algorithm, Pass.BWD_DATA, LAYER, cachedir / "flip",
+                    reference)
+    assert not check.ok, check.summary()
+
+
+def test_wrong_stride_phase_is_caught(tmp_path, cachedir, reference):
+    # The phase taken from i instead of i + P (the padding forgotten in the phase).
+    module = _planted(tmp_path, "bwd_phase", [('f"tap = (i + {P}) % {S} + {S} * j\\n"',
+                                               'f"tap = i % {S} + {S} * j\\n"', 1),
+                                              ('f"pos = (i + {P}) // {S} - j\\n"',
+                                               'f"pos = i // {S} - j\\n"', 1)])
+    check = _verify(module.bwd_data_algorithm, Pass.BWD_DATA, LAYER, cachedir / "phase",
+                    reference)
+    assert not check.ok, check.summary()
+
+
+def test_split_k_dropping_planes_is_caught(tmp_path, cachedir, reference):
+    # Chunk length rounded down: with Do = 4 planes and 3 chunks, each chunk reduces one
+    # plane instead of two, so planes are never reduced.
+    module = _planted(tmp_path, "bwd_split", [("for t in range(CH):",
+                                               "for t in range(OD // nsplit):", 1)])
+    layer = Layer("split", 1, 3, 4, 6, 5, 5, 3, 3, 3)  # Do = 4
+
+    def algorithm(layer, dtype, params):
+        return module.bwd_filter_algorithm(layer, dtype, params, nsplit=3)
+    check = _verify(algorithm, Pass.BWD_FILTER, layer, cachedir / "split", reference)
+    assert not check.ok, check.summary()
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--pass", "bwd"], "--pass: unknown pass 'bwd' (choose from fwd, bwd_data, bwd_filter)"),
+    (["--pass", "bwd_data", "--implementation", "implicitGemm"],
+     "--pass bwd_data: implicitGemm computes fwd; implementations of bwd_data: "
+     "implicitGemmBwdData"),
+    (["--pass", "fwd", "--implementation", "implicitGemmBwdFilter"],
+     "--pass fwd: implicitGemmBwdFilter computes bwd_filter"),
+])
+def test_pass_errors(capsys, args, words):
+    assert cli.main(["--verify", "--device", "cpu", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0], err
+
+
+def test_list_filters_by_pass(capsys):
+    assert cli.main(["--list", "--pass", "bwd_filter"]) == 0
+    out = capsys.readouterr().out
+    names = [line for line in out.splitlines() if line and not line.startswith(" ")]
+    assert names == ["implicitGemmBwdFilter", "implicitGemmsplitKBwdFilter"]
+    assert "pass: bwd_filter" in out
+
+
+def test_pass_picks_its_default_implementation(tmp_path, capsys):
+    path = tmp_path / "l.csv"
+    path.write_text("layer,batch,in_channels,out_channels,in_d,in_h,in_w,k_d,k_h,k_w,stride,"
+                    "pad\nt,1,2,3,5,4,6,3,3,3,2,1\n")
+    rc = cli.main(["--pass", "bwd_data", "--verify", "--device", "cpu", "--paramscsv",
+                   str(path), "--cachedir", str(tmp_path / "c")])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert out.startswith("implicitGemmBwdData (bwd_data, NDHWC)") and "PASS" in out
+
+
+def test_compareprof_times_a_backward_pass(tmp_path, capsys):
+    import csv
+    path = tmp_path / "l.csv"
+    path.write_text("layer,batch,in_channels,out_channels,in_d,in_h,in_w,k_d,k_h,k_w,stride,"
+                    "pad\nt,1,2,3,5,4,6,3,3,3,1,1\n")
+    rc = cli.main(["--implementation", "implicitGemmBwdFilter", "--compareprof", "--verify",
+                   "--device", "cpu", "--paramscsv", str(path), "--cachedir",
+                   str(tmp_path / "c"), "--outdir", str(tmp_path / "run"), "--warmupiter", "1",
+                   "--totaliter", "3", "--no-flush"])
+    assert rc == 0, capsys.readouterr().out
+    rows = list(csv.DictReader(open(tmp_path / "run" / "summary.csv")))
+    assert [r["backend"] for r in rows] == ["dace", "torch"]
+    import json
+    assert json.loads((tmp_path / "run" / "metadata.json").read_text())["pass"] == "bwd_filter"
