@@ -24,12 +24,15 @@ import dataclasses
 import io
 import os
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from .errors import LayerFileError, UsageError
 
 CANONICAL_HEADER = ("layer", "batch", "in_channels", "out_channels", "in_d", "in_h", "in_w",
                     "k_d", "k_h", "k_w", "stride", "pad")
+#: Optional columns of the canonical format: per-dimension padding overriding ``pad``
+#: (an empty cell means ``pad``).
+OPTIONAL_COLUMNS = ("pad_d", "pad_h", "pad_w")
 LEGACY_HEADER = ("InChannel", "InputDepth", "InputHeight", "InputWidth", "KernelDepth",
                  "KernelHeight", "KernelWidth", "OutputChannel", "OutputDepth", "OutputHeight",
                  "OutputWidth")
@@ -58,6 +61,11 @@ class Layer:
     k_w: int
     stride: int = 1
     pad: int = 0
+    #: Per-dimension padding where it differs from ``pad`` (None: ``pad``).  A 2D layer
+    #: written as 3D (depth 1, kernel depth 1) pads height and width only.
+    pad_d: Optional[int] = None
+    pad_h: Optional[int] = None
+    pad_w: Optional[int] = None
 
     def __post_init__(self):
         problem = self.problem()
@@ -75,27 +83,41 @@ class Layer:
         if not isinstance(self.pad, int) or self.pad < 0:
             return "pad", f"must be a non-negative integer, got {self.pad!r}"
         for dim in ("d", "h", "w"):
+            value = getattr(self, f"pad_{dim}")
+            if value is not None and (not isinstance(value, int) or value < 0):
+                return f"pad_{dim}", f"must be a non-negative integer, got {value!r}"
+        for dim, p in zip(("d", "h", "w"), self.pads):
             size, k = getattr(self, f"in_{dim}"), getattr(self, f"k_{dim}")
-            if k > size + 2 * self.pad:
+            if k > size + 2 * p:
                 return (f"k_{dim}", f"kernel size {k} is larger than the padded input "
-                        f"({size} + 2*{self.pad} = {size + 2 * self.pad})")
+                        f"({size} + 2*{p} = {size + 2 * p})")
         return None
 
+    @property
+    def pads(self) -> Tuple[int, int, int]:
+        """Padding of depth, height and width."""
+        return tuple(self.pad if p is None else p for p in (self.pad_d, self.pad_h, self.pad_w))
+
+    @property
+    def anisotropic(self) -> bool:
+        """True if the dimensions are not all padded alike."""
+        return len(set(self.pads)) > 1
+
     # -- derived sizes ----------------------------------------------------------------------
-    def _out(self, size, k):
-        return (size + 2 * self.pad - k) // self.stride + 1
+    def _out(self, size, k, pad):
+        return (size + 2 * pad - k) // self.stride + 1
 
     @property
     def out_d(self):
-        return self._out(self.in_d, self.k_d)
+        return self._out(self.in_d, self.k_d, self.pads[0])
 
     @property
     def out_h(self):
-        return self._out(self.in_h, self.k_h)
+        return self._out(self.in_h, self.k_h, self.pads[1])
 
     @property
     def out_w(self):
-        return self._out(self.in_w, self.k_w)
+        return self._out(self.in_w, self.k_w, self.pads[2])
 
     @property
     def input_shape(self):
@@ -139,12 +161,16 @@ class Layer:
         def dims(a, b, c):
             return f"{a}^3" if a == b == c else f"{a}x{b}x{c}"
         return (f"{self.in_channels}->{self.out_channels} @{dims(self.in_d, self.in_h, self.in_w)}"
-                f" k{dims(self.k_d, self.k_h, self.k_w)} s{self.stride} p{self.pad} b{self.batch}")
+                f" k{dims(self.k_d, self.k_h, self.k_w)} s{self.stride} p{self._pad_text(',')}"
+                f" b{self.batch}")
+
+    def _pad_text(self, sep: str) -> str:
+        return str(self.pad) if not self.anisotropic else sep.join(map(str, self.pads))
 
     def key(self) -> str:
         """Geometry (name excluded) as a stable string, for build names and caches."""
         return (f"b{self.batch}_c{self.in_channels}_k{self.out_channels}_i{self.in_d}x{self.in_h}x"
-                f"{self.in_w}_f{self.k_d}x{self.k_h}x{self.k_w}_s{self.stride}_p{self.pad}")
+                f"{self.in_w}_f{self.k_d}x{self.k_h}x{self.k_w}_s{self.stride}_p{self._pad_text('x')}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -188,10 +214,12 @@ def parse_layers(text: str, path="<string>") -> List[Layer]:
         expected, legacy = LEGACY_HEADER, True
     else:
         expected, legacy = CANONICAL_HEADER, False
+    optional = () if legacy else OPTIONAL_COLUMNS
     for col in header:
-        if col not in expected:
+        if col not in expected and col not in optional:
             raise LayerFileError(path, header_line, f"unknown column '{col}' (expected: "
-                                 f"{','.join(expected)})")
+                                 f"{','.join(expected)}" + (f"; optional: {','.join(optional)}"
+                                                            if optional else "") + ")")
     for col in expected:
         if col not in header:
             raise LayerFileError(path, header_line, f"missing column '{col}'")
@@ -216,6 +244,9 @@ def parse_layers(text: str, path="<string>") -> List[Layer]:
             values = {"name": name}
             for f in CANONICAL_HEADER[1:]:
                 values[f] = _int_field(path, lineno, f, cells[f])
+            for f in OPTIONAL_COLUMNS:
+                if f in cells and cells[f].strip():
+                    values[f] = _int_field(path, lineno, f, cells[f])
             layer = _check_layer(path, lineno, values)
         if layer.name in seen:
             raise LayerFileError(path, lineno, f"duplicated layer name '{layer.name}' (first on "

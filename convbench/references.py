@@ -62,7 +62,7 @@ class TorchReference(Reference):
             torch.backends.cudnn.benchmark = True
             torch.backends.cudnn.allow_tf32 = options.allow_tf32
             torch.backends.cuda.matmul.allow_tf32 = options.allow_tf32
-        s, p = layer.stride, layer.pad
+        s, p = layer.stride, layer.pads
         if Pass(pass_) == Pass.FWD:
             def compute():
                 return F.conv3d(t["x"], t["w"], stride=s, padding=p)
@@ -115,7 +115,7 @@ class CudnnReference(Reference):
                 t[role] = torch.empty(shapes[role], dtype=like.dtype, device=like.device,
                                       memory_format=_format(layout))
         plan = cudnn_bindings.plan(str(Pass(pass_)), t["x"], t["w"], t["y"], layer.stride,
-                                   layer.pad, 1, algo=options.cudnn_algo,
+                                   layer.pads, 1, algo=options.cudnn_algo,
                                    math=cudnn_math(options))
 
         def call():

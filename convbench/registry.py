@@ -83,6 +83,9 @@ class Implementation:
     #: ``check_params(values) -> None or a message`` for combinations of parameters that
     #: are invalid together (a tile that does not divide another, too many threads).
     check_params: Optional[Callable[[Mapping[str, int]], Optional[str]]] = None
+    #: True if the implementation handles a different padding per dimension
+    #: (``Layer.pads``); others refuse such layers.
+    anisotropic_pad: bool = False
     #: The file of the module that registered this implementation (set by :func:`register`).
     module_file: str = dataclasses.field(default="", compare=False)
 
@@ -122,6 +125,9 @@ class Implementation:
 
     def unsupported_reason(self, layer, params: Mapping[str, int]) -> Optional[str]:
         """None if this implementation handles ``layer`` with ``params``, else why not."""
+        if getattr(layer, "anisotropic", False) and not self.anisotropic_pad:
+            return (f"needs the same padding in every dimension (this layer pads d,h,w by "
+                    f"{','.join(map(str, layer.pads))})")
         if self.supports is None:
             return None
         return self.supports(layer, params)

@@ -88,12 +88,12 @@ def torch_pass(layer: Layer, pass_: Pass, inputs):
     from torch.nn import grad
     pass_ = Pass(pass_)
     if pass_ == Pass.FWD:
-        return F.conv3d(inputs["x"], inputs["w"], stride=layer.stride, padding=layer.pad)
+        return F.conv3d(inputs["x"], inputs["w"], stride=layer.stride, padding=layer.pads)
     if pass_ == Pass.BWD_DATA:
         return grad.conv3d_input(layer.input_shape, inputs["w"], inputs["y"], layer.stride,
-                                 layer.pad)
+                                 layer.pads)
     return grad.conv3d_weight(inputs["x"], layer.filter_shape, inputs["y"], layer.stride,
-                              layer.pad)
+                              layer.pads)
 
 
 def reduction_length(layer: Layer, pass_: Pass) -> int:
@@ -223,7 +223,7 @@ def cudnn_pass(reference: Reference, algo: str = "find"):
     if cudnn_bindings.problem() is not None:
         return None
     layer, g = reference.layer, {r: t.cuda() for r, t in reference.inputs.items()}
-    common = dict(stride=layer.stride, padding=layer.pad, algo=algo, math="ieee")
+    common = dict(stride=layer.stride, padding=layer.pads, algo=algo, math="ieee")
     if reference.pass_ == Pass.FWD:
         return cudnn_bindings.conv3d_forward(g["x"], g["w"], **common)
     if reference.pass_ == Pass.BWD_DATA:

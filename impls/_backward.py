@@ -54,7 +54,7 @@ def _add_tap_table(sdfg, pos_table: str, tap_table: str, size: int, J: int, P: i
 def bwd_data_algorithm(layer, dtype, params):
     L = layer_constants(layer, Layout.NDHWC)
     dt, zero = dtype.dace, dtype.numpy(0)
-    N, C, K, S, P = L.N, L.C, L.K, L.S, L.P
+    N, C, K, S = L.N, L.C, L.K, L.S
     D, H, W, KD, KH, KW, OD, OH, OW = L.D, L.H, L.W, L.KD, L.KH, L.KW, L.OD, L.OH, L.OW
     JD, JH, JW = _ceil_div(KD, S), _ceil_div(KH, S), _ceil_div(KW, S)
     x_shape = (N, D, H, W, C)
@@ -78,9 +78,9 @@ def bwd_data_algorithm(layer, dtype, params):
             x[b, d, h, v, c] = acc
 
     sdfg = bwd_data.to_sdfg(simplify=True)
-    for pos, tap, size, J, KX, OX in (("od_t", "kd_t", D, JD, KD, OD),
-                                      ("oh_t", "kh_t", H, JH, KH, OH),
-                                      ("ow_t", "kw_t", W, JW, KW, OW)):
+    for pos, tap, size, J, P, KX, OX in (("od_t", "kd_t", D, JD, L.PD, KD, OD),
+                                         ("oh_t", "kh_t", H, JH, L.PH, KH, OH),
+                                         ("ow_t", "kw_t", W, JW, L.PW, KW, OW)):
         _add_tap_table(sdfg, pos, tap, size, J, P, S, KX, OX)
     return sdfg
 

@@ -22,15 +22,18 @@ from convbench.layouts import Layout, stored_shape
 def layer_constants(layer: Layer, layout: Layout) -> SimpleNamespace:
     """Sizes of ``layer`` as plain integers, plus the stored shapes for ``layout``.
 
-    Fields: ``N C K D H W KD KH KW S P DP HP WP OD OH OW`` (``DP = D + 2P`` ...), the GEMM
-    sizes ``GM GN GK``, and the shapes ``xp_shape`` (padded input), ``w_shape``, ``y_shape``.
+    Fields: ``N C K D H W KD KH KW S P DP HP WP OD OH OW`` (``DP = D + 2*PD`` ...), the
+    per-dimension padding ``PD PH PW`` (``P`` is ``Layer.pad``, the same in every
+    dimension unless the layer says otherwise), the GEMM sizes ``GM GN GK``, and the shapes
+    ``xp_shape`` (padded input), ``w_shape``, ``y_shape``.
     """
-    p = layer.pad
-    padded = (layer.batch, layer.in_channels, layer.in_d + 2 * p, layer.in_h + 2 * p,
-              layer.in_w + 2 * p)
+    pd, ph, pw = layer.pads
+    padded = (layer.batch, layer.in_channels, layer.in_d + 2 * pd, layer.in_h + 2 * ph,
+              layer.in_w + 2 * pw)
     return SimpleNamespace(
         N=layer.batch, C=layer.in_channels, K=layer.out_channels, D=layer.in_d, H=layer.in_h,
-        W=layer.in_w, KD=layer.k_d, KH=layer.k_h, KW=layer.k_w, S=layer.stride, P=p,
+        W=layer.in_w, KD=layer.k_d, KH=layer.k_h, KW=layer.k_w, S=layer.stride, P=layer.pad,
+        PD=pd, PH=ph, PW=pw,
         DP=padded[2], HP=padded[3], WP=padded[4], OD=layer.out_d, OH=layer.out_h,
         OW=layer.out_w, GM=layer.gemm_m, GN=layer.gemm_n, GK=layer.gemm_k,
         xp_shape=stored_shape(layout, "x", padded),
@@ -46,7 +49,7 @@ def pad_input(program, layer: Layer, layout: Layout):
     ``xp`` and copy the new input ``x`` into its interior.
     """
     sdfg = program.to_sdfg(simplify=True)
-    if layer.pad == 0:
+    if not any(layer.pads):
         return sdfg
     padded = sdfg.arrays["x"]
     sdfg.replace("x", "xp")
@@ -60,7 +63,8 @@ def pad_input(program, layer: Layer, layout: Layout):
         "pad_zero", {i: f"0:{s}" for i, s in zip(idx, padded.shape)}, {}, "out = 0",
         {"out": dace.Memlet(f"xp[{','.join(idx)}]")}, external_edges=True)
     copy = sdfg.add_state_after(zero, "pad_copy")
-    dst = [f"{i} + {layer.pad}" if d in spatial else i for d, i in enumerate(idx)]
+    pads = dict(zip(spatial, layer.pads))
+    dst = [f"{i} + {pads[d]}" if d in spatial else i for d, i in enumerate(idx)]
     copy.add_mapped_tasklet(
         "pad_copy", {i: f"0:{s}" for i, s in zip(idx, shape)},
         {"inp": dace.Memlet(f"x[{','.join(idx)}]")}, "out = inp",

@@ -51,4 +51,5 @@ register(Implementation(
     pass_=Pass.FWD,
     algorithm=algorithm,
     schedules={"cpu": auto_cpu, "gpu": auto_gpu},
+    anisotropic_pad=True,
 ))

@@ -14,4 +14,5 @@ register(Implementation(
     pass_=Pass.BWD_FILTER,
     algorithm=bwd_filter_algorithm,
     schedules={"cpu": auto_cpu, "gpu": auto_gpu},
+    anisotropic_pad=True,
 ))

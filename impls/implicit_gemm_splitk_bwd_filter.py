@@ -21,6 +21,7 @@ register(Implementation(
     pass_=Pass.BWD_FILTER,
     algorithm=algorithm,
     schedules={"cpu": auto_cpu, "gpu": auto_gpu},
+    anisotropic_pad=True,
     params=(Param("nsplitK", 4, "chunks of output depth planes reduced separately (a chunk "
                   "beyond the last plane adds zeros)"),),
 ))

@@ -87,7 +87,7 @@ def main(argv=None):
         w = torch.rand(layer.filter_shape, generator=gen) * 2 - 1
         gflop = layer.flops() / 1e9
         ref = _time(lambda: torch.nn.functional.conv3d(x, w, stride=layer.stride,
-                                                        padding=layer.pad), args.repeat)
+                                                        padding=layer.pads), args.repeat)
         records.append({"layer": layer.name, "impl": "torch.conv3d", "samples_s": ref})
         line = [f"{layer.name:6s} torch {statistics.median(ref) * 1e3:9.1f} ms "
                 f"({gflop / statistics.median(ref):6.1f} GFLOP/s)"]

@@ -65,11 +65,11 @@ def main(argv=None) -> int:
                 t = {k: v.to(getattr(torch, dtype)) for k, v in base.items()}
                 exact = {k: v.double() for k, v in t.items()}
                 ref = {"fwd": torch.nn.functional.conv3d(exact["x"], exact["w"], stride=layer.stride,
-                                                         padding=layer.pad),
+                                                         padding=layer.pads),
                        "bwd_data": torch.nn.grad.conv3d_input(layer.input_shape, exact["w"],
-                                                              exact["dy"], layer.stride, layer.pad),
+                                                              exact["dy"], layer.stride, layer.pads),
                        "bwd_filter": torch.nn.grad.conv3d_weight(exact["x"], layer.filter_shape,
-                                                                 exact["dy"], layer.stride, layer.pad)}
+                                                                 exact["dy"], layer.stride, layer.pads)}
                 g = {k: v.cuda() for k, v in t.items()}
                 for pass_ in cb.PASSES:
                     if pass_ == "fwd":
@@ -83,7 +83,7 @@ def main(argv=None) -> int:
                         w = torch.empty(layer.filter_shape, dtype=g["x"].dtype, device="cuda")
                         x, y, out = g["x"], g["dy"], w
                     t0 = time.perf_counter()
-                    plan = cb.plan(pass_, x, w, y, layer.stride, layer.pad, 1, algo=args.algo)
+                    plan = cb.plan(pass_, x, w, y, layer.stride, layer.pads, 1, algo=args.algo)
                     plan.run(x, w, y)
                     torch.cuda.synchronize()
                     seconds = time.perf_counter() - t0

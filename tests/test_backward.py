@@ -155,3 +155,60 @@ def test_compareprof_times_a_backward_pass(tmp_path, capsys):
     assert [r["backend"] for r in rows] == ["dace", "torch"]
     import json
     assert json.loads((tmp_path / "run" / "metadata.json").read_text())["pass"] == "bwd_filter"
+
+
+# -- padding per dimension (2D layers written as 3D) -----------------------------------------
+
+ANISO = [Layer("a2d", 2, 3, 4, 1, 7, 6, 1, 3, 3, pad=1, pad_d=0),
+         Layer("a2d_s2", 2, 3, 4, 1, 7, 6, 1, 3, 3, stride=2, pad=1, pad_d=0),
+         Layer("a3d", 1, 2, 3, 5, 6, 7, 3, 3, 3, stride=2, pad=1, pad_d=2, pad_w=0)]
+ANISO_IMPLS = sorted(n for n, i in registry.all_implementations().items() if i.anisotropic_pad)
+
+
+def test_layer_pads_per_dimension():
+    layer = ANISO[2]
+    assert layer.pads == (2, 1, 0) and layer.anisotropic
+    assert (layer.out_d, layer.out_h, layer.out_w) == (4, 3, 3)
+    assert "p2,1,0" in layer.describe() and layer.key().endswith("_p2x1x0")
+    iso = Layer("i", 1, 2, 3, 5, 6, 7, 3, 3, 3, pad=1, pad_d=1)
+    assert not iso.anisotropic and iso.key() == Layer("j", 1, 2, 3, 5, 6, 7, 3, 3, 3, 1, 1).key()
+
+
+def test_csv_optional_pad_columns(write_csv):
+    from convbench.errors import LayerFileError
+    from convbench.layers import load_layers
+    head = "layer,batch,in_channels,out_channels,in_d,in_h,in_w,k_d,k_h,k_w,stride,pad,pad_d\n"
+    layers = load_layers(str(write_csv(head + "a,1,2,3,1,5,5,1,3,3,1,1,0\nb,1,2,3,4,5,5,3,3,3,1,1,\n")))
+    assert [x.pads for x in layers] == [(0, 1, 1), (1, 1, 1)]
+    with pytest.raises(LayerFileError, match="field 'pad_d': must be a non-negative integer"):
+        load_layers(str(write_csv(head + "a,1,2,3,1,5,5,1,3,3,1,1,-1\n", "bad.csv")))
+
+
+def test_alcf_layer_set_counts_2d_flops():
+    from convbench.layers import load_layers
+    layers = {x.name: x for x in load_layers("alcf_conv2d")}
+    assert len(layers) == 4
+    for layer in layers.values():
+        assert layer.in_d == layer.k_d == layer.out_d == 1
+        n, k, c = layer.batch, layer.out_channels, layer.in_channels
+        assert layer.flops() == 2 * n * k * c * layer.out_h * layer.out_w * layer.k_h * layer.k_w
+    assert layers["conv14x14x128"].output_shape == (4096, 256, 1, 14, 14)
+    assert layers["conv128x128x128"].output_shape == (32, 128, 1, 124, 124)
+
+
+def test_uniform_padding_implementations_refuse_anisotropic_layers():
+    impl = registry.get("implicitGemmNCDHW")
+    assert "same padding in every dimension" in impl.unsupported_reason(ANISO[0], {})
+    assert set(ANISO_IMPLS) == {"implicitGemm", "implicitGemmBwdData", "implicitGemmBwdFilter",
+                                "implicitGemmsplitKBwdFilter"}
+
+
+@pytest.mark.parametrize("name", ANISO_IMPLS)
+@pytest.mark.parametrize("layer", ANISO + [Layer("alcf1", 1, 32, 32, 1, 7, 7, 1, 3, 3),
+                                          Layer("alcf2_b1", 1, 128, 256, 1, 14, 14, 1, 3, 3,
+                                                pad=1, pad_d=0)], ids=lambda x: x.name)
+def test_anisotropic_padding_verifies(name, layer, cachedir, reference):
+    impl = registry.get(name)
+    build = toolchain.build(toolchain.make_spec(impl, layer), cachedir)
+    check = verify.verify_build(build, reference(layer, pass_=impl.pass_))[0]
+    assert check.ok, check.summary()
