@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Verify (and, later, profile) DaCe 3D-convolution implementations layer by layer.
+"""Verify and profile DaCe 3D-convolution implementations layer by layer.
 
 A thin wrapper: the logic lives in :mod:`convbench.cli`.  Run with ``--help``.
 """
