@@ -98,9 +98,6 @@ class _Timer:
         if self.flush_enabled:
             self._buffer.fill_(1.0)  # a write: evicts everything, including dirty lines
 
-    def _limits(self, warmup, iterations, time_limit):
-        return max(int(warmup), 0), max(int(iterations), 1), time_limit
-
     def measure(self, fn: Callable[[], object], warmup: int = 10, iterations: int = 100,
                 time_limit: Optional[float] = None, progress=None) -> Timing:
         """Call ``fn`` ``warmup`` times, then time ``iterations`` calls.
@@ -122,6 +119,20 @@ class _Timer:
                 break
         return done
 
+    def _sample(self, fn, iterations, time_limit, progress, start, timed_call):
+        """``timed_call(fn)`` per sample after a flush, until ``iterations`` samples or
+        the time limit (``MIN_SAMPLES`` at least); returns (samples, limited)."""
+        samples = []
+        for _ in range(iterations):
+            self.flush()
+            samples.append(timed_call(fn))
+            if progress is not None:
+                progress.update()
+            if (time_limit is not None and MIN_SAMPLES <= len(samples) < iterations
+                    and time.perf_counter() - start > time_limit):
+                return samples, True
+        return samples, False
+
 
 class CpuTimer(_Timer):
     method = "perf_counter_ns around each call, cache flushed before each"
@@ -135,22 +146,16 @@ class CpuTimer(_Timer):
         else:
             self.flush_bytes = 0
 
+    @staticmethod
+    def _timed(fn) -> float:
+        t0 = time.perf_counter_ns()
+        fn()
+        return (time.perf_counter_ns() - t0) * 1e-6
+
     def measure(self, fn, warmup=10, iterations=100, time_limit=None, progress=None) -> Timing:
         start = time.perf_counter()
         warmed = self._warm(fn, warmup, time_limit, progress, start)
-        samples: List[float] = []
-        limited = False
-        for _ in range(iterations):
-            self.flush()
-            t0 = time.perf_counter_ns()
-            fn()
-            samples.append((time.perf_counter_ns() - t0) * 1e-6)
-            if progress is not None:
-                progress.update()
-            if (time_limit is not None and len(samples) >= MIN_SAMPLES
-                    and len(samples) < iterations and time.perf_counter() - start > time_limit):
-                limited = True
-                break
+        samples, limited = self._sample(fn, iterations, time_limit, progress, start, self._timed)
         return Timing(samples, warmed, self.method, limited)
 
 
@@ -174,22 +179,15 @@ class CudaEventTimer(_Timer):
         start = time.perf_counter()
         warmed = self._warm(fn, warmup, time_limit, progress, start)
         torch.cuda.synchronize()
-        pairs = []
-        limited = False
-        for _ in range(iterations):
-            self.flush()
+
+        def recorded(fn):  # an event pair; read after the last sample
             begin = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
             begin.record(stream)
             fn()
             end.record(stream)
-            pairs.append((begin, end))
-            if progress is not None:
-                progress.update()
-            if (time_limit is not None and len(pairs) >= MIN_SAMPLES and len(pairs) < iterations
-                    and time.perf_counter() - start > time_limit):
-                limited = True
-                break
+            return begin, end
+        pairs, limited = self._sample(fn, iterations, time_limit, progress, start, recorded)
         torch.cuda.synchronize()
         return Timing([b.elapsed_time(e) for b, e in pairs], warmed, self.method, limited)
 

@@ -298,13 +298,20 @@ class ConvPlan:
             self.workspace, self.workspace_bytes = None, 0
             self._allocate(needed, x.device)
 
-    # -- descriptors in the order each pass's calls take them ---------------------------------
+    # -- operands in the order each pass's calls take them: two inputs, then the output ----
+    _ORDER = {"fwd": ("x", "w", "y"), "bwd_data": ("w", "y", "x"), "bwd_filter": ("x", "y", "w")}
+
     def _descs(self):
-        if self.pass_ == "fwd":
-            return self.xd, self.wd, self.cd, self.yd
-        if self.pass_ == "bwd_data":
-            return self.wd, self.yd, self.cd, self.xd
-        return self.xd, self.yd, self.cd, self.wd
+        a, b, out = (getattr(self, f"{r}d") for r in self._ORDER[self.pass_])
+        return a, b, self.cd, out
+
+    def _operands(self, x, w, y):
+        """(input descriptor, pointer) x 2, the convolution descriptor, and the output's
+        descriptor and pointer, for this pass."""
+        t = {"x": x, "w": w, "y": y}
+        (a, pa), (b, pb), (o, po) = ((getattr(self, f"{r}d").ptr, _ptr(t[r]))
+                                     for r in self._ORDER[self.pass_])
+        return (a, pa, b, pb, self.cd.ptr), (o, po)
 
     def _workspace_size(self, algo: int) -> int:
         size = ctypes.c_size_t()
@@ -365,14 +372,9 @@ class ConvPlan:
         returned = ctypes.c_int()
         h = self.handle.ptr
         ws, nbytes = self._ws()
-        if self.pass_ == "fwd":
-            args = (self.xd.ptr, _ptr(x), self.wd.ptr, _ptr(w), self.cd.ptr, self.yd.ptr, _ptr(y))
-        elif self.pass_ == "bwd_data":
-            args = (self.wd.ptr, _ptr(w), self.yd.ptr, _ptr(y), self.cd.ptr, self.xd.ptr, _ptr(x))
-        else:
-            args = (self.xd.ptr, _ptr(x), self.yd.ptr, _ptr(y), self.cd.ptr, self.wd.ptr, _ptr(w))
+        inputs, output = self._operands(x, w, y)
         self._set_stream()
-        self.lib(find, h, *args, int(count), ctypes.byref(returned), perf, ws, nbytes)
+        self.lib(find, h, *inputs, *output, int(count), ctypes.byref(returned), perf, ws, nbytes)
         return self._pick(perf, returned.value)
 
     def _ws(self):
@@ -401,16 +403,9 @@ class ConvPlan:
         self._set_stream()
         ws, nbytes = self._ws()
         call = _CALLS[self.pass_][3]
-        h, a, b = self.handle.ptr, ctypes.byref(self.alpha), ctypes.byref(self.beta)
-        if self.pass_ == "fwd":
-            self.lib(call, h, a, self.xd.ptr, _ptr(x), self.wd.ptr, _ptr(w), self.cd.ptr,
-                     self.algo, ws, nbytes, b, self.yd.ptr, _ptr(y))
-        elif self.pass_ == "bwd_data":
-            self.lib(call, h, a, self.wd.ptr, _ptr(w), self.yd.ptr, _ptr(y), self.cd.ptr,
-                     self.algo, ws, nbytes, b, self.xd.ptr, _ptr(x))
-        else:
-            self.lib(call, h, a, self.xd.ptr, _ptr(x), self.yd.ptr, _ptr(y), self.cd.ptr,
-                     self.algo, ws, nbytes, b, self.wd.ptr, _ptr(w))
+        inputs, output = self._operands(x, w, y)
+        self.lib(call, self.handle.ptr, ctypes.byref(self.alpha), *inputs, self.algo, ws, nbytes,
+                 ctypes.byref(self.beta), *output)
 
     def close(self) -> None:
         for d in (self.xd, self.yd, self.wd, self.cd):

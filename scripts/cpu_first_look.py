@@ -24,10 +24,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from convbench import registry, toolchain  # noqa: E402
+from convbench import registry, toolchain, verify  # noqa: E402
 from convbench.errors import UsageError  # noqa: E402
 from convbench.layers import load_layers  # noqa: E402
-from convbench.layouts import stored_shape, to_layout  # noqa: E402
 
 
 def _time(fn, repeat):
@@ -76,7 +75,9 @@ def main(argv=None):
     import torch
     try:
         layers = [layer.with_batch(args.batch) for layer in load_layers(args.paramscsv)]
-        impls = [registry.get(n) for n in (args.implementation or registry.all_implementations())]
+        names = args.implementation or [n for n, i in registry.all_implementations().items()
+                                        if i.pass_ == "fwd"]  # torch.conv3d is the yardstick
+        impls = [registry.get(n) for n in names]
     except UsageError as err:
         print(f"cpu_first_look.py: error: {err}", file=sys.stderr)
         return 2
@@ -96,8 +97,7 @@ def main(argv=None):
             if impl.unsupported_reason(layer, params):
                 continue
             build = toolchain.build(toolchain.make_spec(impl, layer, params=params))
-            a = {r: to_layout(t, impl.layout, r).contiguous() for r, t in (("x", x), ("w", w))}
-            a["y"] = torch.empty(stored_shape(impl.layout, "y", layer.output_shape))
+            a = verify.program_arrays(impl, layer, {"x": x, "w": w}, fill=0.0)
             samples = _time(lambda: build(**a), args.repeat)
             med = statistics.median(samples)
             records.append({"layer": layer.name, "impl": impl.name, "params": params,
