@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from pathlib import Path
 from typing import List, Optional
 
-from .errors import UsageError
+from .errors import ArgumentParser, UsageError, run_main
 
 #: The implementation run when ``--implementation`` is not given (forward pass).
 DEFAULT_IMPLEMENTATION = "implicitGemmNCDHW"
@@ -19,15 +18,8 @@ DEFAULT_FOR_PASS = {"fwd": DEFAULT_IMPLEMENTATION, "bwd_data": "implicitGemmBwdD
 PROG = "profile_conv3d.py"
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (no usage block) and exit status 2."""
-
-    def error(self, message):
-        raise UsageError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description="Verify and profile DaCe 3D-convolution implementations "
+    p = ArgumentParser(prog=PROG, description="Verify and profile DaCe 3D-convolution implementations "
                 "layer by layer against torch (float64 for verification; torch/oneDNN or "
                 "cuDNN for timing).")
     p.add_argument("--implementation", default=None, metavar="NAME",
@@ -102,14 +94,7 @@ def timing_min_samples() -> int:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    try:
-        return _main(argv)
-    except UsageError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        return err.exit_status
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
+    return run_main(PROG, _main, argv)
 
 
 def _check_args(args) -> None:

@@ -22,3 +22,30 @@ class LayerFileError(UsageError):
         if field is not None:
             where += f": field '{field}'"
         super().__init__(f"{where}: {message}")
+
+
+def _argparse_base():
+    import argparse
+    return argparse.ArgumentParser
+
+
+class ArgumentParser(_argparse_base()):
+    """argparse whose errors are :class:`UsageError` (one line, exit status 2, no usage
+    block), so that bad flags and bad values are reported the same way."""
+
+    def error(self, message):
+        raise UsageError(message)
+
+
+def run_main(prog: str, body, argv=None) -> int:
+    """``body(argv)``'s exit status, with usage errors printed as ``prog: error: ...``
+    (status 2) and Ctrl-C as ``prog: interrupted`` (status 130), without a traceback."""
+    import sys
+    try:
+        return body(argv)
+    except UsageError as err:
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        return err.exit_status
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130

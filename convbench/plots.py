@@ -725,3 +725,105 @@ def plot_run(run_dir: Union[str, Path, RunData],
     return [plot_violin(run, out / "violin.png"),
             plot_medians(run, out / "medians.png"),
             plot_roofline(run, out / "roofline.png")]
+
+
+# ---------------------------------------------------------------------------------------------
+# End-to-end runs: the runtime breakdown
+# ---------------------------------------------------------------------------------------------
+
+def read_breakdown(run_dir: Union[str, Path]) -> Dict[str, Dict[str, Dict[str, float]]]:
+    """``phase -> backend -> part -> median ms`` from an end-to-end run's ``summary.csv``,
+    whose ``layer`` column names ``<phase>.<part>`` (``train.conv2.bwd``, ``forward.other``,
+    ``train.total``)."""
+    path = Path(run_dir) / SUMMARY
+    out: Dict[str, Dict[str, Dict[str, float]]] = {}
+    for line, row in _read_csv(path, ("layer", "backend", "median_ms")):
+        phase, sep, part = row["layer"].partition(".")
+        if not sep or not part:
+            raise ValueError(f"{path}:{line}: layer {row['layer']!r} is not <phase>.<part> "
+                             "(not an end-to-end run?)")
+        value = _number(path, line, "median_ms", row["median_ms"], required=True)
+        out.setdefault(phase, {}).setdefault(row["backend"], {})[part] = value
+    if not out:
+        raise ValueError(f"{path}: no rows")
+    return out
+
+
+def plot_breakdown(run_dir: Union[str, Path], path: Union[str, Path]) -> Path:
+    """``runtimebreakdown.png``: per phase (forward pass, training step) one stacked bar
+    per backend, in milliseconds (top row) and as shares of the step (bottom row): each
+    convolution's forward (solid) and backward (hatched) median, and the rest of the
+    step (grey: the median step time minus the convolutions' medians), with the median
+    step time and its ratio to torch on top."""
+    data = read_breakdown(run_dir)
+    meta_path = Path(run_dir) / METADATA
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    phases = [p for p in ("forward", "train") if p in data] + \
+        [p for p in data if p not in ("forward", "train")]
+    layers: List[str] = []
+    for phase in phases:
+        for parts in data[phase].values():
+            for part in parts:
+                name = part.split(".")[0]
+                if part not in ("other", "total") and name not in layers:
+                    layers.append(name)
+    cmap = plt.get_cmap("viridis")
+    colors = {name: cmap(i / max(1, len(layers) - 1) * 0.9) for i, name in enumerate(layers)}
+
+    def stack(parts: Dict[str, float]) -> Tuple[List[Tuple[float, Any, Optional[str]]], float]:
+        pieces = []
+        for name in layers:
+            for direction, hatch in (("fwd", None), ("bwd", "///")):
+                value = parts.get(f"{name}.{direction}")
+                if _finite(value) and value > 0:
+                    pieces.append((value, colors[name], hatch))
+        convs = sum(v for v, _, _ in pieces)
+        total = parts.get("total", math.nan)
+        other = total - convs if _finite(total) else parts.get("other", math.nan)
+        if _finite(other) and other > 0:
+            pieces.append((other, "#c7c7c7", None))
+        return pieces, total if _finite(total) else convs + max(other, 0.0)
+
+    width = 3.6 * len(phases) + 2.2
+    with plt.rc_context(FONT):
+        fig, axes = plt.subplots(2, len(phases), figsize=(width, 8.0), squeeze=False,
+                                 gridspec_kw={"height_ratios": (3, 2)})
+        for col, phase in enumerate(phases):
+            backends = sorted(data[phase], key=lambda b: (b != "torch", b))
+            ref = data[phase].get("torch", {}).get("total")
+            for row, share in ((0, False), (1, True)):
+                ax = axes[row][col]
+                for x, backend in enumerate(backends):
+                    pieces, total = stack(data[phase][backend])
+                    bottom = 0.0
+                    for value, color, hatch in pieces:
+                        height = 100.0 * value / total if share else value
+                        ax.bar(x, height, 0.6, bottom=bottom, color=color, hatch=hatch,
+                               edgecolor="white", linewidth=0.5)
+                        bottom += height
+                    if not share:
+                        ratio = ""
+                        if backend != "torch" and _finite(ref) and ref > 0:
+                            ratio = f"\n{total / ref:.2f}x torch"
+                        ax.text(x, bottom, f"{_fmt_ms(total)}{ratio}", ha="center", va="bottom")
+                ax.set_xticks(range(len(backends)))
+                ax.set_xticklabels(backends)
+                ax.set_xlim(-0.6, len(backends) - 0.4)
+                ax.grid(axis="y", alpha=0.3)
+                if share:
+                    ax.set_ylim(0, 100)
+                    ax.set_ylabel("share of the step (%)")
+                else:
+                    ax.set_ylim(0, ax.get_ylim()[1] * 1.15)
+                    ax.set_ylabel("median time per iteration (ms)")
+                    ax.set_title("forward pass" if phase == "forward" else
+                                 "training step" if phase == "train" else phase)
+        handles = [Patch(color=colors[n], label=n) for n in layers]
+        handles += [Patch(facecolor="white", edgecolor="black", hatch="///", label="backward"),
+                    Patch(color="#c7c7c7", label="everything else")]
+        fig.legend(handles=handles, loc="center right", frameon=False)
+        what = (f"CosmoFlow {meta.get('model', '')} end to end, {meta.get('size', '?')}^3, batch "
+                f"{meta.get('batch', '?')}, {(meta.get('device') or {}).get('name', '')}")
+        fig.suptitle(_wrap(what, 90))
+        fig.tight_layout(rect=(0, 0, 1 - 1.9 / width, 0.96))
+        return _save(fig, path)

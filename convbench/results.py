@@ -95,28 +95,40 @@ class RunWriter:
     def add_layer(self, index: int, layer: Layer, implementation: str,
                   measurements: List[Measurement], extra: Optional[Dict[str, Any]] = None):
         """Record one layer's measurements and rewrite the files."""
-        flop = layer.flops()
-        nbytes = compulsory_bytes(layer)
+        return self.add_entry(index, layer.name, implementation, measurements,
+                              geometry=layer.describe(), batch=layer.batch, flop=layer.flops(),
+                              nbytes=compulsory_bytes(layer), extra=extra)
+
+    def add_entry(self, index: int, name: str, implementation: str,
+                  measurements: List[Measurement], geometry: str = "", batch: Any = "",
+                  flop: Optional[float] = None, nbytes: Optional[float] = None,
+                  extra: Optional[Dict[str, Any]] = None):
+        """Record the measurements of one timed thing (a layer, or a part of a network
+        step, with its FLOPs and bytes where they are known) and rewrite the files."""
         rows = []
         for m in measurements:
             for i, t in enumerate(m.timing.samples_ms):
-                self.samples.append({"layer_index": index, "layer": layer.name,
+                self.samples.append({"layer_index": index, "layer": name,
                                      "implementation": implementation, "backend": m.backend,
                                      "iteration": i, "time_ms": t})
             stats = m.timing.stats()
             seconds = stats["median_ms"] * 1e-3
-            rows.append({"layer_index": index, "layer": layer.name, "geometry": layer.describe(),
-                         "batch": layer.batch, "implementation": implementation,
-                         "backend": m.backend, **stats, "gflop": flop / 1e9,
-                         "gflops": flop / seconds / 1e9, "mbytes": nbytes / 1e6,
-                         "bandwidth_gbs": nbytes / seconds / 1e9, "intensity": flop / nbytes})
+            row = {"layer_index": index, "layer": name, "geometry": geometry, "batch": batch,
+                   "implementation": implementation, "backend": m.backend, **stats}
+            if flop is not None:
+                row.update(gflop=flop / 1e9, gflops=flop / seconds / 1e9)
+            if nbytes is not None:
+                row.update(mbytes=nbytes / 1e6, bandwidth_gbs=nbytes / seconds / 1e9)
+            if flop is not None and nbytes:
+                row["intensity"] = flop / nbytes
+            rows.append(row)
         medians = {r["backend"]: r["median_ms"] for r in rows}
         for r in rows:
             for ref in self.references:
                 r[f"ratio_vs_{ref}"] = r["median_ms"] / medians[ref] if ref in medians else ""
         self.summary.extend(rows)
         self.metadata["layers_done"].append(
-            dict({"index": index, "layer": layer.name}, **(extra or {}),
+            dict({"index": index, "layer": name}, **(extra or {}),
                  limited=[m.backend for m in measurements if m.timing.limited]))
         self._write()
         return rows

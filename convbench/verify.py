@@ -114,8 +114,13 @@ def reduction_length(layer: Layer, pass_: Pass) -> int:
 
 def make_reference(layer: Layer, pass_: Pass = Pass.FWD, seed: int = 0,
                    dtype="float32") -> Reference:
+    return reference_for(layer, pass_, make_inputs(layer, pass_, seed, dtype))
+
+
+def reference_for(layer: Layer, pass_: Pass, inputs) -> Reference:
+    """The float64 ground truth of ``pass_`` on given inputs (logical layout, CPU)."""
     import torch
-    inputs = make_inputs(layer, pass_, seed, dtype)
+    inputs = {k: v.detach().to("cpu") for k, v in inputs.items()}
     with torch.no_grad():
         ref = torch_pass(layer, pass_, {k: v.double() for k, v in inputs.items()})
         absref = torch_pass(layer, pass_, {k: v.double().abs() for k, v in inputs.items()})

@@ -1,0 +1,448 @@
+"""The command line of ``scripts/cosmoflow_end2end.py``: whole CosmoFlow networks with
+DaCe convolutions, against the same network with torch's.
+
+What a run does, in order (each part optional):
+
+1. builds (or loads from the build cache) the DaCe programs of every convolution
+   and pass the run needs (:func:`convbench.network.attach_backends`);
+2. ``--check``: one training step of the DaCe model, of the torch model in float32
+   and of the torch model in float64, on the same weights and inputs (dropout off).
+   Every DaCe convolution call is checked against float64 torch on its actual
+   inputs with the harness's tolerance (:func:`convbench.verify.compare`); then the
+   network's output, loss and every parameter gradient are compared with float64:
+   the DaCe model's relative error (max |error| / max |reference|) may be at most
+   ``TOL_FACTOR`` times torch-float32's, or ``TOL_FACTOR * sqrt(L) * u`` where that
+   is larger (``L`` the longest reduction in the network);
+3. ``--epochs E`` (with ``--train``): trains both models from the same initial
+   weights on a tiny synthetic data set (:mod:`convbench.synthetic`), loss per epoch
+   (printed, and written to ``training.csv``);
+4. timing (``--iters`` > 0): the forward pass (inference, no autograd) and, with
+   ``--train``, the training step (forward, MSE loss, backward, Adam step) of both
+   models, interleaved iteration by iteration, with every convolution call timed
+   as a span.  The result files hold one entry per phase and part:
+   ``forward.conv3.fwd``, ``train.conv3.bwd``, ``train.other`` (the step minus its
+   convolutions: activations, pooling, bias, dense head, loss, optimizer) and
+   ``train.total``; ``runtimebreakdown.png`` stacks them.
+
+No caches are flushed between iterations: the network runs as it would in training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from .errors import ArgumentParser, UsageError, run_main
+from .layouts import Pass
+
+PROG = "cosmoflow_end2end.py"
+PHASES = ("forward", "train")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .network import DEFAULT_DACE, MODELS, TORCH
+    p = ArgumentParser(prog=PROG, description="CosmoFlow end to end with DaCe convolutions: forward "
+                "pass and training step against torch, checked and timed per layer.")
+    p.add_argument("--model", default="mlperf", metavar="|".join(MODELS),
+                   help="mlperf (MLPerf HPC CosmoFlow, default) or v1 (the original work's "
+                   "7-layer network)")
+    p.add_argument("--size", type=int, default=128, metavar="S",
+                   help="input edge S (S^3 voxels; default 128; use 32 or 64 on a CPU)")
+    p.add_argument("--batch", type=int, default=2, metavar="N", help="batch size (default 2)")
+    p.add_argument("--iters", type=int, default=5, metavar="N",
+                   help="timed iterations per model and phase (default 5; 0: no timing)")
+    p.add_argument("--warmup", type=int, default=1, metavar="N",
+                   help="untimed iterations first (default 1)")
+    p.add_argument("--device", default="auto", metavar="cpu|gpu|auto")
+    p.add_argument("--impl", default=None, metavar="NAME",
+                   help=f"forward implementation of every convolution (default "
+                   f"{DEFAULT_DACE[Pass.FWD]}; '{TORCH}': torch's); backward passes use "
+                   f"{DEFAULT_DACE[Pass.BWD_DATA]} and {DEFAULT_DACE[Pass.BWD_FILTER]}")
+    p.add_argument("--impl-map", action="append", default=[], metavar="FILE",
+                   help="per-layer (and per-pass) choices: JSON, or CSV with layer and "
+                   "implementation columns, e.g. --compareprof summary.csv files (the fastest "
+                   "per layer wins); repeatable")
+    p.add_argument("--param", action="append", default=[], metavar="IMPL:NAME=VALUE",
+                   help="a tunable parameter of one implementation (repeatable)")
+    p.add_argument("--train", action="store_true",
+                   help="also time the training step (MSE loss, backward, Adam step)")
+    p.add_argument("--check", action="store_true",
+                   help="compare the DaCe model's output, loss and parameter gradients with "
+                   "torch's; exit 1 on a mismatch")
+    p.add_argument("--epochs", type=int, default=0, metavar="E",
+                   help="with --train: train both models E epochs on synthetic data first")
+    p.add_argument("--samples", type=int, default=16, metavar="N",
+                   help="size of the synthetic training set for --epochs (default 16)")
+    p.add_argument("--lr", type=float, default=3e-4, help="Adam learning rate (default 3e-4)")
+    p.add_argument("--dropout", type=float, default=None, metavar="P",
+                   help="dropout probability of the dense layers (default: the model's, 0.5)")
+    p.add_argument("--memory-format", default="auto", metavar="auto|ncdhw|ndhwc",
+                   help="activation memory format of both models (default auto: ndhwc when "
+                   "every DaCe forward implementation is NDHWC, so no layout copies)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="CPU threads for torch and DaCe alike")
+    p.add_argument("--outdir", default=None, metavar="DIR",
+                   help="result folder (default outputs/end2end_<model>_s<S>_b<N>_<device>/)")
+    p.add_argument("--cachedir", default=None, metavar="DIR", help="build cache folder")
+    p.add_argument("--require-precompiled", action="store_true",
+                   help="fail if a build is not in the cache (default: build what is missing)")
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    return run_main(PROG, _main, argv)
+
+
+def _check_args(args) -> None:
+    for flag, value, least in (("--size", args.size, 1), ("--batch", args.batch, 1),
+                               ("--iters", args.iters, 0), ("--warmup", args.warmup, 0),
+                               ("--epochs", args.epochs, 0), ("--samples", args.samples, 1),
+                               ("--threads", args.threads, 1)):
+        if value is not None and value < least:
+            raise UsageError(f"{flag}: must be an integer >= {least}, got {value}")
+    if not (args.lr > 0 and math.isfinite(args.lr)):
+        raise UsageError(f"--lr: must be a positive number, got {args.lr}")
+    if args.dropout is not None and not 0 <= args.dropout < 1:
+        raise UsageError(f"--dropout: must be in [0, 1), got {args.dropout}")
+    if args.epochs and not args.train:
+        raise UsageError("--epochs: training needs --train")
+    if args.epochs and args.samples < args.batch:
+        raise UsageError(f"--samples {args.samples}: fewer than one batch of {args.batch}")
+    if args.memory_format not in ("auto", "ncdhw", "ndhwc"):
+        raise UsageError(f"--memory-format: unknown format '{args.memory_format}' (auto, "
+                         "ncdhw, ndhwc)")
+    if not (args.iters or args.check or args.epochs):
+        raise UsageError("nothing to do: --iters 0 without --check or --epochs")
+
+
+def _parse_params(items) -> Dict[str, Dict[str, str]]:
+    """``IMPL:NAME=VALUE`` items -> {impl: {name: value}} (values validated later)."""
+    from . import registry
+    out: Dict[str, Dict[str, str]] = {}
+    for item in items:
+        impl, sep, rest = item.partition(":")
+        if not sep or not impl.strip():
+            raise UsageError(f"--param: expected IMPL:NAME=VALUE, got {item!r}")
+        registry.get(impl.strip())
+        out.setdefault(impl.strip(), {}).update(registry.parse_param_overrides([rest]))
+    return out
+
+
+def _main(argv) -> int:
+    args = build_parser().parse_args(argv)
+    _check_args(args)
+    from . import network, registry
+    from .cli import set_threads
+    from .devices import resolve_device
+
+    spec = network.get_model_spec(args.model)
+    layers = network.conv_layers(spec, args.size, args.batch)
+    need_bwd = bool(args.train or args.check)
+    if args.impl is not None and args.impl != network.TORCH:
+        impl = registry.get(args.impl)
+        if impl.pass_ != Pass.FWD:
+            raise UsageError(f"--impl: {args.impl} computes {impl.pass_}; name a forward "
+                             "implementation (backward ones go in --impl-map)")
+    choice = network.choose(layers, args.impl, args.impl_map, need_bwd)
+    params = _parse_params(args.param)
+    for name, values in params.items():
+        registry.get(name).resolve_params(values, source=f"--param {name}")
+    device = resolve_device(args.device)
+    network.validate_choice(choice, layers, device)
+    args.threads = set_threads(args.threads)
+    return Run(args, spec, layers, choice, params, device).run()
+
+
+def default_outdir(args, device: str) -> Path:
+    return Path("outputs") / f"end2end_{args.model}_s{args.size}_b{args.batch}_{device}"
+
+
+class Run:
+    """One end-to-end run: models, builds, check, training, timing, result files."""
+
+    def __init__(self, args, spec, layers, choice, params, device):
+        self.args, self.spec, self.layers, self.choice = args, spec, layers, choice
+        self.params, self.device = params, device
+        self.outdir = Path(args.outdir) if args.outdir else default_outdir(args, device)
+        self.summary: Dict[str, Any] = {}
+
+    # -- set-up ---------------------------------------------------------------------------
+    def _memory_format(self):
+        import torch
+
+        from . import registry
+        from .layouts import Layout
+        fmt = self.args.memory_format
+        if fmt == "auto":
+            fwd = {per[Pass.FWD] for per in self.choice.values()} - {"torch"}
+            fmt = "ndhwc" if fwd and all(registry.get(n).layout == Layout.NDHWC for n in fwd) \
+                else "ncdhw"
+        self.format_name = fmt
+        return torch.channels_last_3d if fmt == "ndhwc" else torch.contiguous_format
+
+    def _models(self):
+        import torch
+
+        from . import network
+        torch.manual_seed(self.args.seed)
+        base = network.build_model(self.spec, self.args.size, self.args.batch,
+                                   dropout=self.args.dropout)
+        fmt = self._memory_format()
+        tdev = torch.device("cuda" if self.device == "gpu" else "cpu")
+        self.torch_model = base.to(tdev, memory_format=fmt)
+        self.dace_model = copy.deepcopy(self.torch_model)
+        self._initial_state = copy.deepcopy(self.torch_model.state_dict())
+        self.tdev, self.fmt = tdev, fmt
+        skip = [(self.layers[0].name, Pass.BWD_DATA)]  # the network's input needs no gradient
+        print(f"builds ({'required from' if self.args.require_precompiled else 'from'} the "
+              f"cache; missing ones are compiled, ~5-60 s each):", flush=True)
+        t0 = time.perf_counter()
+        network.attach_backends(self.dace_model, self.choice, self.device, self.args.cachedir,
+                                policy="require" if self.args.require_precompiled else "reuse",
+                                params=self.params, skip=skip)
+        self.build_seconds = time.perf_counter() - t0
+
+    def _batch(self, seed: int):
+        """A synthetic batch (inputs and targets) on the device, in the models' format."""
+        from .synthetic import make_dataset
+        x, y = make_dataset(self.args.batch, self.args.size, self.spec.in_channels, seed=seed)
+        return (x.to(self.tdev).contiguous(memory_format=self.fmt), y.to(self.tdev))
+
+    # -- the run --------------------------------------------------------------------------
+    def run(self) -> int:
+        import torch
+        a = self.args
+        print(f"CosmoFlow {self.spec.name} ({self.spec.description}), input "
+              f"{self.spec.in_channels}x{a.size}^3, batch {a.batch}, device {self.device}, "
+              f"threads {torch.get_num_threads() if self.device == 'cpu' else '-'}")
+        for layer in self.layers:
+            per = self.choice[layer.name]
+            print(f"  {layer.name}: {layer.describe():40s} " +
+                  "  ".join(f"{p}={n}" for p, n in per.items()))
+        self._models()
+        print(f"memory format: {self.format_name}; builds ready in {self.build_seconds:.1f} s",
+              flush=True)
+        status = 0
+        if a.check:
+            status = self._check()
+        if a.epochs:
+            self._epochs()
+        if a.iters:
+            self._timing()
+        print(self._last_line(status))
+        return status
+
+    # -- check ----------------------------------------------------------------------------
+    def _check(self) -> int:
+        from .netcheck import check_networks
+        x, target = self._batch(self.args.seed + 1)
+        result = check_networks(self.torch_model, self.dace_model, x, target, self.device)
+        self.summary["check"] = result
+        for call in result["calls"]:
+            if not call["ok"]:
+                print(f"  FAIL call {call['layer']} {call['pass']} ({call['implementation']}): "
+                      f"err/tol {call['worst_ratio']:.3g}")
+        worst_call = max((c["worst_ratio"] for c in result["calls"]), default=0.0)
+        print(f"check: {len(result['calls'])} DaCe convolution calls vs float64 torch, worst "
+              f"err/tol {worst_call:.3g}; max-pooling choices that differ from torch-float32's: "
+              f"{result['pool_flips']}")
+        for row in result["tensors"]:
+            flag = "ok  " if row["ok"] else "FAIL"
+            print(f"  {flag} {row['name']:28s} rel err dace {row['rel_dace']:.2e}  torch32 "
+                  f"{row['rel_torch32']:.2e}  bound {row['bound']:.2e}")
+        print(f"check {'passed' if result['ok'] else 'FAILED'}: {len(result['tensors'])} tensors "
+              f"(output, loss, {len(result['tensors']) - 2} parameter gradients), worst "
+              f"error/bound {result['worst']:.3g}", flush=True)
+        return 0 if result["ok"] else 1
+
+    # -- training on synthetic data --------------------------------------------------------
+    def _epochs(self) -> None:
+        import torch
+
+        from .synthetic import make_dataset
+        a = self.args
+        x_all, y_all = make_dataset(a.samples, a.size, self.spec.in_channels, seed=a.seed + 7)
+        nbatches = a.samples // a.batch
+        models = {"torch": copy.deepcopy(self.torch_model), "dace": self.dace_model}
+        # The DaCe model trains from the same initial weights as the torch copy.
+        opts = {k: torch.optim.Adam(m.parameters(), lr=a.lr) for k, m in models.items()}
+        history: List[Dict[str, Any]] = []
+        print(f"training {a.epochs} epochs on {nbatches * a.batch} synthetic samples "
+              f"({nbatches} steps per epoch, Adam lr {a.lr}):", flush=True)
+        t0 = time.perf_counter()
+        for epoch in range(1, a.epochs + 1):
+            order = torch.randperm(a.samples, generator=torch.Generator().manual_seed(epoch))
+            row = {"epoch": epoch}
+            for name, model in models.items():
+                model.train()
+                total = 0.0
+                for b in range(nbatches):
+                    idx = order[b * a.batch:(b + 1) * a.batch]
+                    x = x_all[idx].to(self.tdev).contiguous(memory_format=self.fmt)
+                    y = y_all[idx].to(self.tdev)
+                    opts[name].zero_grad(set_to_none=True)
+                    loss = torch.nn.functional.mse_loss(model(x), y)
+                    loss.backward()
+                    opts[name].step()
+                    total += loss.item()
+                row[f"loss_{name}"] = total / nbatches
+            history.append(row)
+            print(f"  epoch {epoch:3d}  mean loss  torch {row['loss_torch']:.4f}  dace "
+                  f"{row['loss_dace']:.4f}  ({time.perf_counter() - t0:.0f} s)", flush=True)
+        self.summary["training"] = history
+        from .results import write_atomic
+        self.outdir.mkdir(parents=True, exist_ok=True)
+        lines = ["epoch,loss_torch,loss_dace"] + [
+            f"{r['epoch']},{r['loss_torch']:.6g},{r['loss_dace']:.6g}" for r in history]
+        write_atomic(self.outdir / "training.csv", "\n".join(lines) + "\n")
+        print(f"wrote {self.outdir / 'training.csv'}")
+        # Timing below starts again from the common initial weights.
+        self.dace_model.load_state_dict(self._initial_state)
+
+    # -- timing ---------------------------------------------------------------------------
+    def _timing(self) -> None:
+        from .timing import Timing
+        from .results import Measurement, RunWriter, run_metadata
+        from .toolchain import PROJECT_ROOT
+        from .network import conv_backward_flops
+        a = self.args
+        phases = ["forward"] + (["train"] if a.train else [])
+        samples = self._time_loop(phases)
+        meta = run_metadata(PROJECT_ROOT, self.device, a.threads)
+        meta.update(kind="end2end", model=self.spec.name, size=a.size, batch=a.batch,
+                    memory_format=self.format_name, references=["torch"],
+                    implementations={k: {str(p): n for p, n in v.items()}
+                                     for k, v in self.choice.items()},
+                    timing={"method": "perf_counter" if self.device == "cpu" else "cuda-events",
+                            "warmup": a.warmup, "iterations": a.iters, "flush": False,
+                            "interleaved": True},
+                    optimizer={"name": "Adam", "lr": a.lr}, loss="mse",
+                    **{k: v for k, v in self.summary.items()})
+        writer = RunWriter(self.outdir, meta, ["torch"])
+        index = 0
+        for phase in phases:
+            names = [f"{layer.name}.fwd" for layer in self.layers]
+            if phase == "train":
+                names += [f"{layer.name}.bwd" for layer in self.layers]
+            for part in names + ["other", "total"]:
+                flop, geometry, impl = None, "", "-"
+                if part not in ("other", "total"):
+                    lname, direction = part.split(".")
+                    layer = next(x for x in self.layers if x.name == lname)
+                    geometry = layer.describe()
+                    first = layer is self.layers[0]
+                    flop = layer.flops() if direction == "fwd" else \
+                        conv_backward_flops(layer, data=not first)
+                    per = self.choice[lname]
+                    impl = per[Pass.FWD] if direction == "fwd" else "+".join(
+                        per[p] for p in (Pass.BWD_DATA, Pass.BWD_FILTER)
+                        if p in per and not (first and p == Pass.BWD_DATA))
+                elif part == "total":
+                    flop = sum(x.flops() for x in self.layers)
+                    if phase == "train":
+                        flop += sum(conv_backward_flops(x, data=x is not self.layers[0])
+                                    for x in self.layers)
+                ms = [Measurement(b, Timing(samples[b][phase][part], a.warmup, "end2end"))
+                      for b in ("torch", "dace")]
+                writer.add_entry(index, f"{phase}.{part}", impl, ms, geometry=geometry,
+                                 batch=a.batch, flop=flop)
+                index += 1
+        writer.finish()
+        self.medians = {b: {ph: _median(samples[b][ph]["total"]) for ph in phases}
+                        for b in ("torch", "dace")}
+        self._report(samples, phases)
+        from .plots import plot_breakdown
+        path = plot_breakdown(self.outdir, self.outdir / "runtimebreakdown.png")
+        print(f"results: {self.outdir}/ (samples.csv, summary.csv, metadata.json, {path.name})")
+
+    def _time_loop(self, phases) -> Dict[str, Dict[str, Dict[str, List[float]]]]:
+        """Interleaved iterations: per model, phase and part, the milliseconds of each
+        timed iteration."""
+        import torch
+
+        from .network import Recorder
+        a = self.args
+        x, target = self._batch(a.seed + 2)
+        models = {"torch": self.torch_model, "dace": self.dace_model}
+        opts = {k: torch.optim.Adam(m.parameters(), lr=a.lr) for k, m in models.items()}
+        out = {b: {ph: {} for ph in phases} for b in models}
+        total = a.warmup + a.iters
+        print(f"timing {', '.join(phases)}: {a.warmup} warm-up + {a.iters} timed iterations "
+              "per model, interleaved", flush=True)
+        t0 = time.perf_counter()
+        for it in range(total):
+            for phase in phases:
+                for name, model in models.items():
+                    rec = Recorder(self.device)
+                    model.set_recorder(rec)
+                    try:
+                        if phase == "forward":
+                            model.eval()
+                            with torch.no_grad(), rec.span("total"):
+                                model(x)
+                        else:
+                            model.train()
+                            with rec.span("total"):
+                                opts[name].zero_grad(set_to_none=True)
+                                loss = torch.nn.functional.mse_loss(model(x), target)
+                                loss.backward()
+                                opts[name].step()
+                    finally:
+                        model.set_recorder(None)
+                    spans = rec.collect()
+                    if it < a.warmup:
+                        continue
+                    spans["other"] = spans["total"] - sum(
+                        v for k, v in spans.items() if k != "total")
+                    for part, ms in spans.items():
+                        out[name][phase].setdefault(part, []).append(ms)
+            print(f"  iteration {it + 1}/{total} ({'warm-up' if it < a.warmup else 'timed'}, "
+                  f"{time.perf_counter() - t0:.0f} s)", flush=True)
+        return out
+
+    def _report(self, samples, phases) -> None:
+        print(f"\n{'part':16s} " + "".join(f"{ph + ' torch':>14s}{ph + ' dace':>13s}{'ratio':>7s}"
+                                          for ph in phases))
+        parts = [f"{layer.name}" for layer in self.layers] + ["other", "total"]
+        for part in parts:
+            cells = []
+            for ph in phases:
+                t = self._part_ms(samples["torch"][ph], part)
+                d = self._part_ms(samples["dace"][ph], part)
+                ratio = d / t if t > 0 else math.nan
+                cells.append(f"{t:12.2f}ms{d:11.2f}ms{ratio:6.2f}x")
+            print(f"{part:16s} " + "".join(cells))
+
+    @staticmethod
+    def _part_ms(per_part: Dict[str, List[float]], part: str) -> float:
+        """Median ms of a part; a layer's is its forward plus backward."""
+        if part in per_part:
+            return _median(per_part[part])
+        return sum(_median(v) for k, v in per_part.items() if k.split(".")[0] == part)
+
+    def _last_line(self, status: int) -> str:
+        a = self.args
+        bits = [f"end2end {self.spec.name} {a.size}^3 b{a.batch} {self.device}"]
+        if a.iters:
+            for ph in self.medians["torch"]:
+                t, d = self.medians["torch"][ph], self.medians["dace"][ph]
+                label = "forward" if ph == "forward" else "train step"
+                bits.append(f"{label} torch {t:.1f} ms, dace {d:.1f} ms ({d / t:.2f}x)")
+        if a.epochs:
+            h = self.summary["training"]
+            bits.append(f"loss dace {h[0]['loss_dace']:.3f} -> {h[-1]['loss_dace']:.3f} in "
+                        f"{a.epochs} epochs")
+        if a.check:
+            bits.append("check " + ("passed" if status == 0 else "FAILED") +
+                        f" (worst error/bound {self.summary['check']['worst']:.3g})")
+        return "; ".join(bits)
+
+
+def _median(values: List[float]) -> float:
+    import statistics
+    return statistics.median(values) if values else math.nan

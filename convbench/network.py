@@ -1,0 +1,558 @@
+"""CosmoFlow networks whose convolutions are torch's or DaCe implementations.
+
+Two models (:data:`MODELS`):
+
+``mlperf``
+    The MLPerf HPC CosmoFlow network: 4 x S^3 input; five blocks of conv3d 3x3x3
+    (pad 1) -> LeakyReLU(0.3) -> MaxPool3d(2) with 32, 64, 128, 256, 512 filters;
+    flatten; dense 128 and dense 64 (LeakyReLU, dropout 0.5 each); dense 4; tanh x 1.2.
+``v1``
+    The network of the original work's layer set (``convparams/cosmoflow.csv``):
+    1 x S^3 input; seven conv3d 3x3x3 (pad 1) with 16, 32, 64, 128, 256, 256, 256
+    filters, LeakyReLU after each, MaxPool3d(2) between them (six); the same head.
+    At S = 128 its convolutions are exactly the layers of the CSV (which lists the
+    zero-padded inputs, 130^3 ... 4^3, with pad 0).
+
+Every convolution of a :class:`CosmoFlow` model is a :class:`Conv` module holding
+torch's parameters (weight, bias) and a *backend*: :class:`TorchConv` or
+:class:`DaceConv`.  Both run inside one ``torch.autograd.Function``
+(:class:`_ConvFunction`), so that the torch model and the DaCe model have the same
+structure and are timed the same way:
+
+* forward: ``y = conv(x, w)``; the bias is added outside, by torch, in both models;
+* backward: ``dx = bwd_data(dy, w)`` (skipped where ``x`` needs no gradient, as for
+  the network's input) and ``dw = bwd_filter(x, dy)``.
+
+A :class:`DaceConv` runs three compiled builds of the layer (forward, backward data,
+backward filter), taken from the build cache.  Tensors cross into the programs in
+their stored layout (:mod:`convbench.layouts`); with NDHWC programs and a model in
+``channels_last_3d`` memory format, the crossing copies nothing.
+
+A :class:`Recorder` attached to a model times every convolution call (a span per
+layer and direction: CUDA events on the GPU, ``perf_counter`` on the CPU) and can
+check every DaCe call against torch in float64 with the harness's tolerance rule
+(:func:`convbench.verify.compare`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from .errors import UsageError
+from .layers import Layer
+from .layouts import PASS_SIGNATURE, Pass, from_layout, stored_shape, to_layout
+
+#: Name of the torch backend in ``--impl`` and implementation maps.
+TORCH = "torch"
+#: Default DaCe implementation per pass (the NDHWC implicit GEMMs: no layout copies).
+DEFAULT_DACE = {Pass.FWD: "implicitGemm", Pass.BWD_DATA: "implicitGemmBwdData",
+                Pass.BWD_FILTER: "implicitGemmBwdFilter"}
+PASSES = (Pass.FWD, Pass.BWD_DATA, Pass.BWD_FILTER)
+LEAKY_SLOPE = 0.3
+KERNEL = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    in_channels: int
+    filters: Tuple[int, ...]
+    #: Number of MaxPool3d(2) layers, one after each of the first ``pools`` convolutions.
+    pools: int
+    dense: Tuple[int, ...] = (128, 64)
+    outputs: int = 4
+    dropout: float = 0.5
+    description: str = ""
+
+    @property
+    def size_multiple(self) -> int:
+        return 2 ** self.pools
+
+    def size_problem(self, size: int) -> Optional[str]:
+        m = self.size_multiple
+        if size < m or size % m:
+            return (f"the {self.name} model pools {self.pools} times: the size must be a "
+                    f"positive multiple of {m}, got {size}")
+        return None
+
+
+MODELS: Dict[str, ModelSpec] = {
+    "mlperf": ModelSpec("mlperf", 4, (32, 64, 128, 256, 512), pools=5,
+                        description="MLPerf HPC CosmoFlow (5 conv blocks, 4 input channels)"),
+    "v1": ModelSpec("v1", 1, (16, 32, 64, 128, 256, 256, 256), pools=6,
+                    description="original work's CosmoFlow (7 convolutions, 1 input channel)"),
+}
+
+
+def get_model_spec(name: str) -> ModelSpec:
+    if name not in MODELS:
+        raise UsageError(f"--model: unknown model '{name}' (choose from {', '.join(MODELS)})")
+    return MODELS[name]
+
+
+def conv_layers(spec: ModelSpec, size: int, batch: int) -> List[Layer]:
+    """The convolutions of ``spec`` at input size ``size``^3 and ``batch``, named conv1..."""
+    problem = spec.size_problem(size)
+    if problem:
+        raise UsageError(f"--size: {problem}")
+    layers, channels, edge = [], spec.in_channels, size
+    for i, filters in enumerate(spec.filters):
+        layers.append(Layer(f"conv{i + 1}", batch, channels, filters, edge, edge, edge,
+                            KERNEL, KERNEL, KERNEL, stride=1, pad=1))
+        channels = filters
+        if i < spec.pools:
+            edge //= 2
+    return layers
+
+
+def conv_backward_flops(layer: Layer, data: bool = True) -> int:
+    """FLOPs of a convolution's backward pass: backward filter, plus backward data."""
+    return layer.flops() * (2 if data else 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Recording: per-call spans and per-call checks
+# ---------------------------------------------------------------------------------------------
+
+class Recorder:
+    """Times convolution calls (spans named ``conv3.fwd``, ``conv3.bwd``) and optionally
+    checks DaCe calls against float64 torch.
+
+    On the GPU spans are CUDA-event pairs on the current stream (no synchronisation
+    until :meth:`collect`); on the CPU, ``perf_counter`` readings.
+    """
+
+    def __init__(self, device: str = "cpu", check: bool = False):
+        self.device = device
+        self.check = check
+        self._open: List[Tuple[str, Any, Any]] = []
+        self.checks: List[Dict[str, Any]] = []
+
+    def _stamp(self):
+        if self.device == "gpu":
+            import torch
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    @contextlib.contextmanager
+    def span(self, name: str):
+        start = self._stamp()
+        try:
+            yield
+        finally:
+            self._open.append((name, start, self._stamp()))
+
+    def collect(self) -> Dict[str, float]:
+        """Milliseconds per span name since the last collect (summed over repeats)."""
+        if self.device == "gpu":
+            import torch
+            torch.cuda.synchronize()
+        out: Dict[str, float] = {}
+        for name, start, end in self._open:
+            ms = start.elapsed_time(end) if self.device == "gpu" else (end - start) * 1e3
+            out[name] = out.get(name, 0.0) + ms
+        self._open = []
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Backends
+# ---------------------------------------------------------------------------------------------
+
+class TorchConv:
+    """torch's convolution (oneDNN on the CPU, cuDNN on the GPU) for one layer."""
+
+    name = TORCH
+
+    def __init__(self, layer: Layer):
+        self.layer = layer
+
+    def describe(self) -> Dict[str, str]:
+        return {str(p): TORCH for p in PASSES}
+
+    def forward(self, x, w, recorder=None):
+        import torch.nn.functional as F
+        return F.conv3d(x, w, None, self.layer.stride, self.layer.pads)
+
+    def backward(self, x, w, gy, need_x: bool, need_w: bool, recorder=None):
+        import torch
+        gx, gw, _ = torch.ops.aten.convolution_backward(
+            gy, x, w, None, [self.layer.stride] * 3, list(self.layer.pads), [1, 1, 1], False,
+            [0, 0, 0], 1, [need_x, need_w, False])
+        return gx, gw
+
+
+class DaceConv:
+    """One layer's three DaCe builds: forward, backward data and backward filter.
+
+    ``builds`` maps each pass to a loaded :class:`convbench.toolchain.Build` (or None
+    for a pass that is never needed, such as backward data of the first layer)."""
+
+    name = "dace"
+
+    def __init__(self, layer: Layer, builds: Mapping[Pass, Any], device: str = "cpu"):
+        self.layer = layer
+        self.builds = {Pass(p): b for p, b in builds.items()}
+        self.device = device
+
+    def describe(self) -> Dict[str, str]:
+        return {str(p): (b.spec.impl.name if b is not None else "-")
+                for p, b in self.builds.items()}
+
+    def _run(self, pass_: Pass, inputs: Dict[str, Any], recorder: Optional[Recorder]):
+        """Run the build of ``pass_`` on logical tensors; its output in logical layout."""
+        import torch
+        build = self.builds.get(pass_)
+        if build is None:
+            raise RuntimeError(f"{self.layer.name}: no DaCe build for {pass_}")
+        impl, layer = build.spec.impl, build.spec.layer
+        roles, out_role = PASS_SIGNATURE[pass_]
+        for role in roles:
+            shape = {"x": layer.input_shape, "y": layer.output_shape, "w": layer.filter_shape}[role]
+            if tuple(inputs[role].shape) != tuple(shape):
+                raise ValueError(f"{self.layer.name} {pass_}: {role} has shape "
+                                 f"{tuple(inputs[role].shape)}, the build expects {shape} "
+                                 f"(builds are per batch size)")
+        args = {r: to_layout(inputs[r].detach(), impl.layout, r) for r in roles}
+        logical = {"y": layer.output_shape, "x": layer.input_shape, "w": layer.filter_shape}
+        out = torch.empty(stored_shape(impl.layout, out_role, logical[out_role]),
+                          dtype=args[roles[0]].dtype, device=args[roles[0]].device)
+        build(**args, **{out_role: out})
+        result = from_layout(out, impl.layout, out_role)
+        if recorder is not None and recorder.check:
+            recorder.checks.append(_check_call(self.layer, pass_, impl.name, inputs, result,
+                                               build.spec.dtype.unit_roundoff))
+        return result
+
+    def forward(self, x, w, recorder=None):
+        return self._run(Pass.FWD, {"x": x, "w": w}, recorder)
+
+    def backward(self, x, w, gy, need_x: bool, need_w: bool, recorder=None):
+        gx = self._run(Pass.BWD_DATA, {"y": gy, "w": w}, recorder) if need_x else None
+        gw = self._run(Pass.BWD_FILTER, {"x": x, "y": gy}, recorder) if need_w else None
+        return gx, gw
+
+
+def _check_call(layer: Layer, pass_: Pass, impl_name: str, inputs, out, unit_roundoff):
+    """One DaCe call checked against float64 torch on the same inputs (harness rule)."""
+    from .verify import compare, reference_for
+    roles = PASS_SIGNATURE[pass_][0]
+    reference = reference_for(layer, pass_, {r: inputs[r].float() for r in roles})
+    check = compare(out, reference, unit_roundoff)
+    return {"layer": layer.name, "pass": str(pass_), "implementation": impl_name,
+            "ok": check.ok, "worst_ratio": check.worst_ratio, "max_abs": check.max_abs,
+            "nonfinite": check.nonfinite}
+
+
+class _ConvFunction:
+    """Factory of the autograd Function (torch is imported lazily)."""
+
+    _cls = None
+
+    @classmethod
+    def get(cls):
+        if cls._cls is None:
+            import torch
+
+            class ConvFunction(torch.autograd.Function):
+                @staticmethod
+                def forward(ctx, x, w, conv):
+                    ctx.conv = conv
+                    ctx.save_for_backward(x, w)
+                    rec = conv.recorder
+                    with rec.span(f"{conv.layer.name}.fwd") if rec else contextlib.nullcontext():
+                        return conv.backend.forward(x, w, rec)
+
+                @staticmethod
+                def backward(ctx, gy):
+                    x, w = ctx.saved_tensors
+                    conv = ctx.conv
+                    rec = conv.recorder
+                    need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+                    with rec.span(f"{conv.layer.name}.bwd") if rec else contextlib.nullcontext():
+                        gx, gw = conv.backend.backward(x, w, gy, need_x, need_w, rec)
+                    return gx, gw, None
+
+            cls._cls = ConvFunction
+        return cls._cls
+
+
+def _conv_module_class():
+    import torch
+
+    class ConvModule(torch.nn.Module):
+        """A 3D convolution with torch's parameters and a pluggable backend."""
+
+        def __init__(self, layer: Layer):
+            super().__init__()
+            ref = torch.nn.Conv3d(layer.in_channels, layer.out_channels, KERNEL,
+                                  stride=layer.stride, padding=layer.pad)
+            self.weight, self.bias = ref.weight, ref.bias
+            self.layer = layer
+            self.backend: Any = TorchConv(layer)
+            self.recorder: Optional[Recorder] = None
+
+        def forward(self, x):
+            y = _ConvFunction.get().apply(x, self.weight, self)
+            return y + self.bias.view(1, -1, 1, 1, 1)
+
+        def extra_repr(self):
+            return f"{self.layer.describe()}, backend={self.backend.describe()}"
+
+    return ConvModule
+
+
+def _pool_module_class():
+    import torch
+    import torch.nn.functional as F
+
+    class Pool(torch.nn.Module):
+        """MaxPool3d(2) that can record its choices (the argmax of every window) and
+        replay recorded ones.  Replaying makes a float64 reference take the same
+        discrete decisions as the float32 model under test, so that the two differ by
+        rounding alone (a near-tie decided the other way would move a gradient)."""
+
+        def __init__(self):
+            super().__init__()
+            self.recorded: Optional[List[Any]] = None
+            self.replay: Optional[List[Any]] = None
+
+        def forward(self, x):
+            if self.replay is not None:
+                idx = self.replay.pop(0).to(x.device)
+                flat = x.flatten(2).gather(2, idx.flatten(2))
+                return flat.view(idx.shape)
+            if self.recorded is not None:
+                y, idx = F.max_pool3d(x, 2, return_indices=True)
+                self.recorded.append(idx.detach())
+                return y
+            return F.max_pool3d(x, 2)
+
+    return Pool
+
+
+def build_model(spec: ModelSpec, size: int, batch: int, dropout: Optional[float] = None):
+    """A :class:`CosmoFlow` torch module with torch convolutions (swap them with
+    :func:`set_backends`).  ``batch`` fixes the geometry of the DaCe builds."""
+    import torch
+    from torch import nn
+
+    layers = conv_layers(spec, size, batch)
+    ConvModule = _conv_module_class()
+
+    class CosmoFlow(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.spec = spec
+            self.size = size
+            self.convs = nn.ModuleList(ConvModule(layer) for layer in layers)
+            self.act = nn.LeakyReLU(LEAKY_SLOPE)
+            self.pool = _pool_module_class()()
+            edge = size // spec.size_multiple
+            features = spec.filters[-1] * edge ** 3
+            head: List[nn.Module] = [nn.Flatten()]
+            p = spec.dropout if dropout is None else dropout
+            for width in spec.dense:
+                head += [nn.Linear(features, width), nn.LeakyReLU(LEAKY_SLOPE), nn.Dropout(p)]
+                features = width
+            head.append(nn.Linear(features, spec.outputs))
+            self.head = nn.Sequential(*head)
+
+        @property
+        def layers(self) -> List[Layer]:
+            return [c.layer for c in self.convs]
+
+        def forward(self, x):
+            for i, conv in enumerate(self.convs):
+                x = self.act(conv(x))
+                if i < spec.pools:
+                    x = self.pool(x)
+            return torch.tanh(self.head(x)) * 1.2
+
+        def set_recorder(self, recorder: Optional[Recorder]):
+            for conv in self.convs:
+                conv.recorder = recorder
+
+    return CosmoFlow()
+
+
+# ---------------------------------------------------------------------------------------------
+# Choosing implementations: --impl and --impl-map
+# ---------------------------------------------------------------------------------------------
+
+Choice = Dict[str, Dict[Pass, str]]  # layer name -> pass -> implementation name (or torch)
+
+
+def choose(layers: Sequence[Layer], impl: Optional[str], maps: Sequence[str] = (),
+           need_backward: bool = True) -> Choice:
+    """The implementation of each layer and pass.
+
+    ``impl`` (``--impl``) names the forward implementation of every layer (``torch`` for
+    torch's); the backward passes get :data:`DEFAULT_DACE` then, or torch's for a torch
+    layer.  Files in ``maps`` (``--impl-map``, see :func:`read_impl_maps`) override that
+    per layer and pass; their ``*`` entry applies to the layers they do not name.
+    """
+    base = impl or DEFAULT_DACE[Pass.FWD]
+    chosen: Choice = {}
+    override = read_impl_maps(maps, [layer.name for layer in layers])
+    for layer in layers:
+        entry = dict(override.get(layer.name, {}))
+        fwd = entry.get(Pass.FWD, override.get("*", {}).get(Pass.FWD, base))
+        per = {Pass.FWD: fwd}
+        for p in (Pass.BWD_DATA, Pass.BWD_FILTER):
+            fallback = TORCH if fwd == TORCH else DEFAULT_DACE[p]
+            per[p] = entry.get(p, override.get("*", {}).get(p, fallback))
+        chosen[layer.name] = per if need_backward else {Pass.FWD: fwd}
+    return chosen
+
+
+def read_impl_maps(paths: Sequence[str], layer_names: Sequence[str]) -> Dict[str, Dict[Pass, str]]:
+    """Per-layer choices from ``--impl-map`` files (JSON or CSV).
+
+    JSON: ``{"conv1": "implicitGemmNCDHW", "conv2": {"fwd": ..., "bwd_data": ...,
+    "bwd_filter": ...}, "*": ...}`` (``*``: every layer not named).
+
+    CSV: columns ``layer`` and ``implementation``, optionally ``pass`` (default: the
+    implementation's own pass) and a time column (``median_ms``).  Where several rows
+    name the same layer and pass, the fastest wins, so the ``summary.csv`` files of
+    several ``--compareprof`` runs, given together, pick the best implementation per
+    layer (rows whose ``backend`` is not ``dace`` are skipped).
+    """
+    from . import registry
+    picked: Dict[str, Dict[Pass, Tuple[float, str]]] = {}
+    for path in paths:
+        file = Path(path)
+        if not file.is_file():
+            raise UsageError(f"--impl-map: no such file: {path}")
+        text = file.read_text()
+        if file.suffix.lower() == ".json":
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError as err:
+                raise UsageError(f"--impl-map: {path}: not valid JSON ({err})") from None
+            if not isinstance(data, dict):
+                raise UsageError(f"--impl-map: {path}: expected an object of layer -> "
+                                 "implementation")
+            for layer, value in data.items():
+                if isinstance(value, str):
+                    pass_ = Pass.FWD if value == TORCH else registry.get(value).pass_
+                    items = {pass_: value}
+                    if value == TORCH:
+                        items.update({Pass.BWD_DATA: TORCH, Pass.BWD_FILTER: TORCH})
+                elif isinstance(value, dict):
+                    items = {}
+                    for key, name in value.items():
+                        try:
+                            items[Pass(key)] = str(name)
+                        except ValueError:
+                            raise UsageError(f"--impl-map: {path}: {layer}: unknown pass "
+                                             f"'{key}' (fwd, bwd_data, bwd_filter)") from None
+                else:
+                    raise UsageError(f"--impl-map: {path}: {layer}: expected a name or an "
+                                     "object of pass -> name")
+                for p, name in items.items():
+                    picked.setdefault(layer, {})[p] = (0.0, name)
+        else:
+            _read_csv_map(path, text, picked)
+    known = set(layer_names) | {"*"}
+    for layer in picked:
+        if layer not in known:
+            raise UsageError(f"--impl-map: unknown layer '{layer}' (the model's layers: "
+                             f"{', '.join(layer_names)})")
+    return {layer: {p: name for p, (_, name) in per.items()} for layer, per in picked.items()}
+
+
+def _read_csv_map(path: str, text: str, picked) -> None:
+    import csv
+    import io
+    import math
+
+    from . import registry
+    rows = list(csv.DictReader(io.StringIO(text)))
+    if not rows or not {"layer", "implementation"} <= set(rows[0]):
+        raise UsageError(f"--impl-map: {path}: a CSV map needs the columns 'layer' and "
+                         "'implementation'")
+    for lineno, row in enumerate(rows, start=2):
+        if row.get("backend") not in (None, "", "dace"):
+            continue
+        name = (row.get("implementation") or "").strip()
+        layer = (row.get("layer") or "").strip()
+        if not name or not layer:
+            raise UsageError(f"--impl-map: {path}:{lineno}: empty layer or implementation")
+        if row.get("pass"):
+            try:
+                pass_ = Pass(row["pass"].strip())
+            except ValueError:
+                raise UsageError(f"--impl-map: {path}:{lineno}: unknown pass "
+                                 f"'{row['pass']}'") from None
+        else:
+            pass_ = Pass.FWD if name == TORCH else registry.get(name).pass_
+        try:
+            cost = float(row.get("median_ms") or 0.0)
+        except ValueError:
+            cost = math.inf
+        best = picked.setdefault(layer, {}).get(pass_)
+        if best is None or cost < best[0]:
+            picked[layer][pass_] = (cost, name)
+
+
+def validate_choice(choice: Choice, layers: Sequence[Layer], device: str) -> None:
+    """Every named implementation exists, computes its pass, has a schedule for
+    ``device`` and supports its layer; else a UsageError naming the layer."""
+    from . import registry
+    by_name = {layer.name: layer for layer in layers}
+    for layer_name, per in choice.items():
+        layer = by_name[layer_name]
+        for pass_, name in per.items():
+            if name == TORCH:
+                continue
+            impl = registry.get(name)
+            where = f"{layer_name} ({pass_})"
+            if impl.pass_ != pass_:
+                raise UsageError(f"{where}: {name} computes {impl.pass_}, not {pass_}")
+            if device not in impl.targets:
+                raise UsageError(f"{where}: {name} has no schedule for {device}")
+            reason = impl.unsupported_reason(layer, impl.resolve_params({}))
+            if reason:
+                raise UsageError(f"{where}: {name} does not support {layer.describe()}: "
+                                 f"{reason}; choose another with --impl-map")
+
+
+def attach_backends(model, choice: Choice, device: str, cachedir=None, policy: str = "reuse",
+                    params: Optional[Mapping[str, Mapping[str, Any]]] = None,
+                    log: Callable[[str], None] = print, skip: Sequence[Tuple[str, Pass]] = ()):
+    """Give each convolution of ``model`` its backend: torch where every pass is torch's,
+    else a :class:`DaceConv` built (or loaded) from the cache.  Mixed layers (some
+    passes torch) are not supported.  ``skip``: (layer, pass) pairs never run (no build).
+    """
+    from . import registry, toolchain
+    for conv in model.convs:
+        layer, per = conv.layer, choice[conv.layer.name]
+        names = set(per.values())
+        if names == {TORCH}:
+            conv.backend = TorchConv(layer)
+            continue
+        if TORCH in names:
+            raise UsageError(f"{layer.name}: mixing torch and DaCe passes in one layer is not "
+                             f"supported ({', '.join(f'{p}={n}' for p, n in per.items())})")
+        builds = {}
+        for pass_, name in per.items():
+            if (layer.name, pass_) in skip:
+                builds[pass_] = None
+                continue
+            impl = registry.get(name)
+            spec = toolchain.make_spec(impl, layer, "float32", device,
+                                       (params or {}).get(name))
+            t0 = time.perf_counter()
+            build = toolchain.build(spec, cachedir, load=True, policy=policy)
+            log(f"  {layer.name} {str(pass_):10s} {name:28s} {build.origin} "
+                f"{time.perf_counter() - t0:6.1f}s")
+            builds[pass_] = build
+        conv.backend = DaceConv(layer, builds, device)

@@ -1,0 +1,278 @@
+"""End-to-end CosmoFlow with DaCe convolutions (scripts/cosmoflow_end2end.py)."""
+
+import csv
+import json
+import subprocess
+
+import pytest
+import torch
+
+from conftest import ENV, PYTHON, ROOT
+from convbench import end2end, netcheck, network, toolchain
+from convbench.errors import UsageError
+from convbench.layers import load_layers
+from convbench.layouts import Pass
+from convbench.plots import plot_breakdown, read_breakdown
+
+SCRIPT = str(ROOT / "scripts" / "cosmoflow_end2end.py")
+SMALL = ["--device", "cpu", "--size", "32", "--batch", "2"]
+
+
+def _run(args, cachedir, timeout=900):
+    return subprocess.run([PYTHON, SCRIPT, *args, "--cachedir", str(cachedir)], cwd=ROOT,
+                          env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+# -- the model -------------------------------------------------------------------------------
+
+def test_v1_at_128_is_the_original_layer_set():
+    """v1's convolutions (pad 1) compute the layers of cosmoflow.csv (pre-padded, pad 0)."""
+    csv_layers = load_layers("cosmoflow")
+    model_layers = network.conv_layers(network.MODELS["v1"], 128, csv_layers[0].batch)
+    assert [m.name for m in model_layers] == [c.name for c in csv_layers]
+    for m, c in zip(model_layers, csv_layers):
+        assert m.output_shape == c.output_shape
+        assert m.flops() == c.flops()
+        assert (m.in_d + 2 * m.pad) == c.in_d
+
+
+def test_mlperf_geometry():
+    layers = network.conv_layers(network.MODELS["mlperf"], 128, 4)
+    assert [(x.in_channels, x.out_channels, x.in_d) for x in layers] == [
+        (4, 32, 128), (32, 64, 64), (64, 128, 32), (128, 256, 16), (256, 512, 8)]
+    assert all(x.pad == 1 and x.k_d == 3 for x in layers)
+    model = network.build_model(network.MODELS["mlperf"], 32, 2)
+    out = model(torch.randn(2, 4, 32, 32, 32))
+    assert out.shape == (2, 4) and float(out.detach().abs().max()) <= 1.2
+
+
+def test_pool_replays_its_choices():
+    """Replaying recorded pooling choices reproduces max pooling and its gradient; other
+    choices change the result (the float64 reference of --check relies on both)."""
+    pool = network._pool_module_class()()
+    x = torch.randn(2, 3, 4, 4, 4, requires_grad=True)
+    pool.recorded = []
+    y = pool(x)
+    recorded, pool.recorded = pool.recorded, None
+    assert torch.equal(y, torch.nn.functional.max_pool3d(x, 2))
+    pool.replay = list(recorded)
+    y2 = pool(x)
+    assert torch.equal(y2, y) and pool.replay == []
+    g1, = torch.autograd.grad(y.sum(), x)
+    g2, = torch.autograd.grad(y2.sum(), x)
+    assert torch.equal(g1, g2)
+    pool.replay = [recorded[0].roll(1, dims=-1)]
+    assert not torch.equal(pool(x), y)
+
+
+@pytest.mark.parametrize("model,size", [("mlperf", 48), ("mlperf", 16), ("v1", 32)])
+def test_sizes_must_fit_the_pooling(model, size):
+    with pytest.raises(UsageError, match="multiple of"):
+        network.conv_layers(network.MODELS[model], size, 1)
+
+
+# -- choosing implementations ----------------------------------------------------------------
+
+def test_impl_map_csv_takes_the_fastest(tmp_path):
+    rows = ("layer,implementation,backend,median_ms\n"
+            "conv1,implicitGemm,dace,5.0\nconv1,torch_ref,torch,1.0\n"
+            "conv1,implicitGemmNCDHW,dace,3.0\nconv2,implicitGemm,dace,2.0\n")
+    (tmp_path / "a.csv").write_text(rows)
+    (tmp_path / "b.json").write_text(json.dumps({"conv2": {"bwd_filter": "implicitGemmsplitKBwdFilter"},
+                                                 "conv3": "torch"}))
+    layers = network.conv_layers(network.MODELS["mlperf"], 32, 2)
+    choice = network.choose(layers, None, [str(tmp_path / "a.csv"), str(tmp_path / "b.json")])
+    assert choice["conv1"][Pass.FWD] == "implicitGemmNCDHW"
+    assert choice["conv2"][Pass.FWD] == "implicitGemm"
+    assert choice["conv2"][Pass.BWD_FILTER] == "implicitGemmsplitKBwdFilter"
+    assert set(choice["conv3"].values()) == {"torch"}
+    assert choice["conv4"] == {Pass.FWD: "implicitGemm", Pass.BWD_DATA: "implicitGemmBwdData",
+                               Pass.BWD_FILTER: "implicitGemmBwdFilter"}
+    network.validate_choice(choice, layers, "cpu")
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--size", "30"], "multiple of 32"),
+    (["--model", "v1", "--size", "32"], "multiple of 64"),
+    (["--model", "resnet"], "unknown model"),
+    (["--impl", "nope"], "unknown implementation"),
+    (["--impl", "implicitGemmBwdData"], "forward implementation"),
+    (["--impl-map", "/no/such/map.json"], "no such file"),
+    (["--epochs", "2"], "needs --train"),
+    (["--iters", "0"], "nothing to do"),
+    (["--batch", "0"], "--batch"),
+    (["--dropout", "1.5"], "--dropout"),
+    (["--param", "implicitGemmsplitK:nsplitK=0"], "nsplitK"),
+])
+def test_bad_input_is_one_line_and_status_2(capsys, args, words):
+    assert end2end.main(["--device", "cpu", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("cosmoflow_end2end.py: error:") and words in err[0]
+
+
+def test_impl_map_errors(tmp_path, capsys):
+    (tmp_path / "m.json").write_text(json.dumps({"conv9": "implicitGemm"}))
+    assert end2end.main(SMALL + ["--impl-map", str(tmp_path / "m.json")]) == 2
+    assert "unknown layer 'conv9'" in capsys.readouterr().err
+    (tmp_path / "m.json").write_text(json.dumps({"conv1": {"fwd": "implicitGemmBwdFilter"}}))
+    assert end2end.main(SMALL + ["--impl-map", str(tmp_path / "m.json")]) == 2
+    assert "computes bwd_filter, not fwd" in capsys.readouterr().err
+
+
+# -- the done-when run, and checks that must fail -----------------------------------------------
+
+@pytest.fixture(scope="module")
+def small_run(cachedir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("e2e")
+    proc = _run(SMALL + ["--iters", "1", "--train", "--check", "--outdir", str(out)], cachedir)
+    return proc, out
+
+
+def test_small_training_run_checks_and_writes_results(small_run):
+    proc, out = small_run
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("end2end mlperf 32^3 b2 cpu;") and "check passed" in last
+    assert "train step torch" in last and "forward torch" in last
+    # 14 DaCe calls: 5 forward, 4 backward data (not the input's), 5 backward filter.
+    assert "check: 14 DaCe convolution calls" in proc.stdout
+    for name in ("samples.csv", "summary.csv", "metadata.json", "runtimebreakdown.png"):
+        assert (out / name).stat().st_size > 0, name
+    parts = read_breakdown(out)
+    assert set(parts) == {"forward", "train"} and set(parts["train"]) == {"torch", "dace"}
+    train = parts["train"]["dace"]
+    assert {f"conv{i}.{d}" for i in range(1, 6) for d in ("fwd", "bwd")} <= set(train)
+    assert train["total"] >= sum(v for k, v in train.items() if k != "total") * 0.999
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["status"] == "complete" and meta["check"]["ok"]
+    assert meta["implementations"]["conv2"]["bwd_data"] == "implicitGemmBwdData"
+    with open(out / "summary.csv") as f:
+        rows = list(csv.DictReader(f))
+    conv = [r for r in rows if r["layer"] == "forward.conv1.fwd" and r["backend"] == "dace"][0]
+    assert conv["implementation"] == "implicitGemm" and float(conv["gflops"]) > 0
+
+
+def _planted(monkeypatch, cachedir, capsys, mutate_build=None, mutate_backward=None):
+    """Run --check in this process with a bug planted; returns (status, stdout).
+
+    ``mutate_build(build, arrays)`` changes a compiled program's output in place right
+    after it ran (so the per-call check sees it); ``mutate_backward`` wraps
+    ``DaceConv.backward``."""
+    if mutate_build is not None:
+        original_call = toolchain.Build.__call__
+
+        def call(self, **arrays):
+            result = original_call(self, **arrays)
+            mutate_build(self, arrays)
+            return result
+        monkeypatch.setattr(toolchain.Build, "__call__", call)
+    if mutate_backward is not None:
+        original = network.DaceConv.backward
+
+        def backward(self, x, w, gy, need_x, need_w, recorder=None):
+            return mutate_backward(self, original, x, w, gy, need_x, need_w, recorder)
+        monkeypatch.setattr(network.DaceConv, "backward", backward)
+    status = end2end.main(SMALL + ["--iters", "0", "--check", "--cachedir", str(cachedir),
+                                   "--require-precompiled"])
+    return status, capsys.readouterr().out
+
+
+def _on(layer, pass_):
+    return lambda build: build.spec.layer.name == layer and build.spec.impl.pass_ == pass_
+
+
+def test_unplanted_check_passes_in_process(small_run, monkeypatch, cachedir, capsys):
+    assert small_run[0].returncode == 0
+    status, out = _planted(monkeypatch, cachedir, capsys)
+    assert status == 0 and "check passed" in out.splitlines()[-1]
+
+
+def test_wrong_filter_gradient_fails(small_run, monkeypatch, cachedir, capsys):
+    """A filter gradient 0.1% too large on one layer: both levels catch it."""
+    hit = _on("conv3", Pass.BWD_FILTER)
+
+    def mutate(build, arrays):
+        if hit(build):
+            arrays["w"].mul_(1.001)
+    status, out = _planted(monkeypatch, cachedir, capsys, mutate_build=mutate)
+    assert status == 1
+    assert "FAIL call conv3 bwd_filter" in out
+    assert "FAIL grad conv3.weight" in out and "check FAILED" in out.splitlines()[-1]
+
+
+def test_one_wrong_output_element_fails(small_run, monkeypatch, cachedir, capsys):
+    """One forward output element off by 1e-3: the element-wise call check catches it."""
+    hit = _on("conv2", Pass.FWD)
+
+    def mutate(build, arrays):
+        if hit(build):
+            arrays["y"].view(-1)[12345] += 1e-3
+    status, out = _planted(monkeypatch, cachedir, capsys, mutate_build=mutate)
+    assert status == 1 and "FAIL call conv2 fwd" in out and "check FAILED" in out
+
+
+def test_wrong_data_gradient_fails(small_run, monkeypatch, cachedir, capsys):
+    hit = _on("conv5", Pass.BWD_DATA)
+
+    def mutate(build, arrays):
+        if hit(build):
+            arrays["x"][0].zero_()  # the first sample's input gradient lost
+    status, out = _planted(monkeypatch, cachedir, capsys, mutate_build=mutate)
+    assert status == 1 and "FAIL call conv5 bwd_data" in out and "FAIL grad conv4.weight" in out
+
+
+def test_wrong_upstream_gradient_is_caught_by_the_network_check(small_run, monkeypatch, cachedir,
+                                                                capsys):
+    """Backward data fed with half the incoming gradient: each call is right for what it
+    got, so only the network-level comparison can see it."""
+    def mutate(self, original, x, w, gy, need_x, need_w, recorder):
+        if self.layer.name == "conv4":
+            gx, _ = original(self, x, w, gy * 0.5, need_x, False, recorder)
+            _, gw = original(self, x, w, gy, False, need_w, recorder)
+            return gx, gw
+        return original(self, x, w, gy, need_x, need_w, recorder)
+    status, out = _planted(monkeypatch, cachedir, capsys, mutate_backward=mutate)
+    assert status == 1
+    assert "FAIL call" not in out  # every call was right for its inputs...
+    assert "FAIL grad conv1.weight" in out  # ... but the gradients below conv4 are not
+
+
+def test_training_tracks_torch(small_run, cachedir, tmp_path):
+    """A few epochs on synthetic data: the DaCe model's loss falls and follows torch's
+    from the same initial weights (dropout off, so both see the same computation)."""
+    proc = _run(SMALL + ["--iters", "0", "--train", "--epochs", "4", "--samples", "4",
+                         "--dropout", "0", "--outdir", str(tmp_path), "--require-precompiled"],
+                cachedir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    losses = [line.split() for line in proc.stdout.splitlines() if line.strip().startswith("epoch")]
+    torch_loss = [float(parts[5]) for parts in losses]
+    dace_loss = [float(parts[7]) for parts in losses]
+    assert len(dace_loss) == 4
+    assert dace_loss[-1] < 0.9 * dace_loss[0]
+    for t, d in zip(torch_loss, dace_loss):
+        assert abs(t - d) <= 0.02 * t
+    history = (tmp_path / "training.csv").read_text().splitlines()
+    assert history[0] == "epoch,loss_torch,loss_dace" and len(history) == 5
+
+
+# -- the network comparison and the plot -----------------------------------------------------
+
+def test_relative_error_and_bounds():
+    ref = {"a": torch.tensor([1.0, -2.0], dtype=torch.float64)}
+    good = {"a": torch.tensor([1.0, -2.0 + 1e-7])}
+    bad = {"a": torch.tensor([1.0, -2.0 + 1e-3])}
+    nan = {"a": torch.tensor([float("nan"), -2.0])}
+    assert netcheck.compare_steps(ref, ref, good, good, 1e-6)[0]["ok"]
+    assert not netcheck.compare_steps(ref, ref, good, bad, 1e-6)[0]["ok"]
+    assert not netcheck.compare_steps(ref, ref, good, nan, 1e-6)[0]["ok"]
+    assert not netcheck.compare_steps(ref, ref, good, {}, 1e-6)[0]["ok"]
+
+
+def test_breakdown_plot_needs_an_end2end_summary(tmp_path):
+    (tmp_path / "summary.csv").write_text("layer_index,layer,backend,median_ms\n0,conv1,dace,1\n")
+    with pytest.raises(ValueError, match="not <phase>.<part>"):
+        plot_breakdown(tmp_path, tmp_path / "x.png")
+    (tmp_path / "summary.csv").write_text(
+        "layer_index,layer,backend,median_ms\n0,train.conv1.fwd,dace,1\n1,train.conv1.bwd,dace,2\n"
+        "2,train.other,dace,1\n3,train.total,dace,4\n4,train.total,torch,2\n")
+    assert plot_breakdown(tmp_path, tmp_path / "x.png").stat().st_size > 10000
