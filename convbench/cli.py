@@ -164,7 +164,8 @@ def _main(argv) -> int:
         same = [n for n, i in registry.all_implementations().items() if i.pass_ == pass_]
         raise UsageError(f"--pass {pass_}: {impl.name} computes {impl.pass_}; implementations "
                          f"of {pass_}: {', '.join(same) or 'none'}")
-    params = impl.resolve_params(registry.parse_param_overrides(args.param))
+    overrides = registry.parse_param_overrides(args.param)
+    params = impl.resolve_params(overrides)  # validates --param before anything runs
     _check_args(args)
     layers = select_layers(load_layers(args.paramscsv), args.currlayer, args.lastlayer)
     if args.batch is not None:
@@ -174,7 +175,7 @@ def _main(argv) -> int:
         raise UsageError(f"--device {device}: {impl.name} has no schedule for it (targets: "
                          f"{', '.join(impl.targets)})")
     args.threads = set_threads(args.threads)
-    return Session(impl, params, layers, device, args).run()
+    return Session(impl, params, layers, device, args, overrides).run()
 
 
 def default_outdir(impl_name: str, layers, device: str) -> Path:
@@ -186,9 +187,12 @@ def default_outdir(impl_name: str, layers, device: str) -> Path:
 class Session:
     """One invocation: per layer, build (or load), verify, time."""
 
-    def __init__(self, impl, params, layers, device, args):
+    def __init__(self, impl, params, layers, device, args, overrides=None):
         self.impl, self.params, self.layers, self.device, self.args = (
             impl, params, layers, device, args)
+        #: The user's --param values; each layer's parameters are the defaults, updated by
+        #: the tuned entry for the layer (convbench.tuning), updated by these.
+        self.overrides = dict(overrides or {})
         self.policy = ("require" if args.require_precompiled else
                        "reuse" if args.loadprecompiled else "rebuild")
         self.passed = self.failed = self.unsupported = 0
@@ -269,14 +273,18 @@ class Session:
         args, impl = self.args, self.impl
         print(f"[{i + 1}/{len(self.layers)}] {layer.name:<8} {layer.describe():<34}", end=" ",
               flush=True)
-        reason = impl.unsupported_reason(layer, self.params)
+        from . import tuning
+        params = tuning.tuned_params(impl, layer, self.device, self.overrides)
+        reason = impl.unsupported_reason(layer, params)
         if reason:
             self.unsupported += 1
             print(f"unsupported: {reason}" + ("  FAIL (--strict)" if args.strict else ""),
                   flush=True)
             return
         try:
-            spec = toolchain.make_spec(impl, layer, "float32", self.device, self.params)
+            spec = toolchain.make_spec(impl, layer, "float32", self.device, params)
+            if params != self.params:
+                print(f"params {','.join(f'{k}={v}' for k, v in params.items())}", end=" ")
             build = toolchain.build(spec, args.cachedir, policy=self.policy)
             print(f"{build.origin} {build.seconds:.1f}s", end=" ", flush=True)
             ok, detail, reference = True, "", None
@@ -295,7 +303,7 @@ class Session:
                           verify.make_inputs(layer, impl.pass_, args.seed + i))
                 print(flush=True)
                 self._profile(i, layer, build, inputs, {"build": build.origin,
-                              "build_seconds": round(build.seconds, 3),
+                              "build_seconds": round(build.seconds, 3), "params": params,
                               **({"verified": ok} if args.verify else {})})
             else:
                 print(flush=True)

@@ -532,7 +532,7 @@ def attach_backends(model, choice: Choice, device: str, cachedir=None, policy: s
     else a :class:`DaceConv` built (or loaded) from the cache.  Mixed layers (some
     passes torch) are not supported.  ``skip``: (layer, pass) pairs never run (no build).
     """
-    from . import registry, toolchain
+    from . import registry, toolchain, tuning
     for conv in model.convs:
         layer, per = conv.layer, choice[conv.layer.name]
         names = set(per.values())
@@ -548,8 +548,8 @@ def attach_backends(model, choice: Choice, device: str, cachedir=None, policy: s
                 builds[pass_] = None
                 continue
             impl = registry.get(name)
-            spec = toolchain.make_spec(impl, layer, "float32", device,
-                                       (params or {}).get(name))
+            spec = toolchain.make_spec(impl, layer, "float32", device, tuning.tuned_params(
+                impl, layer, device, (params or {}).get(name)))
             t0 = time.perf_counter()
             build = toolchain.build(spec, cachedir, load=True, policy=policy)
             log(f"  {layer.name} {str(pass_):10s} {name:28s} {build.origin} "

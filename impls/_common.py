@@ -83,3 +83,33 @@ def auto_gpu(sdfg, layer, params):
     memory (the harness passes torch CUDA tensors), so no host-device copies are made."""
     from dace.transformation.auto.auto_optimize import auto_optimize
     auto_optimize(sdfg, dace.DeviceType.GPU, use_gpu_storage=True)
+
+
+def program_from_source(source: str, function: str, name: str):
+    """The ``@dace.program`` named ``function`` defined by Python ``source`` text.
+
+    For programs whose statements are generated (unrolled) per layer.  DaCe parses a
+    program from its source file, so the text is written to a module file named after
+    ``name`` and a hash of the text (in ``$TMPDIR/convbench-generated``, rewritten
+    atomically, shared by every process) and imported from there.  (Source that only
+    :mod:`linecache` knows is not enough: DaCe 1.0.2 then misreads array shapes.)
+    """
+    import hashlib
+    import importlib.util
+    import os
+    import re
+    import tempfile
+    from pathlib import Path
+    digest = hashlib.sha1(source.encode()).hexdigest()[:12]
+    module = re.sub(r"[^A-Za-z0-9_]", "_", f"cb_gen_{name}_{digest}")
+    folder = Path(tempfile.gettempdir()) / "convbench-generated"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{module}.py"
+    if not path.is_file() or path.read_text() != source:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(source)
+        os.replace(tmp, path)
+    spec = importlib.util.spec_from_file_location(module, path)
+    loaded = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loaded)
+    return getattr(loaded, function)

@@ -7,7 +7,7 @@ from convbench.layers import Layer, load_layers
 
 pytestmark = pytest.mark.gpu
 
-IMPLS = sorted(registry.all_implementations())
+IMPLS = sorted(n for n, i in registry.all_implementations().items() if "gpu" in i.targets)
 SHAPES = [Layer("gpu_small", 2, 3, 5, 6, 7, 8, 3, 3, 3, pad=1),
           Layer("gpu_stride2", 1, 4, 6, 9, 8, 7, 3, 1, 5, stride=2, pad=1)]
 

@@ -1,0 +1,174 @@
+"""Tuned parameters (convbench.tuning), the tuning and CPU benchmark scripts, and the
+register-blocked CPU implementation."""
+
+import json
+import subprocess
+
+import pytest
+
+from conftest import ENV, PYTHON, ROOT
+from convbench import registry, toolchain, tuning, verify
+from convbench.errors import UsageError
+from convbench.layers import Layer, load_layers
+
+BLOCKED = "directConvNDHWCblocked"
+LAYER = Layer("tt", 2, 3, 32, 6, 6, 8, 3, 3, 3, pad=1)
+SMALL_SET = ("layer,batch,in_channels,out_channels,in_d,in_h,in_w,k_d,k_h,k_w,stride,pad\n"
+             "a,1,3,32,6,6,8,3,3,3,1,1\nb,1,16,16,4,4,4,3,3,3,1,1\n")
+
+
+@pytest.fixture
+def tuning_file(tmp_path, monkeypatch):
+    path = tmp_path / "cpu.json"
+    monkeypatch.setenv("CONVBENCH_TUNING", str(path))
+    return path
+
+
+def test_precedence_defaults_file_overrides(tuning_file):
+    impl = registry.get(BLOCKED)
+    assert tuning.tuned_params(impl, LAYER, "cpu") == impl.resolve_params()
+    tuning.store("cpu", BLOCKED, LAYER, {"PIX": 8, "KOUTER": 1}, {"cpu": "test"})
+    assert tuning.tuned_params(impl, LAYER, "cpu")["PIX"] == 8
+    assert tuning.tuned_params(impl, LAYER.with_batch(3), "cpu")["PIX"] == 16  # other key
+    assert tuning.tuned_params(impl, LAYER, "cpu", {"PIX": "12"})["PIX"] == 12
+    assert tuning.tuned_params(impl, LAYER, "cpu")["KOUTER"] == 1
+    data = json.loads(tuning_file.read_text())
+    assert data["entries"][BLOCKED][LAYER.key()] == {"PIX": 8, "KOUTER": 1}
+
+
+def test_bad_tuning_file_is_a_usage_error(tuning_file):
+    tuning_file.write_text("{not json")
+    with pytest.raises(UsageError, match="tuning file"):
+        tuning.tuned_params(registry.get(BLOCKED), LAYER, "cpu")
+    tuning_file.write_text(json.dumps({"entries": {BLOCKED: {LAYER.key(): {"PIX": 0}}}}))
+    with pytest.raises(UsageError, match="PIX must be >= 1"):
+        tuning.tuned_params(registry.get(BLOCKED), LAYER, "cpu")
+
+
+def test_tuning_off(monkeypatch):
+    monkeypatch.setenv("CONVBENCH_TUNING", "off")
+    assert tuning.tuning_file("cpu") is None
+    assert tuning.tuned_entry(BLOCKED, LAYER, "cpu") == {}
+
+
+def test_cli_builds_with_the_tuned_entry(tuning_file, tmp_path, cachedir):
+    csv = tmp_path / "one.csv"
+    csv.write_text(SMALL_SET.splitlines()[0] + "\n" + SMALL_SET.splitlines()[1] + "\n")
+    layer = load_layers(str(csv))[0]
+    tuning.store("cpu", BLOCKED, layer, {"PIX": 4}, {"cpu": "test"})
+    args = [PYTHON, str(ROOT / "profile_conv3d.py"), "--implementation", BLOCKED, "--verify",
+            "--device", "cpu", "--paramscsv", str(csv), "--cachedir", str(cachedir)]
+    env = dict(ENV, CONVBENCH_TUNING=str(tuning_file))
+    proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "params PIX=4," in proc.stdout and "PASS" in proc.stdout
+    proc = subprocess.run(args + ["--param", "PIX=16"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0 and "params PIX" not in proc.stdout  # --param wins: defaults
+
+
+# -- the committed tuning file ----------------------------------------------------------------
+
+def _committed():
+    path = ROOT / "tuning" / "cpu.json"
+    data = json.loads(path.read_text()) if path.is_file() else {"entries": {}}
+    keys = {layer.with_batch(b).key(): layer.with_batch(b)
+            for s in ("cosmoflow", "cosmoflow_mlperf") for layer in load_layers(s)
+            for b in (1, 2, 4, 8, 16)}
+    return [(impl, keys.get(key), key, params) for impl, entries in data["entries"].items()
+            for key, params in entries.items()]
+
+
+def test_committed_entries_name_real_layers_and_valid_params():
+    for impl_name, layer, key, params in _committed():
+        impl = registry.get(impl_name)
+        assert layer is not None, f"{impl_name}: {key} is no CosmoFlow layer"
+        impl.resolve_params(params, source="tuning/cpu.json")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("impl_name, layer, key, params", _committed(),
+                         ids=[f"{i}-{k}" for i, _, k, _ in _committed()])
+def test_every_tuned_configuration_verifies(impl_name, layer, key, params, cachedir, reference):
+    impl = registry.get(impl_name)
+    build = toolchain.build(toolchain.make_spec(impl, layer, params=impl.resolve_params(params)),
+                            cachedir)
+    check = verify.verify_build(build, reference(layer))[0]
+    assert check.ok, f"{impl_name} {params} on {key}: {check.summary()}"
+
+
+# -- the register-blocked implementation --------------------------------------------------------
+
+def test_blocked_tiles_and_parallel_map():
+    import dace
+    from impls.direct_conv_ndhwc_blocked import largest_divisor, tile_sizes
+    assert largest_divisor(12, 8) == 6 and largest_divisor(7, 16) == 7 and largest_divisor(17, 16) == 1
+    params = registry.get(BLOCKED).resolve_params()
+    layer = load_layers("cosmoflow_mlperf")[4].with_batch(2)  # 8^3 out, K = 512
+    assert tile_sizes(layer, params) == (1, 2, 8, 16)  # 16 accumulator vectors
+    sdfg = toolchain.make_sdfg(toolchain.make_spec(registry.get(BLOCKED), LAYER))
+    maps = [n.map for n, _ in sdfg.all_nodes_recursive() if isinstance(n, dace.nodes.MapEntry)]
+    tile_map = [m for m in maps if "kb" in m.params and "ohb" in m.params]
+    assert tile_map and tile_map[0].collapse == len(tile_map[0].params)
+    assert tile_map[0].schedule == dace.ScheduleType.CPU_Multicore
+
+
+def test_blocked_statement_count_follows_the_tile():
+    from convbench.layouts import Layout
+    from impls._common import layer_constants
+    from impls.direct_conv_ndhwc_blocked import _source
+    text = _source(layer_constants(LAYER, Layout.NDHWC), "float32", 1, 2, 8, 16, False)
+    assert text.count("] * wv") == 16 and text.count("acc[15, j] +=") == 1
+
+
+# -- the scripts -----------------------------------------------------------------------------
+
+def _script(name, args, cachedir, env=None, timeout=600):
+    return subprocess.run([PYTHON, str(ROOT / "scripts" / name), *args, "--cachedir", str(cachedir)],
+                          cwd=ROOT, env=env or ENV, capture_output=True, text=True, timeout=timeout)
+
+
+def test_bench_cpu_small_set(tmp_path, cachedir):
+    csv = tmp_path / "small.csv"
+    csv.write_text(SMALL_SET)
+    out = tmp_path / "bench"
+    proc = _script("bench_cpu.py", ["--paramscsv", str(csv), "--batch", "1", "--impls",
+                                    f"{BLOCKED},implicitGemm,im2colGemm", "--samples", "5",
+                                    "--warmup", "1", "--outdir", str(out)], cachedir)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1].startswith("max best/torch ratio: ")
+    table = (out / "table.md").read_text()
+    assert table.count("\n") == 4 and "im2colGemm (MKL) ms" in table
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["status"] == "complete" and meta["ceilings"]["peak_gflops"] > 0
+    assert meta["layers"]["small/a"][BLOCKED]["verified"] is True
+    summary = (out / "summary.csv").read_text()
+    for backend in ("torch", "torch-ncdhw", "torch-ndhwc", BLOCKED, "implicitGemm"):
+        assert f",{backend}," in summary, backend
+
+
+@pytest.mark.parametrize("args,words", [(["--samples", "3"], "at least 5"),
+                                        (["--impls", "implicitGemmBwdData"], "not a forward"),
+                                        (["--batch", "0"], "--batch")])
+def test_bench_cpu_bad_input(args, words, tmp_path):
+    proc = subprocess.run([PYTHON, str(ROOT / "scripts" / "bench_cpu.py"), *args], cwd=ROOT,
+                          env=ENV, capture_output=True, text=True, timeout=120)
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(err) == 1 and words in err[0], proc.stderr
+
+
+def test_tune_cpu_stores_the_winner(tmp_path, cachedir):
+    csv = tmp_path / "small.csv"
+    csv.write_text(SMALL_SET)
+    store = tmp_path / "tuned.json"
+    env = dict(ENV, CONVBENCH_TUNING=str(store))
+    proc = _script("tune_cpu.py", ["--paramscsv", str(csv), "--batch", "1", "--space",
+                                   "PIX=4,8", "--samples", "2", "--store", "--out",
+                                   str(tmp_path / "t.json")], cachedir, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    entries = json.loads(store.read_text())["entries"][BLOCKED]
+    assert len(entries) == 2 and all(e["PIX"] in (4, 8) for e in entries.values())
+    records = json.loads((tmp_path / "t.json").read_text())["records"]
+    assert len(records) == 4 and all(r["ok"] for r in records)
+    bad = _script("tune_cpu.py", ["--space", "PIX=0"], cachedir)
+    assert bad.returncode == 2 and "PIX must be >= 1" in bad.stderr
