@@ -444,5 +444,5 @@ class Run:
 
 
 def _median(values: List[float]) -> float:
-    import statistics
-    return statistics.median(values) if values else math.nan
+    from .timing import summarize
+    return summarize(values)["median_ms"] if values else math.nan

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import time
 from pathlib import Path
@@ -214,14 +215,13 @@ class DaceConv:
             raise RuntimeError(f"{self.layer.name}: no DaCe build for {pass_}")
         impl, layer = build.spec.impl, build.spec.layer
         roles, out_role = PASS_SIGNATURE[pass_]
-        for role in roles:
-            shape = {"x": layer.input_shape, "y": layer.output_shape, "w": layer.filter_shape}[role]
-            if tuple(inputs[role].shape) != tuple(shape):
-                raise ValueError(f"{self.layer.name} {pass_}: {role} has shape "
-                                 f"{tuple(inputs[role].shape)}, the build expects {shape} "
-                                 f"(builds are per batch size)")
-        args = {r: to_layout(inputs[r].detach(), impl.layout, r) for r in roles}
         logical = {"y": layer.output_shape, "x": layer.input_shape, "w": layer.filter_shape}
+        for role in roles:
+            if tuple(inputs[role].shape) != tuple(logical[role]):
+                raise ValueError(f"{self.layer.name} {pass_}: {role} has shape "
+                                 f"{tuple(inputs[role].shape)}, the build expects "
+                                 f"{logical[role]} (builds are per batch size)")
+        args = {r: to_layout(inputs[r].detach(), impl.layout, r) for r in roles}
         out = torch.empty(stored_shape(impl.layout, out_role, logical[out_role]),
                           dtype=args[roles[0]].dtype, device=args[roles[0]].device)
         build(**args, **{out_role: out})
@@ -284,6 +284,7 @@ class _ConvFunction:
         return cls._cls
 
 
+@functools.lru_cache(maxsize=None)
 def _conv_module_class():
     import torch
 
@@ -309,6 +310,7 @@ def _conv_module_class():
     return ConvModule
 
 
+@functools.lru_cache(maxsize=None)
 def _pool_module_class():
     import torch
     import torch.nn.functional as F

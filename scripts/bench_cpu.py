@@ -144,7 +144,7 @@ class Bench:
 
         from convbench import toolchain, tuning, verify
         from convbench.results import Measurement
-        from convbench.timing import Timing, prepared_call
+        from convbench.timing import Timing, prepared_call, summarize
         a = self.args
         label = f"{Path(layer_set).stem}/{layer.name}"
         print(f"[{index + 1}/{len(self.layers)}] {label}: {layer.describe()}", flush=True)
@@ -203,7 +203,7 @@ class Bench:
                 for name, fn in active.items():
                     self.timer.flush()
                     samples[name].append(self.timer._timed(fn))
-        med = {n: sorted(s)[len(s) // 2] for n, s in samples.items()}
+        med = {n: summarize(s)["median_ms"] for n, s in samples.items()}
         torch_name = min(("torch-ncdhw", "torch-ndhwc"), key=lambda n: med[n])
         measurements = [Measurement("torch", Timing(samples[torch_name], a.warmup, self.timer.method))]
         measurements += [Measurement(n, Timing(s, a.warmup, self.timer.method))
