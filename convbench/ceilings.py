@@ -2,15 +2,72 @@
 bandwidth from a large copy, on the device the run uses, with its thread count.
 
 CPU: ``torch.mm`` of 3072x3072 float32 matrices (oneDNN/MKL SGEMM) and a copy of
-256 MiB.  GPU: ``torch.mm`` of 8192x8192 float32 with TF32 off (IEEE FP32 on the
-CUDA cores), and a device-to-device copy of 1 GiB, timed with CUDA events.  Each is
-the best of several repetitions after a warm-up: a ceiling is the most the device
-showed it can do, not its typical speed.  A copy moves each byte twice (read and
-write), and is counted so.
+256 MiB; also the FMA peak (:func:`cpu_fma_peak`), which a convolution can approach
+more closely than a library SGEMM of one size does.  GPU: ``torch.mm`` of 8192x8192
+float32 with TF32 off (IEEE FP32 on the CUDA cores), and a device-to-device copy of
+1 GiB, timed with CUDA events.  Each is the best of several repetitions after a
+warm-up: a ceiling is the most the device showed it can do, not its typical speed.
+A copy moves each byte twice (read and write), and is counted so.
 """
 
+import os
+import subprocess
+import tempfile
 import time
-from typing import Dict
+from typing import Dict, Optional
+
+#: 12 independent chains of 64-byte vector FMAs per thread (GCC vector extension: one
+#: AVX-512 FMA each where the host has it, two AVX2 FMAs otherwise), so that neither the
+#: FMA latency nor loads limit them; prints GFLOP/s of the best of 3 rounds.
+_FMA_SOURCE = r"""
+#include <stdio.h>
+#include <omp.h>
+typedef float v16 __attribute__((vector_size(64)));
+int main(void) {
+    const long iters = 40000000L;
+    double best = 0.0;
+    for (int round = 0; round < 3; ++round) {
+        float sink = 0.0f;
+        double t0 = omp_get_wtime();
+        #pragma omp parallel reduction(+:sink)
+        {
+            v16 acc[12], b, c;
+            for (int j = 0; j < 16; ++j) { b[j] = 1.0000001f; c[j] = 1e-7f; }
+            for (int i = 0; i < 12; ++i) for (int j = 0; j < 16; ++j) acc[i][j] = (float)i;
+            for (long it = 0; it < iters; ++it) {
+                #pragma GCC unroll 12
+                for (int i = 0; i < 12; ++i) acc[i] = acc[i] * b + c;
+                __asm__ volatile("" : "+v"(acc[0]), "+v"(acc[6]));
+            }
+            for (int i = 0; i < 12; ++i) for (int j = 0; j < 16; ++j) sink += acc[i][j];
+        }
+        double gflops = 2.0 * 16 * 12 * iters * omp_get_max_threads() / (omp_get_wtime() - t0) / 1e9;
+        if (gflops > best) best = gflops;
+        if (sink == 12345.0f) printf("#");
+    }
+    printf("%.2f\n", best);
+    return 0;
+}
+"""
+
+
+def cpu_fma_peak(threads: int) -> Optional[float]:
+    """GFLOP/s of back-to-back vector FMAs on ``threads`` threads, compiled with the host
+    compiler (``c++ -O2 -march=native -ffp-contract=fast -fopenmp``), or None where that
+    cannot be compiled or run."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src, exe = os.path.join(tmp, "fma.c"), os.path.join(tmp, "fma")
+        with open(src, "w") as f:
+            f.write(_FMA_SOURCE)
+        try:
+            subprocess.run(["c++", "-x", "c", "-O2", "-march=native", "-ffp-contract=fast",
+                            "-fopenmp", src, "-o", exe], check=True, capture_output=True,
+                           timeout=120)
+            out = subprocess.run([exe], check=True, capture_output=True, text=True, timeout=120,
+                                 env=dict(os.environ, OMP_NUM_THREADS=str(threads))).stdout
+            return float(out.strip().lstrip("#"))
+        except (OSError, subprocess.SubprocessError, ValueError):
+            return None
 
 
 def _best_seconds(fn, repeat: int, device: str) -> float:
@@ -62,10 +119,16 @@ def measure(device: str) -> Dict[str, object]:
         torch.backends.cuda.matmul.allow_tf32 = prev
     t_copy = _time_copy(copy_bytes, tdev, device)
     where = "device-to-device copy" if device == "gpu" else "copy"
+    extra = {}
+    if device == "cpu":
+        extra = {"fma_peak_gflops": cpu_fma_peak(torch.get_num_threads()),
+                 "fma_peak_method": "12 independent 64-byte vector FMA chains per thread, "
+                                    "c++ -O2 -march=native, best of 3"}
     return {
         "peak_gflops": 2 * n ** 3 / t_mm / 1e9,
         "peak_method": f"torch.mm {n}x{n} float32" + (", TF32 off" if device == "gpu" else "")
                        + f", best of 5 ({torch.get_num_threads()} threads)" * (device == "cpu"),
         "bandwidth_gbs": 2 * copy_bytes / t_copy / 1e9,
         "bandwidth_method": f"{where} of {copy_bytes >> 20} MiB (read + write), best of 5",
+        **extra,
     }

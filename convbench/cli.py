@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
-from .errors import ArgumentParser, UsageError, run_main
+from .errors import (ArgumentParser, UsageError, add_cachedir_flag, add_outdir_flag,
+                     add_threads_flag, check_at_least, run_main)
 
 #: The implementation run when ``--implementation`` is not given (forward pass).
 DEFAULT_IMPLEMENTATION = "implicitGemmNCDHW"
@@ -43,9 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                    help="set a tunable parameter of the implementation (repeatable)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
-    p.add_argument("--threads", type=int, default=None, metavar="N",
-                   help="CPU threads for DaCe (OpenMP) and torch alike (default: "
-                   "$OMP_NUM_THREADS, else every core)")
+    add_threads_flag(p)
 
     g = p.add_argument_group("verification")
     g.add_argument("--verify", action="store_true",
@@ -72,14 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cuDNN's algorithm on the GPU, for --verify and --compareprof: find "
                    "(benchmark all, default), heuristic, or a name such as "
                    "IMPLICIT_PRECOMP_GEMM")
-    g.add_argument("--outdir", default=None, metavar="DIR",
-                   help="result folder (default outputs/<impl>_b<batch>_<device>/)")
+    add_outdir_flag(g, "outputs/<impl>_b<batch>_<device>/")
     g.add_argument("--enableplots", action="store_true",
                    help="draw violin, median and roofline plots from the result files")
 
     g = p.add_argument_group("builds")
-    g.add_argument("--cachedir", default=None, metavar="DIR",
-                   help="build cache (default: $CONVBENCH_CACHE or .cache/builds)")
+    add_cachedir_flag(g)
     g.add_argument("--loadprecompiled", action="store_true",
                    help="load stored builds without parsing, transforming or compiling; "
                    "build (and store) only what is missing or stale")
@@ -98,11 +95,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def _check_args(args) -> None:
-    for flag, value, least in (("--warmupiter", args.warmupiter, 0),
-                               ("--totaliter", args.totaliter, 1),
-                               ("--threads", args.threads, 1)):
-        if value is not None and value < least:
-            raise UsageError(f"{flag}: must be an integer >= {least}, got {value}")
+    check_at_least(("--warmupiter", args.warmupiter, 0), ("--totaliter", args.totaliter, 1),
+                   ("--threads", args.threads, 1))
     if args.time_limit is not None and not args.time_limit > 0:
         raise UsageError(f"--time-limit: must be a positive number of seconds, got {args.time_limit}")
     if args.batch is not None and args.batch <= 0:

@@ -36,7 +36,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from .errors import ArgumentParser, UsageError, run_main
+from .errors import (ArgumentParser, UsageError, add_cachedir_flag, add_outdir_flag,
+                     add_threads_flag, check_at_least, run_main)
 from .layouts import Pass
 
 PROG = "cosmoflow_end2end.py"
@@ -84,11 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="activation memory format of both models (default auto: ndhwc when "
                    "every DaCe forward implementation is NDHWC, so no layout copies)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None, metavar="N",
-                   help="CPU threads for torch and DaCe alike")
-    p.add_argument("--outdir", default=None, metavar="DIR",
-                   help="result folder (default outputs/end2end_<model>_s<S>_b<N>_<device>/)")
-    p.add_argument("--cachedir", default=None, metavar="DIR", help="build cache folder")
+    add_threads_flag(p)
+    add_outdir_flag(p, "outputs/end2end_<model>_s<S>_b<N>_<device>/")
+    add_cachedir_flag(p)
     p.add_argument("--require-precompiled", action="store_true",
                    help="fail if a build is not in the cache (default: build what is missing)")
     return p
@@ -99,12 +98,10 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def _check_args(args) -> None:
-    for flag, value, least in (("--size", args.size, 1), ("--batch", args.batch, 1),
-                               ("--iters", args.iters, 0), ("--warmup", args.warmup, 0),
-                               ("--epochs", args.epochs, 0), ("--samples", args.samples, 1),
-                               ("--threads", args.threads, 1)):
-        if value is not None and value < least:
-            raise UsageError(f"{flag}: must be an integer >= {least}, got {value}")
+    check_at_least(("--size", args.size, 1), ("--batch", args.batch, 1),
+                   ("--iters", args.iters, 0), ("--warmup", args.warmup, 0),
+                   ("--epochs", args.epochs, 0), ("--samples", args.samples, 1),
+                   ("--threads", args.threads, 1))
     if not (args.lr > 0 and math.isfinite(args.lr)):
         raise UsageError(f"--lr: must be a positive number, got {args.lr}")
     if args.dropout is not None and not 0 <= args.dropout < 1:

@@ -158,6 +158,21 @@ class CpuTimer(_Timer):
         samples, limited = self._sample(fn, iterations, time_limit, progress, start, self._timed)
         return Timing(samples, warmed, self.method, limited)
 
+    def once(self, fn) -> float:
+        """One call after a flush; its time in milliseconds."""
+        self.flush()
+        return self._timed(fn)
+
+    def interleaved(self, calls: Dict[str, Callable[[], object]], rounds: int) -> Dict[str, list]:
+        """``rounds`` rounds in which every call of ``calls`` runs once (flushed before
+        each), so that slow drifts of the machine (clock, other load) hit all of them
+        alike; the samples per name, in milliseconds."""
+        samples = {name: [] for name in calls}
+        for _ in range(rounds):
+            for name, fn in calls.items():
+                samples[name].append(self.once(fn))
+        return samples
+
 
 class CudaEventTimer(_Timer):
     method = ("CUDA events on the default stream around each call, L2 flushed before each "
@@ -201,19 +216,25 @@ def prepared_call(build, arrays: Dict[str, object]) -> Callable[[], object]:
     conversion done once here rather than in every timed call.
 
     The first call goes through the checked path (it also initialises the program and,
-    on a GPU, checks for launch errors); later calls use ``fast_call``.
+    on a GPU, checks for launch errors); later calls use ``fast_call``.  The first call's
+    wall time is kept as ``call.first_ms`` (a screen for very slow kernels, not a sample).
     """
     program = build.program
     if program is None:
         raise RuntimeError(f"build {build.spec.name} is not loaded")
     construct = getattr(program, "_construct_args", None)
     fast = getattr(program, "fast_call", None)
-    if construct is None or fast is None:  # another DaCe version: the checked path
-        return lambda: program(**arrays)
+    t0 = time.perf_counter_ns()
     program(**arrays)
-    callargs, initargs = construct(dict(arrays))
+    first_ms = (time.perf_counter_ns() - t0) * 1e-6
+    if construct is None or fast is None:  # another DaCe version: the checked path
+        def call():
+            return program(**arrays)
+    else:
+        callargs, initargs = construct(dict(arrays))
 
-    def call():
-        return fast(callargs, initargs)
+        def call():
+            return fast(callargs, initargs)
     call.keepalive = arrays  # the arrays must outlive the converted pointers
+    call.first_ms = first_ms  # the initialising call's time (caches not flushed)
     return call

@@ -6,7 +6,9 @@
                                  [--cachedir DIR] [--force] [--param NAME=VALUE ...]
 
 Defaults: every implementation, the CosmoFlow sets (``cosmoflow_mlperf`` and
-``cosmoflow``) at their CSV batch, the CPU target, one job per core.  Builds that
+``cosmoflow``) at their CSV batch, the CPU target, one job per core.  Parameters are
+the tuned ones (``tuning/<target>.json``, see ``convbench.tuning``) updated by
+``--param``, as every other entry point builds them.  Builds that
 are already valid in the cache are skipped (``--force`` rebuilds them), layers an
 implementation does not support are counted and skipped.  GPU builds compile
 without a GPU.  Every worker process builds with the cache's lock, so several
@@ -28,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from convbench.errors import UsageError  # noqa: E402
+from convbench.errors import UsageError, add_cachedir_flag  # noqa: E402
 
 PROG = "precompile.py"
 
@@ -47,8 +49,7 @@ def _parser():
                    help="tunable parameter (needs exactly one --implementation)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="J",
                    help="parallel build processes (default: one per core)")
-    p.add_argument("--cachedir", default=None, metavar="DIR",
-                   help="build cache (default: $CONVBENCH_CACHE or .cache/builds)")
+    add_cachedir_flag(p)
     p.add_argument("--force", action="store_true", help="rebuild valid entries too")
     p.add_argument("--dry-run", action="store_true", help="list the builds and stop")
 
@@ -60,7 +61,7 @@ def _parser():
 
 def plan(args):
     """The builds to make: (description, impl name, layer, target, params)."""
-    from convbench import registry
+    from convbench import registry, tuning
     from convbench.layers import load_layers
     if args.jobs < 1:
         raise UsageError(f"--jobs: must be >= 1, got {args.jobs}")
@@ -84,10 +85,11 @@ def plan(args):
             for layer in layers:
                 layer = layer if batch is None else layer.with_batch(batch)
                 for impl in impls:
-                    params = impl.resolve_params(overrides)
                     for target in targets:
                         if target not in impl.targets:
                             continue
+                        # the parameters every other entry point builds with
+                        params = tuning.tuned_params(impl, layer, target, overrides)
                         if impl.unsupported_reason(layer, params):
                             unsupported += 1
                             continue

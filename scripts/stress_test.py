@@ -63,7 +63,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from convbench.errors import ArgumentParser, UsageError, run_main  # noqa: E402
+from convbench.errors import (ArgumentParser, UsageError, add_cachedir_flag,  # noqa: E402
+                              add_threads_flag, check_at_least, run_main)
 
 PROG = "stress_test.py"
 GIB = float(1 << 30)
@@ -93,14 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=0, metavar="W",
                    help="untimed calls after the untimed first call (default 0)")
     p.add_argument("--iters", type=int, default=3, metavar="T", help="timed calls (default 3)")
-    p.add_argument("--threads", type=int, default=None, metavar="N",
-                   help="CPU threads for DaCe's OpenMP code and torch alike (default "
-                   "$OMP_NUM_THREADS, else every core)")
+    add_threads_flag(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                    help="a tunable parameter of the implementation (repeatable)")
-    p.add_argument("--cachedir", default=None, metavar="DIR",
-                   help="build cache (default $CONVBENCH_CACHE or .cache/builds)")
+    add_cachedir_flag(p)
     p.add_argument("--rebuild", action="store_true",
                    help="compile afresh instead of loading a valid stored build")
     p.add_argument("--check", action="store_true",
@@ -118,15 +116,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check_args(args) -> None:
-    for flag, value, least in (("--size", args.size, 1), ("--in-channels", args.in_channels, 1),
-                               ("--out-channels", args.out_channels, 1),
-                               ("--batch", args.batch, 1), ("--kernel", args.kernel, 1),
-                               ("--stride", args.stride, 1), ("--pad", args.pad, 0),
-                               ("--warmup", args.warmup, 0), ("--iters", args.iters, 1),
-                               ("--threads", args.threads, 1),
-                               ("--check-planes", args.check_planes, 1)):
-        if value is not None and value < least:
-            raise UsageError(f"{flag}: must be an integer >= {least}, got {value}")
+    check_at_least(("--size", args.size, 1), ("--in-channels", args.in_channels, 1),
+                   ("--out-channels", args.out_channels, 1), ("--batch", args.batch, 1),
+                   ("--kernel", args.kernel, 1), ("--stride", args.stride, 1),
+                   ("--pad", args.pad, 0), ("--warmup", args.warmup, 0),
+                   ("--iters", args.iters, 1), ("--threads", args.threads, 1),
+                   ("--check-planes", args.check_planes, 1))
     limit = args.memory_limit
     if limit is not None and not (math.isfinite(limit) and limit > 0):
         raise UsageError(f"--memory-limit: must be a positive number of GiB, got {limit}")

@@ -3,7 +3,7 @@
 
     python scripts/tune_cpu.py [--implementation directConvNDHWCblocked]
                                [--paramscsv SET ...] [--batch 2] [--threads 2]
-                               [--space "PIX=12,16,24;KOUTER=0,1"] [--samples 5]
+                               [--space "PIX=8,12,16,24;KOUTER=0,1"] [--samples 5]
                                [--store] [--out results/cpu/tuning_<impl>_b<B>.json]
 
 For every layer, every combination of ``--space`` is built (or loaded from the build
@@ -15,6 +15,7 @@ file the harness reads (``tuning/cpu.json``, see :mod:`convbench.tuning`), where
 ``--param`` still overrides it.  Every configuration's time goes to ``--out``.
 """
 
+import dataclasses
 import itertools
 import sys
 import time
@@ -23,10 +24,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from convbench.errors import ArgumentParser, UsageError, run_main  # noqa: E402
+from convbench.errors import (ArgumentParser, UsageError, add_cachedir_flag,  # noqa: E402
+                              add_threads_flag, check_at_least, run_main)
 
 PROG = "tune_cpu.py"
-DEFAULT_SPACE = "PIX=12,16,24;KOUTER=0,1"
+#: The search space per implementation (``--space`` replaces it).
+DEFAULT_SPACES = {"directConvNDHWCblocked": "PIX=8,12,16,24;KOUTER=0,1",
+                  "directConvNDHWCdot": "PIX=2,4,6;KT=4,8;KOUTER=0,1"}
 
 
 def build_parser():
@@ -35,28 +39,40 @@ def build_parser():
     p.add_argument("--paramscsv", action="append", default=None, metavar="SET",
                    help="layer set (repeatable; default: cosmoflow_mlperf and cosmoflow)")
     p.add_argument("--batch", type=int, default=2, metavar="N")
-    p.add_argument("--threads", type=int, default=2, metavar="N")
-    p.add_argument("--space", default=DEFAULT_SPACE, metavar="P=a,b;Q=c",
-                   help=f"values to try per parameter (default {DEFAULT_SPACE!r}); the other "
-                   "parameters keep their defaults")
+    add_threads_flag(p, default=2)
+    p.add_argument("--space", default=None, metavar="P=a,b;Q=c",
+                   help="values to try per parameter (default per implementation: "
+                   + "; ".join(f"{k}: {v!r}" for k, v in DEFAULT_SPACES.items())
+                   + "); the other parameters keep their defaults")
     p.add_argument("--samples", type=int, default=5, metavar="N")
     p.add_argument("--store", action="store_true", help="write the winners to the tuning file")
     p.add_argument("--out", default=None, metavar="FILE.json")
-    p.add_argument("--cachedir", default=None, metavar="DIR")
+    add_cachedir_flag(p)
     return p
 
 
 def parse_space(text, impl):
-    """``"PIX=12,16;KOUTER=0,1"`` -> list of parameter dicts (validated)."""
+    """``"PIX=12,16;KOUTER=0,1"`` -> list of parameter dicts.  Every value must be valid
+    on its own (else a usage error); combinations the implementation refuses together
+    (too many accumulators, say) are left out, and at least one must remain."""
     axes = []
     for part in filter(None, (p.strip() for p in text.split(";"))):
         name, sep, values = part.partition("=")
         if not sep:
             raise UsageError(f"--space: expected NAME=v1,v2 in {part!r}")
-        axes.append([(name.strip(), v.strip()) for v in values.split(",") if v.strip()])
-    configs = []
+        axis = [(name.strip(), v.strip()) for v in values.split(",") if v.strip()]
+        alone = dataclasses.replace(impl, check_params=None)  # each value on its own
+        for name_value in axis:
+            alone.resolve_params(dict([name_value]), source="--space")
+        axes.append(axis)
+    configs, refused = [], []
     for combo in itertools.product(*axes):
-        configs.append(impl.resolve_params(dict(combo), source="--space"))
+        try:
+            configs.append(impl.resolve_params(dict(combo), source="--space"))
+        except UsageError as err:
+            refused.append(str(err))
+    if not configs:
+        raise UsageError(f"--space: no valid combination ({refused[0]})")
     return configs
 
 
@@ -65,12 +81,16 @@ def _main(argv) -> int:
     from convbench import registry
     from convbench.cli import set_threads
     from convbench.layers import load_layers
-    if args.batch < 1 or args.threads < 1 or args.samples < 1:
-        raise UsageError("--batch, --threads and --samples must be positive")
+    check_at_least(("--batch", args.batch, 1), ("--threads", args.threads, 1),
+                   ("--samples", args.samples, 1))
     impl = registry.get(args.implementation)
     if "cpu" not in impl.targets:
         raise UsageError(f"{impl.name} has no CPU schedule")
-    configs = parse_space(args.space, impl)
+    space = args.space or DEFAULT_SPACES.get(impl.name)
+    if space is None:
+        raise UsageError(f"--space: give one for {impl.name} (no default space)")
+    configs = parse_space(space, impl)
+    args.space = space
     sets = args.paramscsv or ["cosmoflow_mlperf", "cosmoflow"]
     layers = [(s, layer.with_batch(args.batch)) for s in sets for layer in load_layers(s)]
     set_threads(args.threads)

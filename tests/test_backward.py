@@ -200,7 +200,8 @@ def test_uniform_padding_implementations_refuse_anisotropic_layers():
     impl = registry.get("implicitGemmNCDHW")
     assert "same padding in every dimension" in impl.unsupported_reason(ANISO[0], {})
     assert set(ANISO_IMPLS) == {"implicitGemm", "implicitGemmBwdData", "implicitGemmBwdFilter",
-                                "implicitGemmsplitKBwdFilter", "directConvNDHWCblocked"}
+                                "implicitGemmsplitKBwdFilter", "directConvNDHWCblocked",
+                                "directConvNDHWCdot"}
 
 
 @pytest.mark.parametrize("name", ANISO_IMPLS)

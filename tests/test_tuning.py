@@ -121,6 +121,102 @@ def test_blocked_statement_count_follows_the_tile():
     assert text.count("] * wv") == 16 and text.count("acc[15, j] +=") == 1
 
 
+# -- the dot-product form ----------------------------------------------------------------------
+
+DOT = "directConvNDHWCdot"
+
+
+def test_dot_tile_and_statements():
+    from convbench.layouts import Layout
+    from impls._common import layer_constants
+    from impls.direct_conv_ndhwc_dot import _source, tile_sizes
+    impl = registry.get(DOT)
+    layer = load_layers("cosmoflow_mlperf")[4].with_batch(2)  # 8^3 out, C = 256, K = 512
+    assert tile_sizes(layer, impl.resolve_params()) == (1, 1, 4, 4, 16)
+    assert tile_sizes(layer, impl.resolve_params({"PIX": 6, "KT": 3})) == (1, 1, 4, 2, 16)
+    text = _source(layer_constants(layer, Layout.NDHWC), "float32", 1, 2, 2, 4, 16, True)
+    # 4 pixels x 4 channels: 4 input and 4 filter vector loads, 16 FMA statements
+    assert text.count("] += x") == 16 and text.count("acc[15, j] += x3 * w3") == 1
+    assert all(f"    x{p} = x[" in text and f"    w{p} = w[" in text for p in range(4))
+    assert "wp" not in text  # the filter is read in place
+    with pytest.raises(UsageError, match="accumulator vectors"):
+        impl.resolve_params({"PIX": 8, "KT": 4})
+
+
+def _tap_ranges(layer, tile):
+    """{(dim, tile index): the taps the generated loops run}, by evaluating their bounds."""
+    import re
+
+    from convbench.layouts import Layout
+    from impls._blocked import tap_loops
+    from impls._common import layer_constants
+    L = layer_constants(layer, Layout.NDHWC)
+    lines, _ = tap_loops(L, tile, {"odb": "odb", "ohb": "ohb", "owb": "owb"}, "")
+    out = {}
+    for line, name, size in zip(lines, ("odb", "ohb", "owb"), (L.OD, L.OH, L.OW)):
+        bounds = re.match(r"\s*for k[dhw] in range\((.*)\):$", line).group(1)
+        b = tile[("odb", "ohb", "owb").index(name)]
+        for ob in range(size // b):
+            lo_hi = eval(f"({bounds})".replace(name, str(ob)))  # noqa: S307 (our own text)
+            out[name, ob] = range(*lo_hi) if isinstance(lo_hi, tuple) else range(lo_hi)
+    return out
+
+
+@pytest.mark.parametrize("layer,tile", [
+    (Layer("p1", 1, 2, 2, 8, 8, 8, 3, 3, 3, pad=1), (1, 2, 4)),
+    (Layer("p2s2", 1, 2, 2, 7, 6, 9, 3, 3, 3, stride=2, pad=2), (5, 2, 3)),
+    (Layer("p0", 1, 2, 2, 6, 6, 6, 3, 3, 3), (2, 2, 2)),
+    (Layer("k5", 1, 2, 2, 5, 9, 4, 5, 5, 5, pad=2), (1, 3, 2)),
+    (Layer("aniso", 1, 2, 2, 5, 6, 7, 3, 3, 3, stride=2, pad=1, pad_d=2, pad_w=0), (2, 1, 3))],
+    ids=lambda v: v.name if isinstance(v, Layer) else "x".join(map(str, v)))
+def test_tap_bounds_skip_exactly_the_border_taps(layer, tile):
+    """Per tile, the loops run exactly the taps that read the input (not the zero border)
+    for at least one of the tile's pixels: checked against counting them out."""
+    sizes = {"odb": (layer.in_d, layer.k_d, layer.pads[0], layer.out_d),
+             "ohb": (layer.in_h, layer.k_h, layer.pads[1], layer.out_h),
+             "owb": (layer.in_w, layer.k_w, layer.pads[2], layer.out_w)}
+    ranges = _tap_ranges(layer, tile)
+    for (name, ob), taps in ranges.items():
+        size, k, pad, _ = sizes[name]
+        b = tile[("odb", "ohb", "owb").index(name)]
+        needed = [t for t in range(k) if any(0 <= (ob * b + i) * layer.stride + t - pad < size
+                                             for i in range(b))]
+        assert list(taps) == needed, (name, ob)
+
+
+@pytest.mark.parametrize("name,params", [(BLOCKED, {"PIX": 8, "WB": 2}), (BLOCKED, {"PIX": 3}),
+                                         (DOT, {"PIX": 6, "WB": 2, "KT": 4}),
+                                         (DOT, {"PIX": 2, "KT": 8, "KOUTER": 1})])
+@pytest.mark.parametrize("layer", [Layer("edge_s2", 1, 16, 8, 7, 6, 9, 3, 3, 3, stride=2, pad=2),
+                                   Layer("edge_p1", 2, 32, 16, 5, 4, 6, 3, 3, 3, pad=1)],
+                         ids=lambda v: v.name)
+def test_blocked_kernels_at_padded_borders(name, params, layer, cachedir, reference):
+    """Tiles that straddle the zero border in several dimensions at once, strided."""
+    impl = registry.get(name)
+    build = toolchain.build(toolchain.make_spec(impl, layer, params=impl.resolve_params(params)),
+                            cachedir)
+    check = verify.verify_build(build, reference(layer))[0]
+    assert check.ok, check.summary()
+
+
+@pytest.mark.parametrize("name", [BLOCKED, DOT])
+def test_a_skipped_border_tap_is_caught(name, monkeypatch, cachedir, reference):
+    """Plant a bound one tap too tight (the first tap of each padded dimension's range
+    skipped): the verification must fail."""
+    from impls import _blocked
+    real = _blocked.tap_loops
+
+    def too_tight(L, tile, index, indent):
+        lines, depth = real(L, tile, index, indent)
+        return [line.replace("range(max(0, ", "range(1 + max(0, ") for line in lines], depth
+    monkeypatch.setattr(_blocked, "tap_loops", too_tight)
+    layer = Layer("bug", 1, 16, 16, 4, 4, 8, 3, 3, 3, pad=1)
+    impl = registry.get(name)
+    build = toolchain.build(toolchain.make_spec(impl, layer), cachedir, policy="rebuild")
+    check = verify.verify_build(build, reference(layer))[0]
+    assert not check.ok, "a dropped border tap went unnoticed"
+
+
 # -- the scripts -----------------------------------------------------------------------------
 
 def _script(name, args, cachedir, env=None, timeout=600):
@@ -141,13 +237,21 @@ def test_bench_cpu_small_set(tmp_path, cachedir):
     assert table.count("\n") == 4 and "im2colGemm (MKL) ms" in table
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["status"] == "complete" and meta["ceilings"]["peak_gflops"] > 0
+    assert meta["ceilings"]["fma_peak_gflops"] > 0 and "% of FMA peak" in table
     assert meta["layers"]["small/a"][BLOCKED]["verified"] is True
     summary = (out / "summary.csv").read_text()
     for backend in ("torch", "torch-ncdhw", "torch-ndhwc", BLOCKED, "implicitGemm"):
         assert f",{backend}," in summary, backend
 
 
-@pytest.mark.parametrize("args,words", [(["--samples", "3"], "at least 5"),
+def test_fma_peak_probe(monkeypatch):
+    from convbench import ceilings
+    assert ceilings.cpu_fma_peak(1) > 0
+    monkeypatch.setenv("PATH", "/nonexistent")  # no compiler: no number, and no error
+    assert ceilings.cpu_fma_peak(1) is None
+
+
+@pytest.mark.parametrize("args,words", [(["--samples", "3"], "--samples: must be an integer >= 5"),
                                         (["--impls", "implicitGemmBwdData"], "not a forward"),
                                         (["--batch", "0"], "--batch")])
 def test_bench_cpu_bad_input(args, words, tmp_path):

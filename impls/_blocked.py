@@ -1,0 +1,164 @@
+"""Pieces shared by the register-blocked CPU convolutions on NDHWC
+(``directConvNDHWCblocked``, ``directConvNDHWCdot``): tile shapes, loop order,
+generated map headers and the OpenMP schedule."""
+
+import dace
+
+
+def largest_divisor(n: int, limit: int) -> int:
+    """The largest divisor of ``n`` that is at most ``limit``."""
+    return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)
+
+
+def pixel_tile(layer, pix: int, wmax: int):
+    """``(db, hb, wb)``: a micro-tile of up to ``pix`` output pixels, width first (at most
+    ``wmax`` along it), then height, then depth, each a divisor of the output size."""
+    wb = largest_divisor(layer.out_w, min(wmax, pix))
+    hb = largest_divisor(layer.out_h, max(1, pix // wb))
+    db = largest_divisor(layer.out_d, max(1, pix // (wb * hb)))
+    return db, hb, wb
+
+
+def channel_tiles_outer(layer, kouter: int) -> bool:
+    """``KOUTER``: 1 channel tiles outermost, 0 pixel tiles outermost, 2 (auto) channel
+    tiles outermost when the filter has more elements than the input."""
+    if kouter != 2:
+        return bool(kouter)
+    filt = 1
+    for s in layer.filter_shape:
+        filt *= s
+    inp = 1
+    for s in layer.input_shape:
+        inp *= s
+    return filt > inp
+
+
+def kouter_param():
+    from convbench.registry import Param
+    return Param("KOUTER", 2, "loop order of the tiles: 1 channel tiles outermost, 0 pixel "
+                              "tiles outermost, 2 by operand sizes", minimum=0,
+                 check=lambda v: None if v in (0, 1, 2) else "must be 0, 1 or 2")
+
+
+def map_header(dims, indent):
+    """A ``for ... in dace.map[...]`` header over the ``(name, size)`` dims larger than 1
+    (DaCe 1.0.2's frontend folds a size-1 range and then rejects the memlets that use
+    it), or None when every dim is 1; and the index text of each dim (``0`` for size 1)."""
+    index = {name: (name if size > 1 else "0") for name, size in dims}
+    live = [(name, size) for name, size in dims if size > 1]
+    if not live:
+        return None, index
+    names = ", ".join(name for name, _ in live)
+    ranges = ", ".join(f"0:{size}" for _, size in live)
+    return f"{indent}for {names} in dace.map[{ranges}]:", index
+
+
+def tile_loop(L, k_blocks, pixel_tile_shape, k_outer):
+    """The header of the parallel tile map (batch, output-depth/height/width tiles and
+    channel tiles, in ``k_outer`` order), the indentation of its body, and the index
+    text of each tile dimension (``b odb ohb owb kb``)."""
+    db, hb, wb = pixel_tile_shape
+    tiles = [("b", L.N), ("odb", L.OD // db), ("ohb", L.OH // hb), ("owb", L.OW // wb)]
+    # Channel tiles outermost when the filter is the larger operand: each thread then
+    # sweeps all pixels with one filter block in cache.
+    order = [("kb", k_blocks)] + tiles if k_outer else tiles + [("kb", k_blocks)]
+    header, index = map_header(order, "    ")
+    return ([header] if header else []), ("        " if header else "    "), index
+
+
+def tap_loops(L, pixel_tile_shape, index, indent):
+    """The ``for kd / kh / kw`` loop headers of a micro-tile's reduction, and the indent
+    after them.  In a padded dimension a tap runs only if it reads the input (not the
+    zero border) for at least one of the tile's pixels: for tile start ``o0 = ob * b``
+    and ``b`` pixels, ``max(0, P - (o0 + b - 1) * S) <= k < min(K, I + P - o0 * S)``.
+    Tiles away from the border get the whole range.  (Per-tile bounds are what a
+    library's direct convolution does; padding costs no arithmetic then.)"""
+    lines = []
+    dims = (("kd", L.KD, L.PD, L.D, "odb", pixel_tile_shape[0]),
+            ("kh", L.KH, L.PH, L.H, "ohb", pixel_tile_shape[1]),
+            ("kw", L.KW, L.PW, L.W, "owb", pixel_tile_shape[2]))
+    for name, k, pad, size, tile, b in dims:
+        if pad == 0:
+            bounds = f"{k}"
+        else:
+            o0 = f"{index[tile]} * {b}"
+            bounds = (f"max(0, {pad} - ({o0} + {b - 1}) * {L.S}), "
+                      f"min({k}, {size + pad} - {o0} * {L.S})")
+        lines.append(f"{indent}for {name} in range({bounds}):")
+        indent += "    "
+    return lines, indent
+
+
+def reduction_nest(L, k_blocks, pixel_tile_shape, k_outer, accumulators, width, inner,
+                   locals_=()):
+    """The generated text shared by the register-blocked kernels up to the innermost
+    statements: the parallel tile map, ``acc[accumulators, width]`` (plus ``locals_``,
+    ``(name, shape)`` pairs) zeroed, the tap loops with their border bounds, the loop
+    ``inner = (name, size)`` and the vector loop ``j < width``.  Returns the lines, the
+    indent of the tile body, the indent of the innermost statements and the tile
+    indices."""
+    header, ind, t = tile_loop(L, k_blocks, pixel_tile_shape, k_outer)
+    lines = header + [f"{ind}acc = dace.define_local([{accumulators}, {width}], dt)"]
+    lines += [f"{ind}{name} = dace.define_local([{shape}], dt)" for name, shape in locals_]
+    lines += [f"{ind}for i0 in range({accumulators}):",
+              f"{ind}    for j0 in range({width}):",
+              f"{ind}        acc[i0, j0] = 0"]
+    taps, depth = tap_loops(L, pixel_tile_shape, t, ind)
+    lines += taps
+    lines.append(f"{depth}for {inner[0]} in range({inner[1]}):")
+    depth += "    "
+    lines.append(f"{depth}for j in range({width}):")
+    return lines, ind, depth + "    ", t
+
+
+def input_at(t, pixel_tile_shape, offset, S, channel):
+    """``x[...]`` of the tile pixel at ``offset = (di, hi, wi)``, tap ``(kd, kh, kw)``."""
+    (db, hb, wb), (di, hi, wi) = pixel_tile_shape, offset
+    return (f"x[{t['b']}, ({t['odb']} * {db} + {di}) * {S} + kd, "
+            f"({t['ohb']} * {hb} + {hi}) * {S} + kh, ({t['owb']} * {wb} + {wi}) * {S} + kw, "
+            f"{channel}]")
+
+
+def store_tile(indent, t, pixel_tile_shape, var, channels, value):
+    """The loop ``var < channels`` that writes the tile's outputs: pixel ``p`` (in
+    accumulator order), channel ``kb * channels + var``, gets the text ``value(p)``."""
+    db, hb, wb = pixel_tile_shape
+    lines = [f"{indent}for {var} in range({channels}):"]
+    for p, (di, hi, wi) in enumerate(tile_pixels(pixel_tile_shape)):
+        lines.append(f"{indent}    y[{t['b']}, {t['odb']} * {db} + {di}, {t['ohb']} * {hb} + {hi}, "
+                     f"{t['owb']} * {wb} + {wi}, {t['kb']} * {channels} + {var}] = {value(p)}")
+    return lines
+
+
+def generated_program(layer, source, function, tag):
+    """The SDFG of the generated ``source`` (a program on the padded input), taking the
+    unpadded input as the harness passes it."""
+    from convbench.layouts import Layout
+    from impls._common import pad_input, program_from_source
+    return pad_input(program_from_source(source, function, f"{function}_{layer.key()}_{tag}"),
+                     layer, Layout.NDHWC)
+
+
+def tile_pixels(pixel_tile_shape):
+    """The ``(di, hi, wi)`` offsets of a micro-tile's pixels, in accumulator order."""
+    db, hb, wb = pixel_tile_shape
+    return [(di, hi, wi) for di in range(db) for hi in range(hb) for wi in range(wb)]
+
+
+def signature(L, dtype_name, function):
+    """The generated program's first lines: imports and ``function(x, w, y)`` on the
+    padded NDHWC input, the filter and the output, with constant shapes."""
+    return ["import dace", "", f"dt = dace.{dtype_name}", "", "",
+            "@dace.program",
+            f"def {function}(x: dt[{', '.join(map(str, L.xp_shape))}], "
+            f"w: dt[{', '.join(map(str, L.w_shape))}], y: dt[{', '.join(map(str, L.y_shape))}]):"]
+
+
+def cpu_schedule(sdfg, layer, params):
+    """OpenMP over every dimension of each top-level map (collapsed); everything else as
+    the frontend wrote it: sequential loops the C++ compiler vectorises and unrolls."""
+    for node, _ in sdfg.all_nodes_recursive():
+        if isinstance(node, dace.nodes.MapEntry) and node.map.schedule in (
+                dace.ScheduleType.Default, dace.ScheduleType.CPU_Multicore):
+            node.map.schedule = dace.ScheduleType.CPU_Multicore
+            node.map.collapse = len(node.map.params)

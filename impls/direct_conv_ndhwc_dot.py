@@ -1,0 +1,108 @@
+"""``directConvNDHWCdot``: a register-blocked direct convolution for the CPU, on NDHWC,
+vectorised over the *input* channels (dot-product form), with no filter packing.
+
+On NDHWC the input channels ``c`` are contiguous both in the input ``x[b, d, h, w, c]``
+and in the KTRSC filter ``w[k, kd, kh, kw, c]``.  A micro-tile of ``P`` output pixels
+times ``KT`` output channels keeps ``P * KT`` accumulator vectors of ``CV`` lanes (lane
+``j`` sums the channels ``c = j mod CV``):
+
+    acc[P * KT, CV] = 0
+    for kd, kh, kw, cb:                       # taps, then channel blocks of CV
+        for j in 0..CV-1:                     # one SIMD vector
+            x0 = x[pixel 0 + tap, cb*CV + j] ... x{P-1}
+            w0 = w[k0 + 0, tap, cb*CV + j]   ... w{KT-1}
+            acc[p*KT + q, j] += x{p} * w{q}   # P*KT statements, written out
+    y[pixel p, k0 + q] = sum over j of acc[p*KT + q, j]
+
+Each step loads ``P + KT`` vectors for ``P * KT`` FMAs, and both loads are contiguous
+in the arrays as they are stored, so the filter is read in place.  This suits layers
+with many channels and few output pixels (CosmoFlow's last layers), where
+``directConvNDHWCblocked`` spends much of its time packing a filter that each
+micro-tile then uses for only a few pixels.
+
+The same constraints shape the code as in ``directConvNDHWCblocked`` (see there):
+statements generated unrolled, plain inner loops, size-1 map dimensions dropped,
+OpenMP collapsed over the tile map, every size a constant.
+"""
+
+from convbench.layouts import Layout, Pass
+from convbench.registry import Implementation, Param, register
+from impls._blocked import (channel_tiles_outer, cpu_schedule, generated_program, input_at,
+                            kouter_param, largest_divisor, store_tile, pixel_tile,
+                            reduction_nest, signature, tile_pixels)
+from impls._common import layer_constants
+
+#: at most this many accumulator vectors (AVX-512 has 32 registers; the loads need some)
+MAX_ACCUMULATORS = 28
+
+
+def tile_sizes(layer, params):
+    """``(db, hb, wb, kt, cv)``: ``db x hb x wb`` output pixels times ``kt`` output
+    channels per micro-tile, and ``cv`` input channels per vector (the largest divisor
+    of C up to ``CV``)."""
+    return pixel_tile(layer, params["PIX"], params["WB"]) + (
+        largest_divisor(layer.out_channels, params["KT"]),
+        largest_divisor(layer.in_channels, params["CV"]))
+
+
+def _source(L, dtype_name, db, hb, wb, kt, cv, k_outer):
+    """The program's text for layer constants ``L`` and the tile ``(db, hb, wb, kt, cv)``."""
+    kblk, cblk, S = L.K // kt, L.C // cv, L.S
+    pix = tile_pixels((db, hb, wb))
+    nacc = len(pix) * kt
+    lines = signature(L, dtype_name, "direct_dot")
+    tile = (db, hb, wb)
+    nest, ind, depth, t = reduction_nest(L, kblk, tile, k_outer, nacc, cv, ("cb", cblk),
+                                         locals_=[("red", nacc)])
+    lines += nest
+    for p, offset in enumerate(pix):
+        lines.append(f"{depth}x{p} = {input_at(t, tile, offset, S, f'cb * {cv} + j')}")
+    for q in range(kt):
+        lines.append(f"{depth}w{q} = w[{t['kb']} * {kt} + {q}, kd, kh, kw, cb * {cv} + j]")
+    for p in range(len(pix)):
+        for q in range(kt):
+            lines.append(f"{depth}acc[{p * kt + q}, j] += x{p} * w{q}")
+    lines += [f"{ind}for i1 in range({nacc}):",
+              f"{ind}    red[i1] = 0",
+              f"{ind}    for j1 in range({cv}):",
+              f"{ind}        red[i1] += acc[i1, j1]"]
+    lines += store_tile(ind, t, tile, "q1", kt, lambda p: f"red[{p * kt} + q1]")
+    return "\n".join(lines) + "\n"
+
+
+def algorithm(layer, dtype, params):
+    L = layer_constants(layer, Layout.NDHWC)
+    db, hb, wb, kt, cv = tile_sizes(layer, params)
+    k_outer = channel_tiles_outer(layer, params["KOUTER"])
+    return generated_program(layer, _source(L, dtype.name, db, hb, wb, kt, cv, k_outer),
+                             "direct_dot", f"{db}x{hb}x{wb}x{kt}x{cv}_{int(k_outer)}")
+
+
+def _check_params(values):
+    n = values["PIX"] * values["KT"]
+    if n > MAX_ACCUMULATORS:
+        return (f"PIX*KT={n} accumulator vectors; at most {MAX_ACCUMULATORS} fit in the "
+                "32 AVX-512 registers next to the loads")
+    return None
+
+
+register(Implementation(
+    name="directConvNDHWCdot",
+    summary="direct convolution on NDHWC for the CPU, vectorised over input channels: "
+            "register-blocked micro-tiles of PIX output pixels x KT output channels (PIX*KT "
+            "accumulator vectors of CV channels), filter read in place (no packing), OpenMP "
+            "over all tiles",
+    layout=Layout.NDHWC,
+    pass_=Pass.FWD,
+    algorithm=algorithm,
+    schedules={"cpu": cpu_schedule},
+    params=(Param("PIX", 4, "output pixels per micro-tile (width first, then height and "
+                            "depth, by divisors of the output size)"),
+            Param("WB", 8, "at most this many of them along the width"),
+            Param("KT", 4, "output channels per micro-tile (the largest divisor of K up to KT)"),
+            Param("CV", 16, "input channels per vector (the largest divisor of C up to CV; "
+                            "16 floats = one AVX-512 vector)"),
+            kouter_param()),
+    check_params=_check_params,
+    anisotropic_pad=True,
+))
