@@ -37,7 +37,6 @@ int main(void) {
             for (long it = 0; it < iters; ++it) {
                 #pragma GCC unroll 12
                 for (int i = 0; i < 12; ++i) acc[i] = acc[i] * b + c;
-                __asm__ volatile("" : "+v"(acc[0]), "+v"(acc[6]));
             }
             for (int i = 0; i < 12; ++i) for (int j = 0; j < 16; ++j) sink += acc[i][j];
         }
