@@ -1,23 +1,29 @@
-# Set-up, the default job and the tests.  `make run` and `make test` set up first.
+# Set-up, the default job and the tests.  `make run`, `make test` and `make test-full`
+# set up first.
 #
-#   make setup   create .venv (if missing) and install the project (idempotent)
-#   make run     verify the default implementation on every CosmoFlow layer (CPU, batch 1)
-#   make test    run the whole test suite (GPU tests skip without a GPU)
+#   make setup      create .venv (if missing) and install the project (idempotent)
+#   make run        verify the default implementation on every CosmoFlow layer (CPU, batch 1)
+#   make test       the fast tier (what CI runs): every implementation x pass on a few
+#                   representative layers, and every unit test (GPU tests skip without a GPU)
+#   make test-full  the full tier: the fast tier plus the sweeps (every layer of both
+#                   CosmoFlow sets at batch 1 and 2, every odd shape, every tuned entry,
+#                   every nvcc build); writes the coverage table to $(COVERAGE_OUT)
 #
 # Variables: PYTHON (interpreter that creates the venv), VENV, TORCH_SPEC (the torch
 # requirement installed first; the default takes this machine's local CPU wheel),
-# RUN_ARGS (extra flags for `make run`), PYTEST_ARGS.
+# RUN_ARGS (extra flags for `make run`), PYTEST_ARGS, COVERAGE_OUT.
 
 PYTHON     ?= python3
 VENV       ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 RUN_ARGS   ?=
 PYTEST_ARGS ?=
+COVERAGE_OUT ?= results/verify/cpu
 
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.convbench-installed
 
-.PHONY: setup run test clean-cache
+.PHONY: setup run test test-full clean-cache
 
 setup: $(STAMP)
 
@@ -36,6 +42,9 @@ run: setup
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-full: setup
+	$(PY) -m pytest --full --coverage-out=$(COVERAGE_OUT) $(PYTEST_ARGS)
 
 clean-cache:
 	rm -rf .cache/builds

@@ -27,16 +27,20 @@ writes the new one atomically at the end, so a reader never trusts a half-built
 entry, and a second builder waiting for the lock finds the first one's result.
 """
 
+import concurrent.futures as cf
 import contextlib
 import dataclasses
 import fcntl
 import hashlib
 import json
+import multiprocessing
 import os
 import shutil
 import time
+import traceback
+import warnings
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterable, Iterator, Mapping, Optional, Tuple
 
 from . import toolchain
 
@@ -224,3 +228,67 @@ class BuildCache:
         """Entry folders that have a manifest."""
         if self.root.is_dir():
             yield from sorted(p.parent for p in self.root.glob(f"*/{MANIFEST}"))
+
+
+# -- filling a cache in parallel ------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One build for :func:`fill`, by name, so that it can cross to a worker process."""
+
+    impl: str
+    layer: Any
+    target: str = "cpu"
+    params: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    dtype: str = "float32"
+    #: What progress lines call it (default: implementation, layer, batch, target).
+    label: str = ""
+
+    def spec(self):
+        from . import registry
+        return toolchain.make_spec(registry.get(self.impl), self.layer, self.dtype, self.target,
+                                   self.params)
+
+    def describe(self) -> str:
+        return self.label or f"{self.impl} {self.layer.name} b{self.layer.batch} {self.target}"
+
+
+def _fill_one(job: Job, cachedir: str, force: bool) -> Tuple[str, float, str]:
+    """Worker: (outcome, seconds, message); outcome is built, cached or failed."""
+    t0 = time.perf_counter()
+    warnings.simplefilter("ignore")  # DaCe's codegen warnings would garble the progress
+    try:
+        spec = job.spec()
+        cache = BuildCache(cachedir)
+        if not force and cache.inspect(spec).valid:
+            return "cached", time.perf_counter() - t0, ""
+        build = cache.get(spec, policy="rebuild" if force else "reuse", load=False)
+        # "loaded": another builder finished it while this one waited for the lock.
+        return ("built" if build.origin == "built" else "cached"), time.perf_counter() - t0, ""
+    except Exception as err:  # noqa: BLE001 - reported per build
+        last = traceback.format_exception_only(type(err), err)[-1].strip()
+        return "failed", time.perf_counter() - t0, last.splitlines()[0][:300]
+
+
+def fill(jobs: Iterable[Job], cachedir: os.PathLike, workers: int,
+         force: bool = False) -> Iterator[Tuple[Job, str, float, str]]:
+    """Build ``jobs`` into the cache at ``cachedir`` with ``workers`` processes.
+
+    Yields ``(job, outcome, seconds, message)`` as builds finish; ``outcome`` is
+    ``built``, ``cached`` (valid already, skipped unless ``force``) or ``failed`` (with
+    the error's last line as ``message``).  Workers are spawned, not forked (DaCe and
+    torch do not survive a fork), and build under the cache's locks, so other processes
+    may use the same folder meanwhile.  Closing the iterator early cancels the builds
+    that have not started.
+    """
+    jobs = list(jobs)
+    if not jobs:
+        return
+    ctx = multiprocessing.get_context("spawn")
+    pool = cf.ProcessPoolExecutor(max_workers=max(1, min(workers, len(jobs))), mp_context=ctx)
+    try:
+        futures = {pool.submit(_fill_one, job, str(cachedir), force): job for job in jobs}
+        for fut in cf.as_completed(futures):
+            yield (futures[fut], *fut.result())
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)

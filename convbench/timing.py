@@ -67,10 +67,10 @@ def summarize(samples_ms: List[float]) -> Dict[str, float]:
             "mean_ms": statistics.fmean(values) if values else math.nan}
 
 
-def cpu_flush_bytes() -> int:
-    """Four times the L3 (or last-level) cache of CPU 0, at least 64 MiB."""
+def cpu_flush_bytes(base: str = "/sys/devices/system/cpu/cpu0/cache") -> int:
+    """Four times the L3 (or last-level) cache of CPU 0 (as sysfs in ``base`` gives it), at
+    least 64 MiB."""
     largest = 0
-    base = "/sys/devices/system/cpu/cpu0/cache"
     try:
         for index in os.listdir(base):
             try:

@@ -335,16 +335,25 @@ class BuildSpec:
     dtype: DType
     target: str
     params: Mapping[str, int]
+    #: Names a deliberately altered build (a test that plants a bug by patching a helper
+    #: the source hash cannot see).  It is part of the key and of the name, so a planted
+    #: build and the real one never share a cache entry.  Empty for real builds.
+    planted: str = ""
 
     def key(self) -> Dict[str, Any]:
-        return {"impl": self.impl.name, "layer": self.layer.key(), "dtype": self.dtype.name,
-                "target": self.target, "params": dict(sorted(self.params.items()))}
+        key = {"impl": self.impl.name, "layer": self.layer.key(), "dtype": self.dtype.name,
+               "target": self.target, "params": dict(sorted(self.params.items()))}
+        if self.planted:
+            key["planted"] = self.planted
+        return key
 
     @property
     def name(self) -> str:
         """Unique, valid C identifier: readable prefix plus a hash of the full key."""
         digest = hashlib.sha1(json.dumps(self.key(), sort_keys=True).encode()).hexdigest()[:10]
         raw = f"{self.impl.name}_{self.layer.name}_{self.target}_{self.dtype.name}_b{self.layer.batch}"
+        if self.planted:
+            raw += f"_planted_{self.planted}"
         return re.sub(r"[^A-Za-z0-9_]", "_", raw) + f"_{digest}"
 
 
@@ -376,11 +385,12 @@ class Build:
 
 
 def make_spec(impl: Implementation, layer: Layer, dtype: str = "float32", target: str = "cpu",
-              params: Optional[Mapping[str, Any]] = None) -> BuildSpec:
+              params: Optional[Mapping[str, Any]] = None, planted: str = "") -> BuildSpec:
+    """The spec of one build; ``planted`` tags a deliberately broken one (tests)."""
     if target not in impl.targets:
         raise UsageError(f"{impl.name} has no schedule for target '{target}' (it has: "
                          f"{', '.join(impl.targets)})")
-    return BuildSpec(impl, layer, get_dtype(dtype), target, impl.resolve_params(params))
+    return BuildSpec(impl, layer, get_dtype(dtype), target, impl.resolve_params(params), planted)
 
 
 def make_sdfg(spec: BuildSpec):

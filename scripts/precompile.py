@@ -19,13 +19,9 @@ loads these builds without compiling.  Exit status 1 if any build failed.
 """
 
 import argparse
-import concurrent.futures as cf
-import multiprocessing
 import os
 import sys
 import time
-import traceback
-import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -60,8 +56,10 @@ def _parser():
 
 
 def plan(args):
-    """The builds to make: (description, impl name, layer, target, params)."""
+    """The builds to make (:class:`convbench.cache.Job`), and how many layers were skipped
+    as unsupported."""
     from convbench import registry, tuning
+    from convbench.cache import Job
     from convbench.layers import load_layers
     if args.jobs < 1:
         raise UsageError(f"--jobs: must be >= 1, got {args.jobs}")
@@ -93,28 +91,9 @@ def plan(args):
                         if impl.unsupported_reason(layer, params):
                             unsupported += 1
                             continue
-                        jobs.append((f"{impl.name} {set_name}/{layer.name} b{layer.batch} {target}",
-                                     impl.name, layer, target, params))
+                        jobs.append(Job(impl.name, layer, target, params, label=(
+                            f"{impl.name} {set_name}/{layer.name} b{layer.batch} {target}")))
     return jobs, unsupported
-
-
-def _build_one(job, cachedir, force):
-    """Worker: returns (description, outcome, seconds, message)."""
-    desc, name, layer, target, params = job
-    t0 = time.perf_counter()
-    warnings.simplefilter("ignore")  # DaCe's codegen warnings would garble the progress
-    try:
-        from convbench import registry, toolchain
-        from convbench.cache import BuildCache
-        spec = toolchain.make_spec(registry.get(name), layer, "float32", target, params)
-        cache = BuildCache(cachedir)
-        if not force and cache.inspect(spec).valid:
-            return desc, "cached", time.perf_counter() - t0, ""
-        build = cache.get(spec, policy="rebuild" if force else "reuse", load=False)
-        return desc, build.origin, time.perf_counter() - t0, ""
-    except Exception as err:  # noqa: BLE001 - reported per build
-        last = traceback.format_exception_only(type(err), err)[-1].strip()
-        return desc, "failed", time.perf_counter() - t0, last.splitlines()[0][:300]
 
 
 def main(argv=None) -> int:
@@ -124,37 +103,30 @@ def main(argv=None) -> int:
     except UsageError as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
-    from convbench import toolchain
+    from convbench import cache, toolchain
     from convbench.progress import Progress
     cachedir = args.cachedir or str(toolchain.default_cachedir())
     print(f"{len(jobs)} build(s) into {cachedir} with {args.jobs} process(es)"
           f"{f'; {unsupported} unsupported layer(s) skipped' if unsupported else ''}", flush=True)
     if args.dry_run:
-        print("\n".join(j[0] for j in jobs))
+        print("\n".join(j.describe() for j in jobs))
         return 0
-    counts = {"built": 0, "cached": 0, "loaded": 0, "failed": 0}
+    counts = {"built": 0, "cached": 0, "failed": 0}
     failures = []
-    ctx = multiprocessing.get_context("spawn")  # DaCe and torch do not like fork
     t0 = time.perf_counter()
-    with Progress(len(jobs), label="precompile", lines=True) as bar, \
-            cf.ProcessPoolExecutor(max_workers=args.jobs, mp_context=ctx) as pool:
-        futures = [pool.submit(_build_one, job, cachedir, args.force) for job in jobs]
+    with Progress(len(jobs), label="precompile", lines=True) as bar:
+        builds = cache.fill(jobs, cachedir, args.jobs, force=args.force)
         try:
-            for fut in cf.as_completed(futures):
-                desc, outcome, seconds, message = fut.result()
+            for job, outcome, seconds, message in builds:
                 counts[outcome] += 1
                 if outcome == "failed":
-                    failures.append((desc, message))
-                bar.update(note=f"{desc}: {outcome} {seconds:.1f}s"
+                    failures.append((job.describe(), message))
+                bar.update(note=f"{job.describe()}: {outcome} {seconds:.1f}s"
                            + (f" ({message})" if message else ""))
         except KeyboardInterrupt:
-            for f in futures:
-                f.cancel()
+            builds.close()
             print(f"{PROG}: interrupted", file=sys.stderr)
             return 130
-    # A worker that found the entry valid after waiting for another builder's lock says
-    # "loaded": nothing was compiled for it either.
-    counts["cached"] += counts.pop("loaded")
     print(f"done in {time.perf_counter() - t0:.0f}s: {counts['built']} built, "
           f"{counts['cached']} already cached, {counts['failed']} failed")
     for desc, message in failures:

@@ -6,9 +6,11 @@ and keep each run's output.
                                  [--implementation NAME ...] [--out DIR]
 
 One CLI run per (implementation, layer set), in a subprocess, with its output saved to
-``DIR/<impl>_<set>.log``; ``DIR/summary.txt`` has the CLI's summary line per run and
-``DIR/device.txt`` the device description.  Exit status 1 if any run failed.  This is
-the check the issues ask for ("passes for every X and both CosmoFlow sets"), as data.
+``DIR/<impl>_<set>.log`` (default ``outputs/verify/<device>``); ``DIR/summary.txt`` has the
+CLI's summary line per run and ``DIR/device.txt`` the device description.  Exit status 1
+if any run failed.  It checks the command line users type; the full test tier
+(``make test-full``) checks every implementation x pass x layer x set x batch and writes
+the committed coverage table (``results/verify/``).
 """
 
 import argparse
@@ -29,11 +31,11 @@ def main(argv=None):
     p.add_argument("--batch", type=int, default=None, help="override the sets' batch")
     p.add_argument("--paramscsv", action="append", default=None)
     p.add_argument("--implementation", action="append", default=None)
-    p.add_argument("--out", default=None, help="log folder (default results/verify/<device>)")
+    p.add_argument("--out", default=None, help="log folder (default outputs/verify/<device>)")
     args = p.parse_args(argv)
     sets = args.paramscsv or ["cosmoflow", "cosmoflow_mlperf"]
     names = args.implementation or list(registry.all_implementations())
-    out = Path(args.out or ROOT / "results" / "verify" / args.device)
+    out = Path(args.out or ROOT / "outputs" / "verify" / args.device)
     out.mkdir(parents=True, exist_ok=True)
     (out / "device.txt").write_text(devices.describe(args.device) + "\n")
     summary, failed = [], 0

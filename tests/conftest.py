@@ -1,31 +1,149 @@
+"""Test tiers, the session's build cache, the coverage table and shared fixtures.
+
+* **Tiers.** ``pytest`` (``make test``, what CI runs) is the fast tier.  ``pytest --full``
+  (``make test-full``) runs the tests marked ``full`` too: the sweeps.
+* **One build per session.** The ``builds`` fixture compiles each build once per session,
+  into a cache folder of the session's own.  On first use it compiles every build that
+  the collected tests declare, in parallel (``--build-jobs``, default one per core):
+  each :class:`cases.Case` parameter, and the cases of ``@pytest.mark.prebuild(...)``.
+  Planted bugs are built with ``make_spec(..., planted=...)``: another key, another entry.
+* **Coverage.** Every verified case is recorded (verified, refused or failed); the table
+  goes to ``--coverage-out DIR`` (``make test-full`` writes ``results/verify/``).
+"""
+
+import csv
 import functools
+import importlib.util
+import io
+import json
 import os
+import platform
+import shlex
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
+from cases import Case  # noqa: E402
 from convbench import devices  # noqa: E402
+from convbench.cache import BuildCache, fill  # noqa: E402
 from convbench.verify import make_reference  # noqa: E402
+
+PYTHON = sys.executable
+ENV = dict(os.environ, PYTHONPATH=str(ROOT))
+
+_CASES = pytest.StashKey[list]()
+_COVERAGE = pytest.StashKey["Coverage"]()
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("convbench")
+    group.addoption("--full", action="store_true",
+                    help="the full tier: run the tests marked 'full' (sweeps) as well")
+    group.addoption("--build-jobs", type=int, default=None, metavar="N",
+                    help="processes that compile the session's builds up front "
+                         "(default: one per core)")
+    group.addoption("--coverage-out", default=None, metavar="DIR",  # give it as --coverage-out=DIR
+                    help="write the verification coverage table (coverage.md, coverage.csv, "
+                         "metadata.json) into DIR")
+
+
+def pytest_configure(config):
+    config.stash[_COVERAGE] = Coverage()
 
 
 def pytest_collection_modifyitems(config, items):
-    if devices.gpu_usable():
-        return
-    skip = pytest.mark.skip(reason=f"needs a GPU: {devices.gpu_problem()}")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+    if not config.getoption("--full"):
+        full = [item for item in items if item.get_closest_marker("full")]
+        if full:
+            config.hook.pytest_deselected(items=full)
+            items[:] = [item for item in items if not item.get_closest_marker("full")]
+    if not devices.gpu_usable():
+        skip = pytest.mark.skip(reason=f"needs a GPU: {devices.gpu_problem()}")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
 
+
+def item_cases(item):
+    """The cases a collected test needs built: its Case parameters and its prebuild marks."""
+    found = [v for v in getattr(getattr(item, "callspec", None), "params", {}).values()
+             if isinstance(v, Case)]
+    for mark in item.iter_markers("prebuild"):
+        found.extend(mark.args)
+    return found
+
+
+def pytest_collection_finish(session):
+    needed = {}
+    for item in session.items:
+        if item.get_closest_marker("skip"):
+            continue
+        for case in item_cases(item):
+            if case.target == "gpu" and case.layer_set != "nvcc" and not devices.gpu_usable():
+                continue
+            needed.setdefault(case.spec().name, case)
+    session.config.stash[_CASES] = list(needed.values())
+
+
+# -- the session's builds -------------------------------------------------------------------
 
 @pytest.fixture(scope="session")
 def cachedir(tmp_path_factory):
-    """One build folder for the whole session, outside the project cache."""
+    """The session's build cache folder, outside the project cache (scripts the tests run
+    in subprocesses share it, under the cache's locks)."""
     return tmp_path_factory.mktemp("builds")
 
+
+class SessionBuilds:
+    """``builds(spec)``: the build of ``spec`` from the session cache, compiled on a miss.
+    :meth:`fill` compiles the collected cases' builds up front, in parallel."""
+
+    def __init__(self, root, cases, workers, report):
+        self.cache = BuildCache(root)
+        self._cases, self._workers, self._report = cases, workers, report
+
+    def fill(self):
+        jobs = [c.job() for c in self._cases if not c.refused()]
+        if len(jobs) < 2:
+            return
+        t0 = time.perf_counter()
+        self._report(f"compiling {len(jobs)} builds with {self._workers} process(es)")
+        step = max(1, len(jobs) // 10)
+        for i, (job, outcome, _, message) in enumerate(
+                fill(jobs, self.cache.root, self._workers), 1):
+            if outcome == "failed":  # the test that needs it builds again and reports
+                self._report(f"  build failed: {job.describe()}: {message}")
+            if i % step == 0 or i == len(jobs):
+                self._report(f"  {i}/{len(jobs)} builds, {time.perf_counter() - t0:.0f}s")
+
+    def __call__(self, spec, load=True):
+        return self.cache.get(spec, policy="reuse", load=load)
+
+
+@pytest.fixture(scope="session")
+def builds(request, cachedir):
+    """The session's :class:`SessionBuilds`; requesting it compiles the collected builds."""
+    config = request.config
+    workers = config.getoption("--build-jobs") or os.cpu_count() or 1
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    capture = config.pluginmanager.get_plugin("capturemanager")
+
+    def report(line):  # to the terminal, past the test's output capture
+        if reporter is not None:
+            with capture.global_and_fixture_disabled():
+                reporter.ensure_newline()
+                reporter.write_line(f"[builds] {line}")
+    builds = SessionBuilds(cachedir, config.stash[_CASES], workers, report)
+    builds.fill()  # in the first test's set-up, where --durations shows it
+    return builds
+
+
+# -- references --------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=2)  # CosmoFlow references take up to ~1 GB each
 def _reference(layer, seed, pass_):
@@ -39,6 +157,178 @@ def reference():
     return lambda layer, seed=0, pass_="fwd": _reference(layer, seed, str(pass_))
 
 
+# -- coverage ----------------------------------------------------------------------------
+
+class Coverage:
+    """Outcomes of the verified cases: ``verified``, ``refused`` or ``failed`` (``compiled``
+    for GPU builds that were compiled but could not run)."""
+
+    OUTCOMES = ("verified", "refused", "failed", "compiled")
+    #: Where :meth:`write` put the table, once it did.
+    written = None
+
+    def __init__(self):
+        self.records = []
+        self.started = time.time()
+        self.git = _git_state()  # at the start: edits made while the tests run do not count
+
+    def record(self, case, outcome, detail=""):
+        assert outcome in self.OUTCOMES, outcome
+        self.records.append({
+            "implementation": case.impl, "pass": str(case.pass_), "set": case.layer_set,
+            "layer": case.layer.name, "geometry": case.layer.describe(),
+            "batch": case.layer.batch, "target": case.target,
+            "params": ",".join(f"{k}={v}" for k, v in case.params), "outcome": outcome,
+            "detail": " ".join(str(detail).split())[:300]})
+
+    def table(self):
+        """Markdown: implementation x pass rows, one column per set, cells
+        verified / refused / failed (GPU builds: compiled / failed)."""
+        sets = sorted({_column(r) for r in self.records}, key=_set_order)
+        rows = sorted({(r["implementation"], r["pass"]) for r in self.records},
+                      key=lambda k: (k[1] != "fwd", k[1], k[0]))
+        counts = {}
+        for r in self.records:
+            cell = counts.setdefault((r["implementation"], r["pass"], _column(r)), {})
+            cell[r["outcome"]] = cell.get(r["outcome"], 0) + 1
+        sizes = {}  # the distinct (layer, batch) pairs of each column
+        for r in self.records:
+            sizes.setdefault(_column(r), set()).add((r["layer"], r["batch"]))
+        lines = ["| implementation | pass | "
+                 + " | ".join(f"{s} ({len(sizes[s])})" for s in sets) + " |",
+                 "|---|---|" + "---:|" * len(sets)]
+        for impl, pass_ in rows:
+            cells = []
+            for s in sets:
+                c = counts.get((impl, pass_, s))
+                if not c:
+                    cells.append("")
+                elif s == "nvcc":
+                    cells.append(f"{c.get('compiled', 0)} / {c.get('failed', 0)}")
+                else:
+                    cells.append(f"{c.get('verified', 0)} / {c.get('refused', 0)} / "
+                                 f"{c.get('failed', 0)}")
+            lines.append(f"| {impl} | {pass_} | " + " | ".join(cells) + " |")
+        return "\n".join(lines)
+
+    def totals(self):
+        out = {}
+        for r in self.records:
+            out[r["outcome"]] = out.get(r["outcome"], 0) + 1
+        return out
+
+    def write(self, folder, session):
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / "coverage.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(self.records[0]))
+            writer.writeheader()
+            writer.writerows(self.records)
+        refusals = sorted({(r["implementation"], r["detail"]) for r in self.records
+                           if r["outcome"] == "refused"})
+        failures = [r for r in self.records if r["outcome"] == "failed"]
+        meta = _metadata(session, self)
+        text = io.StringIO()
+        text.write("# Verification coverage\n\n")
+        text.write(f"Written by `pytest {shlex.join(meta['args'])}` on {meta['date']}, commit "
+                   f"{meta['git']['commit'][:10]}{' (dirty tree)' if meta['git']['dirty'] else ''}"
+                   f", on {meta['device']} ({meta['cpu_vector_isa']}); {meta['minutes']:.1f} min."
+                   "\n\n")
+        text.write("Each cell counts the layers (and batch sizes) of a set, whose number "
+                   "heads its column: verified against "
+                   "torch float64 / refused by the implementation (`supports`) / failed. "
+                   "The `nvcc` column counts GPU builds compiled for sm_90 / failed (compile "
+                   "only where no GPU is usable). Sets: `cosmoflow` and `cosmoflow_mlperf` are "
+                   "`convparams/`, the others are the tests' own shapes (`tests/cases.py`). "
+                   "One row per case is in `coverage.csv`.\n\n")
+        text.write(self.table() + "\n")
+        totals = self.totals()
+        text.write("\nTotals: " + ", ".join(f"{totals.get(o, 0)} {o}" for o in self.OUTCOMES)
+                   + ".\n")
+        if refusals:
+            text.write("\nRefusals:\n\n")
+            for impl, reason in refusals:
+                text.write(f"- {impl}: {reason}\n")
+        if failures:
+            text.write("\nFailures:\n\n")
+            for r in failures:
+                text.write(f"- {r['implementation']} on {r['set']}/{r['layer']} "
+                           f"b{r['batch']} ({r['target']}): {r['detail']}\n")
+        (folder / "coverage.md").write_text(text.getvalue())
+        (folder / "metadata.json").write_text(json.dumps(meta, indent=1) + "\n")
+        return folder / "coverage.md"
+
+
+def _column(record):
+    """The table's column of a record: its set, on the GPU marked as such."""
+    gpu = record["target"] == "gpu" and record["set"] != "nvcc"
+    return f"{record['set']} (GPU)" if gpu else record["set"]
+
+
+def _set_order(name):
+    order = ["cosmoflow_mlperf", "cosmoflow", "odd", "aniso", "tuned", "border", "nvcc"]
+    return (order.index(name) if name in order else len(order), name)
+
+
+def _git_state():
+    def git(*args):
+        try:
+            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
+                                  timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    return {"commit": git("rev-parse", "HEAD") or "unknown",
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+
+
+def _vector_isa():
+    """The widest x86 vector extension the CPU reports (the kernels are compiled for it)."""
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return "unknown"
+    return next((isa for isa in ("avx512f", "avx2", "avx", "sse4_2") if isa in flags), "unknown")
+
+
+def _metadata(session, coverage):
+    import dace
+    import torch
+    return {"args": list(session.config.invocation_params.args),
+            "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+            "minutes": (time.time() - coverage.started) / 60,
+            "git": coverage.git,
+            "device": devices.describe("gpu" if devices.gpu_usable() else "cpu"),
+            "cpu_vector_isa": _vector_isa(),
+            "host": platform.node(), "cores": os.cpu_count(),
+            "versions": {"python": platform.python_version(), "dace": dace.__version__,
+                         "torch": torch.__version__},
+            "totals": coverage.totals()}
+
+
+@pytest.fixture(scope="session")
+def coverage(request):
+    """The session's :class:`Coverage`: ``coverage.record(case, outcome, detail)``."""
+    return request.config.stash[_COVERAGE]
+
+
+def pytest_sessionfinish(session, exitstatus):
+    cov = session.config.stash[_COVERAGE]
+    out = session.config.getoption("--coverage-out")
+    if cov.records and out:
+        cov.written = cov.write(out, session)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    cov = config.stash[_COVERAGE]
+    if cov.records:
+        totals = cov.totals()
+        line = "coverage: " + ", ".join(f"{totals[o]} {o}" for o in cov.OUTCOMES if o in totals)
+        written = getattr(cov, "written", None)
+        terminalreporter.write_line(line + (f" (table: {written})" if written else ""))
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
 @pytest.fixture
 def write_csv(tmp_path):
     def write(text, name="layers.csv"):
@@ -48,5 +338,12 @@ def write_csv(tmp_path):
     return write
 
 
-PYTHON = sys.executable
-ENV = dict(os.environ, PYTHONPATH=str(ROOT))
+@functools.lru_cache(maxsize=None)
+def load_script(name):
+    """A script of ``scripts/`` as a module, so that tests call its ``main(argv)`` in this
+    process instead of paying for a new interpreter and its imports."""
+    path = ROOT / "scripts" / name
+    spec = importlib.util.spec_from_file_location(f"script_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

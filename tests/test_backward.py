@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from cases import ANISO, ANISO_IMPLS, IMPLS, case_params, cases, verify_case
 from convbench import cli, registry, toolchain, verify
 from convbench.layers import Layer
 from convbench.layouts import Pass
@@ -55,47 +56,43 @@ def _planted(tmp_path, name, replacements):
     return module
 
 
-def _verify(algorithm, pass_, layer, cachedir, reference, params=None):
+def _verify(algorithm, pass_, layer, builds, reference, planted):
     impl = Implementation(name="planted", summary="a planted bug", layout="NDHWC",
                           pass_=pass_, algorithm=algorithm, schedules={"cpu": auto_cpu})
-    spec = toolchain.make_spec(impl, layer, params=params or {})
-    build = toolchain.build(spec, cachedir)
+    build = builds(toolchain.make_spec(impl, layer, planted=planted))
     return verify.verify_build(build, reference(layer, pass_=pass_))[0]
 
 
 LAYER = Layer("bwd_odd", 1, 3, 4, 7, 6, 5, 3, 3, 3, stride=2, pad=1)
 
 
-def test_unplanted_copy_passes(tmp_path, cachedir, reference):
+def test_unplanted_copy_passes(tmp_path, builds, reference):
     """The copying machinery itself leaves a correct program (so the failures below come
     from the planted bugs alone)."""
     module = _planted(tmp_path, "bwd_copy", [])
-    check = _verify(module.bwd_data_algorithm, Pass.BWD_DATA, LAYER, cachedir / "copy",
-                    reference)
+    check = _verify(module.bwd_data_algorithm, Pass.BWD_DATA, LAYER, builds, reference, "copy")
     assert check.ok, check.summary()
 
 
-def test_flipped_kernel_is_caught(tmp_path, cachedir, reference):
+def test_flipped_kernel_is_caught(tmp_path, builds, reference):
     # The filter taps read mirrored: w[k, KD-1-kd, KH-1-kh, KW-1-kw, c].
     module = _planted(tmp_path, "bwd_flip", [('"t = tap if ok else 0"',
                                               'f"t = ({KX} - 1 - tap) if ok else 0"', 1)])
-    check = _verify(module.bwd_data_algorithm, Pass.BWD_DATA, LAYER, cachedir / "flip",
-                    reference)
+    check = _verify(module.bwd_data_algorithm, Pass.BWD_DATA, LAYER, builds, reference, "flip")
     assert not check.ok, check.summary()
 
 
-def test_wrong_stride_phase_is_caught(tmp_path, cachedir, reference):
+def test_wrong_stride_phase_is_caught(tmp_path, builds, reference):
     # The phase taken from i instead of i + P (the padding forgotten in the phase).
     module = _planted(tmp_path, "bwd_phase", [('f"tap = (i + {P}) % {S} + {S} * j\\n"',
                                                'f"tap = i % {S} + {S} * j\\n"', 1),
                                               ('f"pos = (i + {P}) // {S} - j\\n"',
                                                'f"pos = i // {S} - j\\n"', 1)])
-    check = _verify(module.bwd_data_algorithm, Pass.BWD_DATA, LAYER, cachedir / "phase",
-                    reference)
+    check = _verify(module.bwd_data_algorithm, Pass.BWD_DATA, LAYER, builds, reference, "phase")
     assert not check.ok, check.summary()
 
 
-def test_split_k_dropping_planes_is_caught(tmp_path, cachedir, reference):
+def test_split_k_dropping_planes_is_caught(tmp_path, builds, reference):
     # Chunk length rounded down: with Do = 4 planes and 3 chunks, each chunk reduces one
     # plane instead of two, so planes are never reduced.
     module = _planted(tmp_path, "bwd_split", [("for t in range(CH):",
@@ -104,7 +101,7 @@ def test_split_k_dropping_planes_is_caught(tmp_path, cachedir, reference):
 
     def algorithm(layer, dtype, params):
         return module.bwd_filter_algorithm(layer, dtype, params, nsplit=3)
-    check = _verify(algorithm, Pass.BWD_FILTER, layer, cachedir / "split", reference)
+    check = _verify(algorithm, Pass.BWD_FILTER, layer, builds, reference, "split")
     assert not check.ok, check.summary()
 
 
@@ -130,17 +127,6 @@ def test_list_filters_by_pass(capsys):
     assert "pass: bwd_filter" in out
 
 
-def test_pass_picks_its_default_implementation(tmp_path, capsys):
-    path = tmp_path / "l.csv"
-    path.write_text("layer,batch,in_channels,out_channels,in_d,in_h,in_w,k_d,k_h,k_w,stride,"
-                    "pad\nt,1,2,3,5,4,6,3,3,3,2,1\n")
-    rc = cli.main(["--pass", "bwd_data", "--verify", "--device", "cpu", "--paramscsv",
-                   str(path), "--cachedir", str(tmp_path / "c")])
-    out = capsys.readouterr().out
-    assert rc == 0, out
-    assert out.startswith("implicitGemmBwdData (bwd_data, NDHWC)") and "PASS" in out
-
-
 def test_compareprof_times_a_backward_pass(tmp_path, capsys):
     import csv
     path = tmp_path / "l.csv"
@@ -158,12 +144,6 @@ def test_compareprof_times_a_backward_pass(tmp_path, capsys):
 
 
 # -- padding per dimension (2D layers written as 3D) -----------------------------------------
-
-ANISO = [Layer("a2d", 2, 3, 4, 1, 7, 6, 1, 3, 3, pad=1, pad_d=0),
-         Layer("a2d_s2", 2, 3, 4, 1, 7, 6, 1, 3, 3, stride=2, pad=1, pad_d=0),
-         Layer("a3d", 1, 2, 3, 5, 6, 7, 3, 3, 3, stride=2, pad=1, pad_d=2, pad_w=0)]
-ANISO_IMPLS = sorted(n for n, i in registry.all_implementations().items() if i.anisotropic_pad)
-
 
 def test_layer_pads_per_dimension():
     layer = ANISO[2]
@@ -196,20 +176,28 @@ def test_alcf_layer_set_counts_2d_flops():
     assert layers["conv128x128x128"].output_shape == (32, 128, 1, 124, 124)
 
 
-def test_uniform_padding_implementations_refuse_anisotropic_layers():
-    impl = registry.get("implicitGemmNCDHW")
-    assert "same padding in every dimension" in impl.unsupported_reason(ANISO[0], {})
-    assert set(ANISO_IMPLS) == {"implicitGemm", "implicitGemmBwdData", "implicitGemmBwdFilter",
-                                "implicitGemmsplitKBwdFilter", "directConvNDHWCblocked",
-                                "directConvNDHWCdot"}
+def test_padding_per_dimension_is_handled_or_refused():
+    """Every implementation either declares per-dimension padding (and is verified on it
+    below) or refuses such layers with the reason: none computes them."""
+    assert {registry.get(n).pass_ for n in ANISO_IMPLS} == set(Pass)  # each pass has one
+    for name in IMPLS:
+        impl = registry.get(name)
+        params = impl.resolve_params()
+        for layer in (x for x in ANISO if x.anisotropic):
+            reason = impl.unsupported_reason(layer, params)
+            if impl.anisotropic_pad:
+                assert reason is None or "same padding" not in reason, (name, layer.name)
+            else:
+                assert reason and "same padding in every dimension" in reason, (name, layer.name)
+        assert impl.unsupported_reason(Layer("iso", 1, 2, 3, 5, 6, 7, 3, 3, 3, pad=1,
+                                             pad_d=1), params) is None, name
 
 
-@pytest.mark.parametrize("name", ANISO_IMPLS)
-@pytest.mark.parametrize("layer", ANISO + [Layer("alcf1", 1, 32, 32, 1, 7, 7, 1, 3, 3),
-                                          Layer("alcf2_b1", 1, 128, 256, 1, 14, 14, 1, 3, 3,
-                                                pad=1, pad_d=0)], ids=lambda x: x.name)
-def test_anisotropic_padding_verifies(name, layer, cachedir, reference):
-    impl = registry.get(name)
-    build = toolchain.build(toolchain.make_spec(impl, layer), cachedir)
-    check = verify.verify_build(build, reference(layer, pass_=impl.pass_))[0]
-    assert check.ok, check.summary()
+#: Fast tier: the 3D layer with three different paddings; full tier: every layer.
+ANISO_FAST = cases(ANISO_IMPLS, [("aniso", ANISO[2])])
+ANISO_FULL = cases(ANISO_IMPLS, [("aniso", layer) for layer in ANISO])
+
+
+@pytest.mark.parametrize("case", case_params(ANISO_FAST, ANISO_FULL))
+def test_anisotropic_padding_verifies(case, builds, reference, coverage):
+    verify_case(case, builds, reference, coverage)

@@ -157,6 +157,19 @@ def test_cache_folder_is_relocatable(built, tmp_path, monkeypatch):
     assert BuildCache(moved).get(spec(), policy="require").origin == "loaded"
 
 
+def test_planted_build_has_its_own_entry(built):
+    """A build with a planted bug is keyed apart: neither is ever served for the other."""
+    real = spec()
+    planted = toolchain.make_spec(registry.get(IMPL), LAYER, "float32", "cpu", planted="bug")
+    assert planted.name != real.name and "planted_bug" in planted.name
+    assert cache.cache_key(planted) != cache.cache_key(real)
+    with pytest.raises(CacheMiss, match="no stored build"):
+        built.get(planted, policy="require")
+    assert built.get(planted, policy="reuse", load=False).origin == "built"
+    assert built.get(real, policy="require").folder == built.entry(real)
+    assert sorted(built.entries()) == sorted([built.entry(real), built.entry(planted)])
+
+
 def test_key_uses_placeholders_for_local_folders():
     flags = json.dumps(toolchain.toolchain_flags("gpu"))
     assert str(toolchain.PROJECT_ROOT) not in flags and "<project>" in flags
@@ -178,24 +191,39 @@ _BUILDER = textwrap.dedent("""
     from convbench.layers import Layer
     layer = Layer("tiny", 1, 3, 4, 6, 5, 7, 3, 3, 3, 1, 1)
     spec = toolchain.make_spec(registry.get("implicitGemm"), layer, "float32", "cpu")
-    while time.time() < float(sys.argv[2]):  # start together
-        time.sleep(0.01)
+    print("ready", flush=True)
+    sys.stdin.readline()  # the barrier: the parent releases both processes together
+    start = time.time()
     build = BuildCache(sys.argv[1]).get(spec, policy="reuse", load=True)
-    print(json.dumps({"origin": build.origin}))
+    print(json.dumps({"origin": build.origin, "start": start, "end": time.time()}))
 """)
 
 
 def test_concurrent_builders_share_one_build(tmp_path):
-    import time
-    start = time.time() + 8  # both processes import dace first
-    procs = [subprocess.Popen([PYTHON, "-c", _BUILDER, str(tmp_path / "cache"), str(start)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
-                              cwd=ROOT) for _ in range(2)]
-    outs = [p.communicate(timeout=300) for p in procs]
+    """Two processes ask for the same missing build at the same moment: one compiles it,
+    the other waits for the lock and loads the result; the entry stays valid."""
+    procs = [subprocess.Popen([PYTHON, "-c", _BUILDER, str(tmp_path / "cache")],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT)
+             for _ in range(2)]
+    try:
+        for p in procs:  # both have imported everything and made the spec
+            assert p.stdout.readline().strip() == "ready", p.stderr.read()
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        outs = [p.communicate(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err
-    origins = sorted(json.loads(out.strip().splitlines()[-1])["origin"] for out, _ in outs)
-    assert origins == ["built", "loaded"]  # the second waited for the lock, then loaded
+    runs = sorted((json.loads(out.strip().splitlines()[-1]) for out, _ in outs),
+                  key=lambda r: r["origin"])
+    assert [r["origin"] for r in runs] == ["built", "loaded"]  # the second waited, then loaded
+    builder, loader = runs
+    # They overlapped: the loader asked before the builder was done, and got its build after.
+    assert loader["start"] < builder["end"] <= loader["end"], runs
     c = BuildCache(tmp_path / "cache")
     assert c.inspect(spec()).valid
     assert list(c.entries()) == [c.entry(spec())]

@@ -7,6 +7,7 @@ import subprocess
 import pytest
 import torch
 
+from cases import Case
 from conftest import ENV, PYTHON, ROOT
 from convbench import end2end, netcheck, network, toolchain
 from convbench.errors import UsageError
@@ -121,13 +122,23 @@ def test_impl_map_errors(tmp_path, capsys):
 
 # -- the done-when run, and checks that must fail -----------------------------------------------
 
+def _small_run_cases():
+    """The builds of the small run: every layer's default forward and backward-filter
+    implementation, and backward data but for the first layer (its input needs none)."""
+    layers = network.conv_layers(network.MODELS["mlperf"], 32, 2)
+    return [Case(network.DEFAULT_DACE[p], layer, "end2end") for layer in layers
+            for p in (Pass.FWD, Pass.BWD_DATA, Pass.BWD_FILTER)
+            if not (p == Pass.BWD_DATA and layer is layers[0])]
+
+
 @pytest.fixture(scope="module")
-def small_run(cachedir, tmp_path_factory):
+def small_run(builds, cachedir, tmp_path_factory):  # builds: the session's builds are made
     out = tmp_path_factory.mktemp("e2e")
     proc = _run(SMALL + ["--iters", "1", "--train", "--check", "--outdir", str(out)], cachedir)
     return proc, out
 
 
+@pytest.mark.prebuild(*_small_run_cases())
 def test_small_training_run_checks_and_writes_results(small_run):
     proc, out = small_run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -2,32 +2,37 @@
 
 import pytest
 
-from convbench import registry, toolchain, verify
+from cases import GPU_IMPLS, case_params, cases
+from convbench import verify
 from convbench.layers import Layer, load_layers
 
 pytestmark = pytest.mark.gpu
 
-IMPLS = sorted(n for n, i in registry.all_implementations().items() if "gpu" in i.targets)
 SHAPES = [Layer("gpu_small", 2, 3, 5, 6, 7, 8, 3, 3, 3, pad=1),
           Layer("gpu_stride2", 1, 4, 6, 9, 8, 7, 3, 1, 5, stride=2, pad=1)]
+SMALL = cases(GPU_IMPLS, [("gpu", layer) for layer in SHAPES], target="gpu")
+FIRST = cases(GPU_IMPLS, [("cosmoflow", load_layers("cosmoflow")[1].with_batch(1))], target="gpu")
 
 
-@pytest.mark.parametrize("name", IMPLS)
-@pytest.mark.parametrize("layer", SHAPES, ids=lambda l: l.name)
-def test_gpu_verify_small(name, layer, cachedir, reference):
-    impl = registry.get(name)
-    build = toolchain.build(toolchain.make_spec(impl, layer, target="gpu"), cachedir)
-    checks = verify.verify_build(build, reference(layer, pass_=impl.pass_), device="gpu")
+def _verify_on_gpu(case, builds, reference, coverage):
+    reason = case.refused()
+    if reason:
+        coverage.record(case, "refused", reason)
+        pytest.skip(reason)
+    try:
+        checks = verify.verify_build(builds(case.spec()),
+                                     reference(case.layer, pass_=case.pass_), device="gpu")
+    except Exception as err:
+        coverage.record(case, "failed", f"{type(err).__name__}: {err}")
+        raise
+    bad = [c for c in checks if not c.ok]
+    coverage.record(case, "failed" if bad else "verified",
+                    "; ".join(f"{c.reference}: {c.summary()}" for c in (bad or checks)))
     assert [c.reference for c in checks] == ["torch-fp64", "torch-gpu-fp32", "cudnn-fp32"]
-    for check in checks:
-        assert check.ok, f"{name} on {layer.name}: {check.reference}: {check.summary()}"
+    assert not bad, f"{case.impl} on {case.layer.name}: " + "; ".join(
+        f"{c.reference}: {c.summary()}" for c in bad)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", IMPLS)
-def test_gpu_verify_cosmoflow_first_layer(name, cachedir, reference):
-    layer = load_layers("cosmoflow")[1].with_batch(1)
-    impl = registry.get(name)
-    build = toolchain.build(toolchain.make_spec(impl, layer, target="gpu"), cachedir)
-    for check in verify.verify_build(build, reference(layer, pass_=impl.pass_), device="gpu"):
-        assert check.ok, f"{name}: {check.reference}: {check.summary()}"
+@pytest.mark.parametrize("case", case_params(SMALL, FIRST))
+def test_gpu_verify(case, builds, reference, coverage):
+    _verify_on_gpu(case, builds, reference, coverage)

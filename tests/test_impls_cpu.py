@@ -1,75 +1,37 @@
-"""Every registered implementation, verified on the CPU: every layer of both CosmoFlow sets
-at batch 1 and 2 (backward passes: batch 1), and odd shapes."""
+"""Every registered implementation, verified on the CPU.
+
+Fast tier: every implementation on the representative layers of ``cases.FAST_LAYERS``, and
+a second call of one build on new inputs.  Full tier (``--full``): every layer of both
+CosmoFlow sets at batch 1 and 2, for every pass, and every odd shape."""
 
 import pytest
 
+from cases import (FAST_LAYERS, IMPLS, ODD_SHAPES, Case, case_params, cases, cosmoflow,
+                   verify_case)
 from convbench import registry, toolchain, verify
-from convbench.layers import Layer, load_layers
+from convbench.layers import Layer
 
-# Grouped by pass, so that consecutive tests share a layer's reference.
-IMPLS = sorted(registry.all_implementations(),
-               key=lambda n: (registry.get(n).pass_ != "fwd", str(registry.get(n).pass_), n))
-
-ODD_SHAPES = [
-    Layer("noncubic", 2, 3, 5, 5, 7, 9, 3, 3, 3),
-    Layer("stride2", 1, 4, 6, 9, 8, 7, 3, 3, 3, stride=2),
-    Layer("pad2_stride2", 1, 5, 3, 6, 7, 5, 3, 3, 3, stride=2, pad=2),
-    Layer("channels_7_13", 1, 7, 13, 6, 6, 6, 3, 3, 3, pad=1),
-    Layer("k1x1x1", 2, 6, 10, 4, 5, 6, 1, 1, 1),
-    Layer("k1x1x1_pad", 1, 3, 4, 3, 3, 3, 1, 1, 1, pad=1),
-    Layer("k5x5x5", 1, 3, 4, 7, 8, 9, 5, 5, 5, pad=2),
-    Layer("k_mixed", 1, 2, 3, 6, 5, 9, 3, 1, 5, stride=2, pad=1),
-    Layer("single_out", 1, 1, 1, 3, 3, 3, 3, 3, 3),
-    # K = 130 > every output-channel tile; GK = 27 * 3 = 81 is a tail for every K step
-    Layer("k130_batch3", 3, 3, 130, 5, 6, 4, 3, 3, 3, pad=1),
-]
-
-COSMOFLOW = [(s, i) for s in ("cosmoflow", "cosmoflow_mlperf")
-             for i in range(len(load_layers(s)))]
+FAST = cases(IMPLS, FAST_LAYERS)
+FULL = cases(IMPLS, cosmoflow((1, 2)) + [("odd", layer) for layer in ODD_SHAPES])
 
 
-def _check(name, layer, cachedir, reference):
-    impl = registry.get(name)
-    params = impl.resolve_params()
-    reason = impl.unsupported_reason(layer, params)
-    if reason:
-        pytest.skip(f"{name} does not support {layer.name}: {reason}")
-    build = toolchain.build(toolchain.make_spec(impl, layer, params=params), cachedir)
-    check = verify.verify_build(build, reference(layer, pass_=impl.pass_))[0]
-    assert check.ok, f"{name} on {layer.name} ({layer.describe()}): {check.summary()}"
+@pytest.mark.parametrize("case", case_params(FAST, FULL))
+def test_verifies(case, builds, reference, coverage):
+    verify_case(case, builds, reference, coverage)
 
 
-# The parameter closest to the function varies slowest: one layer's reference serves
-# every implementation before the next layer's is made.
-@pytest.mark.parametrize("name", IMPLS)
-@pytest.mark.parametrize("layer", ODD_SHAPES, ids=lambda l: l.name)
-def test_odd_shapes(name, layer, cachedir, reference):
-    _check(name, layer, cachedir, reference)
+FRESH = [Case(name, ODD_SHAPES[2], "odd") for name in IMPLS]
 
 
-@pytest.mark.parametrize("name", IMPLS)
-def test_fresh_output_on_every_call(name, cachedir):
+@pytest.mark.parametrize("case", case_params(FRESH))
+def test_fresh_output_on_every_call(case, builds):
     """Two calls of one build on different inputs: the second result is checked, so state
     left over from the first call (a partial-sum buffer, say) cannot hide."""
-    layer = ODD_SHAPES[2]
-    impl = registry.get(name)
-    build = toolchain.build(toolchain.make_spec(impl, layer), cachedir)
-    first, second = (verify.make_reference(layer, impl.pass_, seed=s) for s in (11, 12))
+    build = builds(case.spec())
+    first, second = (verify.make_reference(case.layer, case.pass_, seed=s) for s in (11, 12))
     assert verify.verify_build(build, first)[0].ok
     check = verify.verify_build(build, second)[0]
     assert check.ok, check.summary()
-
-
-# Forward implementations at batch 1 and 2, backward ones at batch 1; layer-major order.
-COSMOFLOW_CASES = [(name, batch, s, i) for s, i in COSMOFLOW for batch in (1, 2) for name in IMPLS
-                   if batch == 1 or registry.get(name).pass_ == "fwd"]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name, batch, layerset, index", COSMOFLOW_CASES,
-                         ids=[f"{n}-b{b}-{s}-{i}" for n, b, s, i in COSMOFLOW_CASES])
-def test_cosmoflow(name, batch, layerset, index, cachedir, reference):
-    _check(name, load_layers(layerset)[index].with_batch(batch), cachedir, reference)
 
 
 #: Tiled variants: the parameters of their thread maps and their staging buffers.
@@ -108,7 +70,12 @@ def test_cpu_schedule_keeps_the_gpu_tiling(name):
                                else dace.StorageType.Register), (target, buf, storage)
 
 
-def test_split_k_tail_bug_is_caught(monkeypatch, cachedir, reference):
+SPLIT_TAIL = Case("implicitGemmsplitK", Layer("tail", 1, 5, 8, 6, 6, 6, 3, 3, 3), "odd",
+                  params=(("CTAtileK", 16), ("nsplitK", 4)))  # GK = 135 = 2 * 64 + 7
+
+
+@pytest.mark.prebuild(SPLIT_TAIL)
+def test_split_k_tail_bug_is_caught(monkeypatch, builds, reference):
     """The original split-K dropped reduction terms at K tails.  Planting that bug (chunk
     length rounded down instead of up) must fail the verification."""
     from impls import _igemm
@@ -119,11 +86,9 @@ def test_split_k_tail_bug_is_caught(monkeypatch, cachedir, reference):
         g.KS = (g.GK // (tk * nsplit)) * tk  # each chunk too short: the last terms are lost
         return g
 
-    layer = Layer("tail", 1, 5, 8, 6, 6, 6, 3, 3, 3)  # GK = 135 = 2 * 64 + 7 with the params
-    impl = registry.get("implicitGemmsplitK")
-    spec = toolchain.make_spec(impl, layer, params={"CTAtileK": 16, "nsplitK": 4})
-    assert verify.verify_build(toolchain.build(spec, cachedir), reference(layer))[0].ok
+    layer, spec = SPLIT_TAIL.layer, SPLIT_TAIL.spec()
+    assert verify.verify_build(builds(spec), reference(layer))[0].ok
     monkeypatch.setattr(_igemm, "geometry", dropping_tail)
-    build = toolchain.build(spec, cachedir / "planted")
-    check = verify.verify_build(build, reference(layer))[0]
+    planted = toolchain.make_spec(spec.impl, layer, params=spec.params, planted="ks_rounded_down")
+    check = verify.verify_build(builds(planted), reference(layer))[0]
     assert not check.ok, check.summary()

@@ -55,13 +55,29 @@ def test_time_limit_keeps_a_minimum_of_samples():
     assert t.warmup == 1  # warm-up stops after a fifth of the limit
 
 
-def test_flush_buffer_exceeds_the_last_level_cache():
+@pytest.mark.parametrize("sizes, expected", [
+    ({"index0": "48K", "index1": "32K", "index2": "1024K", "index3": "32768K"}, 128 << 20),
+    ({"index0": "32K", "index3": "256M"}, 1 << 30),                    # the largest level wins
+    ({"index0": "48K", "index2": "2048K"}, timing.MIN_CPU_FLUSH_BYTES),  # no L3: the floor
+    ({"index2": "garbage", "index3": "48M"}, 192 << 20),               # unreadable sizes skipped
+    ({}, timing.MIN_CPU_FLUSH_BYTES),
+])
+def test_flush_size_follows_the_last_level_cache(tmp_path, sizes, expected):
+    for index, size in sizes.items():
+        (tmp_path / index).mkdir()
+        (tmp_path / index / "size").write_text(size + "\n")
+    assert timing.cpu_flush_bytes(str(tmp_path)) == expected
+    assert timing.cpu_flush_bytes(str(tmp_path / "missing")) == timing.MIN_CPU_FLUSH_BYTES
+
+
+def test_flush_writes_the_whole_buffer():
     timer = timing.CpuTimer(flush=True)
-    assert timer.flush_bytes >= timing.MIN_CPU_FLUSH_BYTES
-    assert timer.flush_bytes == timer._buffer.numel() * 4
+    assert timer.flush_bytes == timing.cpu_flush_bytes()
+    assert timer._buffer.numel() * timer._buffer.element_size() == timer.flush_bytes
     timer._buffer.zero_()
     timer.flush()
-    assert float(timer._buffer[-1]) == 1.0  # the flush writes the whole buffer
+    assert bool((timer._buffer == 1.0).all())  # every element, not only the last
+    assert timing.CpuTimer(flush=False).flush_bytes == 0
 
 
 # -- the CLI --------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The implementation registry and the --list output."""
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -44,9 +45,24 @@ def test_every_variant_is_registered_for_both_targets():
         assert set(params) == {p.name for p in impl.params}
 
 
-def test_default_implementation():
+@pytest.mark.parametrize("pass_", list(Pass), ids=str)
+def test_default_implementations(pass_, write_csv, cachedir, capsys):
+    """Per pass, the CLI runs its default when no implementation is named: a registered
+    implementation of that pass, for both targets, and the one the README marks."""
     from convbench import cli
-    assert cli.DEFAULT_IMPLEMENTATION == "implicitGemmNCDHW"
+    name = cli.DEFAULT_FOR_PASS[str(pass_)]
+    impl = registry.get(name)
+    assert impl.pass_ == pass_ and impl.targets == ("cpu", "gpu")
+    path = write_csv("layer,batch,in_channels,out_channels,in_d,in_h,in_w,k_d,k_h,k_w,stride,pad\n"
+                     "t,1,2,3,5,4,6,3,3,3,2,1\n")
+    assert cli.main(["--pass", str(pass_), "--verify", "--device", "cpu", "--paramscsv",
+                     str(path), "--cachedir", str(cachedir)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{name} ({pass_}, {impl.layout})") and "PASS" in out
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    marked = {m[1] or "fwd": m[0] for m in
+              re.findall(r"^\| `(\w+)` \(default(?: of `(\w+)`)?\) \|", readme, re.M)}
+    assert marked.get(str(pass_)) == name, marked
 
 
 def test_table_based_variants_refuse_int32_overflow():

@@ -1,11 +1,12 @@
 """The maintenance and benchmark scripts run end to end on a tiny layer set."""
 
 import json
+import statistics
 import subprocess
 
 import pytest
 
-from conftest import ENV, PYTHON, ROOT
+from conftest import ENV, PYTHON, ROOT, load_script
 
 CSV = ("layer,batch,in_channels,out_channels,in_d,in_h,in_w,k_d,k_h,k_w,stride,pad\n"
        "tiny,1,3,4,6,5,7,3,3,3,1,1\ntiny2,2,2,3,5,5,5,3,3,3,2,0\n")
@@ -23,15 +24,16 @@ def script(name, *args, timeout=900):
                           capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=timeout)
 
 
-def test_precompile_then_require_precompiled(tmp_path, layer_csv):
+def test_precompile_then_require_precompiled(tmp_path, layer_csv, capsys):
     cache = tmp_path / "cache"
-    first = script("precompile.py", "--implementation", "implicitGemm", "--paramscsv", layer_csv,
-                   "--jobs", "2", "--cachedir", cache)
-    assert first.returncode == 0, first.stdout + first.stderr
-    assert "2 built, 0 already cached, 0 failed" in first.stdout
-    again = script("precompile.py", "--implementation", "implicitGemm", "--paramscsv", layer_csv,
-                   "--cachedir", cache)
-    assert "0 built, 2 already cached" in again.stdout
+    precompile = load_script("precompile.py").main
+    args = ["--implementation", "implicitGemm", "--paramscsv", str(layer_csv), "--cachedir",
+            str(cache)]
+    assert precompile(args + ["--jobs", "2"]) == 0
+    assert "2 built, 0 already cached, 0 failed" in capsys.readouterr().out
+    assert precompile(args) == 0
+    assert "0 built, 2 already cached" in capsys.readouterr().out
+    # A fresh process loads what the workers built, compiling nothing.
     run = subprocess.run([PYTHON, str(ROOT / "profile_conv3d.py"), "--implementation",
                           "implicitGemm", "--device", "cpu", "--paramscsv", str(layer_csv),
                           "--cachedir", str(cache), "--verify", "--require-precompiled"],
@@ -46,11 +48,12 @@ def test_precompile_then_require_precompiled(tmp_path, layer_csv):
     (["--param", "CTAtileM=64"], "--param: give exactly one --implementation"),
     (["--jobs", "0"], "--jobs: must be >= 1"),
 ])
-def test_precompile_bad_input(args, words):
-    result = script("precompile.py", *args)
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
+def test_precompile_bad_input(args, words, capsys):
+    assert load_script("precompile.py").main(args) == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("precompile.py: error: ") and words in lines[0]
+    assert out == ""
 
 
 def test_bench_cache_reports_cold_and_warm(tmp_path, layer_csv):
@@ -63,16 +66,22 @@ def test_bench_cache_reports_cold_and_warm(tmp_path, layer_csv):
     assert rec["target"] == "cpu" and rec["cold_s"][0] > rec["warm_load_s"][0] > 0
 
 
-def test_validate_timing_compares_with_dace_instrumentation(tmp_path, layer_csv):
+def test_validate_timing_compares_with_dace_instrumentation(tmp_path, layer_csv, capsys):
     out = tmp_path / "validate.json"
-    result = script("validate_timing.py", "--implementation", "implicitGemm", "--paramscsv",
-                    layer_csv, "--layer", "tiny", "--rounds", "2", "--warmupiter", "1",
-                    "--totaliter", "4", "--no-flush", "--out", out)
-    assert result.returncode == 0, result.stdout + result.stderr
+    status = load_script("validate_timing.py").main([
+        "--implementation", "implicitGemm", "--paramscsv", str(layer_csv), "--layer", "tiny",
+        "--rounds", "2", "--warmupiter", "1", "--totaliter", "4", "--no-flush", "--out", str(out)])
+    assert status == 0, capsys.readouterr()
     rec = json.loads(out.read_text())["records"][0]
-    assert len(rec["profiler_ms"]) == 2 and len(rec["dace_ms"][0]) == 4
-    # DaCe's inner timer sees less than the whole call, never more (0.05 ms of slack for
-    # clock granularity), and the two agree to within a millisecond on a tiny layer.
-    for ours, theirs in zip(rec["profiler_ms"], rec["dace_ms"]):
-        for a, b in zip(ours, theirs):
-            assert -0.05 < a - b < 1.0, (a, b)
+    assert len(rec["profiler_ms"]) == 2 and all(len(r) == 4 for r in rec["dace_ms"])
+    # Every call is timed from outside and inside: DaCe's inner timer sees part of the call,
+    # never more (0.05 ms of slack for the clocks' granularity).  A preempted call only
+    # widens the gap, so this holds on a loaded machine too.
+    diffs = [a - b for ours, theirs in zip(rec["profiler_ms"], rec["dace_ms"])
+             for a, b in zip(ours, theirs)]
+    assert all(b > 0 for r in rec["dace_ms"] for b in r)
+    assert min(diffs) > -0.05, diffs
+    # The reported overhead is computed from exactly these pairs.
+    assert rec["overhead_ms"] == {"median": statistics.median(diffs), "min": min(diffs),
+                                  "max": max(diffs)}
+    assert rec["round_medians_ms"] == [statistics.median(r) for r in rec["profiler_ms"]]

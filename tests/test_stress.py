@@ -6,6 +6,7 @@ import json
 import math
 import subprocess
 import time
+import types
 
 import pytest
 import torch
@@ -36,8 +37,19 @@ def stress_cache(tmp_path_factory):
 
 
 def run(*args, timeout=300):
+    """The script in its own process."""
     return subprocess.run([PYTHON, str(SCRIPT), *map(str, args)], capture_output=True,
                           text=True, env=ENV, cwd=ROOT, timeout=timeout)
+
+
+@pytest.fixture
+def main(capsys):
+    """The script's ``main`` in this process, returning what ``run`` returns."""
+    def call(*args):
+        status = stress.main([str(a) for a in args])
+        out, err = capsys.readouterr()
+        return types.SimpleNamespace(returncode=status, stdout=out, stderr=err)
+    return call
 
 
 def assert_usage_error(result, *words):
@@ -122,11 +134,11 @@ def test_check_fails_on_a_planted_error_in_the_dace_output(tmp_path, stress_cach
 
 # -- memory ---------------------------------------------------------------------------------
 
-def test_refuses_a_layer_that_does_not_fit_without_building(tmp_path):
+def test_refuses_a_layer_that_does_not_fit_without_building(tmp_path, main):
     cache = tmp_path / "cache"
     t0 = time.perf_counter()
-    result = run("--device", "cpu", "--memory-limit", "0.001", "--cachedir", cache,
-                 "--out", tmp_path / "never.json", timeout=60)
+    result = main("--device", "cpu", "--memory-limit", "0.001", "--cachedir", cache,
+                  "--out", tmp_path / "never.json")
     elapsed = time.perf_counter() - t0
     line = assert_usage_error(result, "layer needs ~", " GiB available on cpu",
                               "use --size to shrink it")
@@ -137,9 +149,9 @@ def test_refuses_a_layer_that_does_not_fit_without_building(tmp_path):
     assert elapsed < 30, elapsed
 
 
-def test_refusal_suggests_a_size_that_fits(tmp_path):
-    result = run("--device", "cpu", "--memory-limit", "2", "--cachedir", tmp_path / "cache",
-                 "--out", tmp_path / "never.json", timeout=60)
+def test_refusal_suggests_a_size_that_fits(tmp_path, main):
+    result = main("--device", "cpu", "--memory-limit", "2", "--cachedir", tmp_path / "cache",
+                  "--out", tmp_path / "never.json")
     line = assert_usage_error(result, "only 2.0 GiB available on cpu", "use --size ")
     size = int(line.split("use --size ")[1].split()[0])
     assert 100 < size < 256
@@ -175,10 +187,10 @@ def test_memory_estimate_formula():
     assert gpu["dace_phase_bytes"] == (256 << 20) + 2 * (X + W) + Y + Xp + Y
 
 
-def test_refuses_after_building_when_the_sdfg_transients_do_not_fit(tmp_path, stress_cache):
+def test_refuses_after_building_when_the_sdfg_transients_do_not_fit(tmp_path, stress_cache, main):
     """im2colGemm's column buffer (C*27 x D*H*W floats) is far above the generic
     allowance: the estimate redone from its SDFG must refuse it."""
-    result = run(*SMALL, "--implementation", "im2colGemm", "--no-flush", "--skip-torch",
+    result = main(*SMALL, "--implementation", "im2colGemm", "--no-flush", "--skip-torch",
                  "--memory-limit", "0.004", "--cachedir", stress_cache,
                  "--out", tmp_path / "never.json")
     assert_usage_error(result, "layer needs ~", "transients its SDFG declares")
@@ -209,27 +221,27 @@ def test_refuses_after_building_when_the_sdfg_transients_do_not_fit(tmp_path, st
     (["--param", "noequals"], ["--param: expected NAME=VALUE"]),
     (["--device", "tpu"], ["--device: unknown device 'tpu'"]),
 ])
-def test_bad_flags(tmp_path, args, words):
-    result = run(*args, "--cachedir", tmp_path / "cache", "--out", tmp_path / "never.json")
+def test_bad_flags(tmp_path, args, words, main):
+    result = main(*args, "--cachedir", tmp_path / "cache", "--out", tmp_path / "never.json")
     assert_usage_error(result, *words)
     assert not (tmp_path / "cache").exists() and not (tmp_path / "never.json").exists()
 
 
-def test_unwritable_out_is_refused_before_building(tmp_path):
+def test_unwritable_out_is_refused_before_building(tmp_path, main):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    result = run(*SMALL, "--cachedir", tmp_path / "cache", "--out", blocker / "sub" / "x.json")
+    result = main(*SMALL, "--cachedir", tmp_path / "cache", "--out", blocker / "sub" / "x.json")
     assert_usage_error(result, "--out: cannot create")
     assert not (tmp_path / "cache").exists()
-    assert_usage_error(run(*SMALL, "--cachedir", tmp_path / "cache", "--out", tmp_path),
+    assert_usage_error(main(*SMALL, "--cachedir", tmp_path / "cache", "--out", tmp_path),
                        "is a directory")
 
 
-def test_gpu_without_a_gpu_is_a_usage_error(tmp_path):
+def test_gpu_without_a_gpu_is_a_usage_error(tmp_path, main):
     from convbench import devices
     if devices.gpu_usable():
         pytest.skip("a GPU is usable here")
-    assert_usage_error(run("--device", "gpu", "--cachedir", tmp_path / "cache", "--out",
+    assert_usage_error(main("--device", "gpu", "--cachedir", tmp_path / "cache", "--out",
                            tmp_path / "never.json"), "--device gpu")
 
 

@@ -2,12 +2,12 @@
 register-blocked CPU implementation."""
 
 import json
-import subprocess
 
 import pytest
 
-from conftest import ENV, PYTHON, ROOT
-from convbench import registry, toolchain, tuning, verify
+from cases import Case, case_params, params_of, verify_case
+from conftest import ROOT, load_script
+from convbench import cli, registry, toolchain, tuning, verify
 from convbench.errors import UsageError
 from convbench.layers import Layer, load_layers
 
@@ -51,20 +51,18 @@ def test_tuning_off(monkeypatch):
     assert tuning.tuned_entry(BLOCKED, LAYER, "cpu") == {}
 
 
-def test_cli_builds_with_the_tuned_entry(tuning_file, tmp_path, cachedir):
+def test_cli_builds_with_the_tuned_entry(tuning_file, tmp_path, cachedir, capsys):
     csv = tmp_path / "one.csv"
     csv.write_text(SMALL_SET.splitlines()[0] + "\n" + SMALL_SET.splitlines()[1] + "\n")
     layer = load_layers(str(csv))[0]
     tuning.store("cpu", BLOCKED, layer, {"PIX": 4}, {"cpu": "test"})
-    args = [PYTHON, str(ROOT / "profile_conv3d.py"), "--implementation", BLOCKED, "--verify",
-            "--device", "cpu", "--paramscsv", str(csv), "--cachedir", str(cachedir)]
-    env = dict(ENV, CONVBENCH_TUNING=str(tuning_file))
-    proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "params PIX=4," in proc.stdout and "PASS" in proc.stdout
-    proc = subprocess.run(args + ["--param", "PIX=16"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0 and "params PIX" not in proc.stdout  # --param wins: defaults
+    args = ["--implementation", BLOCKED, "--verify", "--device", "cpu", "--paramscsv", str(csv),
+            "--cachedir", str(cachedir)]
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    assert "params PIX=4," in out and "PASS" in out
+    assert cli.main(args + ["--param", "PIX=16"]) == 0
+    assert "params PIX" not in capsys.readouterr().out  # --param wins: the defaults
 
 
 # -- the committed tuning file ----------------------------------------------------------------
@@ -86,15 +84,13 @@ def test_committed_entries_name_real_layers_and_valid_params():
         impl.resolve_params(params, source="tuning/cpu.json")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("impl_name, layer, key, params", _committed(),
-                         ids=[f"{i}-{k}" for i, _, k, _ in _committed()])
-def test_every_tuned_configuration_verifies(impl_name, layer, key, params, cachedir, reference):
-    impl = registry.get(impl_name)
-    build = toolchain.build(toolchain.make_spec(impl, layer, params=impl.resolve_params(params)),
-                            cachedir)
-    check = verify.verify_build(build, reference(layer))[0]
-    assert check.ok, f"{impl_name} {params} on {key}: {check.summary()}"
+TUNED = [Case(impl, layer, "tuned", params=params_of(params))
+         for impl, layer, _, params in _committed() if layer is not None]
+
+
+@pytest.mark.parametrize("case", case_params([], TUNED))
+def test_every_tuned_configuration_verifies(case, builds, reference, coverage):
+    verify_case(case, builds, reference, coverage)
 
 
 # -- the register-blocked implementation --------------------------------------------------------
@@ -184,23 +180,22 @@ def test_tap_bounds_skip_exactly_the_border_taps(layer, tile):
         assert list(taps) == needed, (name, ob)
 
 
-@pytest.mark.parametrize("name,params", [(BLOCKED, {"PIX": 8, "WB": 2}), (BLOCKED, {"PIX": 3}),
-                                         (DOT, {"PIX": 6, "WB": 2, "KT": 4}),
-                                         (DOT, {"PIX": 2, "KT": 8, "KOUTER": 1})])
-@pytest.mark.parametrize("layer", [Layer("edge_s2", 1, 16, 8, 7, 6, 9, 3, 3, 3, stride=2, pad=2),
-                                   Layer("edge_p1", 2, 32, 16, 5, 4, 6, 3, 3, 3, pad=1)],
-                         ids=lambda v: v.name)
-def test_blocked_kernels_at_padded_borders(name, params, layer, cachedir, reference):
+BORDER = [Case(name, layer, "border", params=params_of(params))
+          for layer in (Layer("edge_s2", 1, 16, 8, 7, 6, 9, 3, 3, 3, stride=2, pad=2),
+                        Layer("edge_p1", 2, 32, 16, 5, 4, 6, 3, 3, 3, pad=1))
+          for name, params in ((BLOCKED, {"PIX": 8, "WB": 2}), (BLOCKED, {"PIX": 3}),
+                               (DOT, {"PIX": 6, "WB": 2, "KT": 4}),
+                               (DOT, {"PIX": 2, "KT": 8, "KOUTER": 1}))]
+
+
+@pytest.mark.parametrize("case", case_params(BORDER))
+def test_blocked_kernels_at_padded_borders(case, builds, reference, coverage):
     """Tiles that straddle the zero border in several dimensions at once, strided."""
-    impl = registry.get(name)
-    build = toolchain.build(toolchain.make_spec(impl, layer, params=impl.resolve_params(params)),
-                            cachedir)
-    check = verify.verify_build(build, reference(layer))[0]
-    assert check.ok, check.summary()
+    verify_case(case, builds, reference, coverage)
 
 
 @pytest.mark.parametrize("name", [BLOCKED, DOT])
-def test_a_skipped_border_tap_is_caught(name, monkeypatch, cachedir, reference):
+def test_a_skipped_border_tap_is_caught(name, monkeypatch, builds, reference):
     """Plant a bound one tap too tight (the first tap of each padded dimension's range
     skipped): the verification must fail."""
     from impls import _blocked
@@ -212,27 +207,24 @@ def test_a_skipped_border_tap_is_caught(name, monkeypatch, cachedir, reference):
     monkeypatch.setattr(_blocked, "tap_loops", too_tight)
     layer = Layer("bug", 1, 16, 16, 4, 4, 8, 3, 3, 3, pad=1)
     impl = registry.get(name)
-    build = toolchain.build(toolchain.make_spec(impl, layer), cachedir, policy="rebuild")
+    build = builds(toolchain.make_spec(impl, layer, planted="tap_bound_too_tight"))
     check = verify.verify_build(build, reference(layer))[0]
     assert not check.ok, "a dropped border tap went unnoticed"
 
 
-# -- the scripts -----------------------------------------------------------------------------
+# -- the scripts (in this process: their main(argv)) --------------------------------------------
 
-def _script(name, args, cachedir, env=None, timeout=600):
-    return subprocess.run([PYTHON, str(ROOT / "scripts" / name), *args, "--cachedir", str(cachedir)],
-                          cwd=ROOT, env=env or ENV, capture_output=True, text=True, timeout=timeout)
-
-
-def test_bench_cpu_small_set(tmp_path, cachedir):
+def test_bench_cpu_small_set(tmp_path, cachedir, capsys):
     csv = tmp_path / "small.csv"
     csv.write_text(SMALL_SET)
     out = tmp_path / "bench"
-    proc = _script("bench_cpu.py", ["--paramscsv", str(csv), "--batch", "1", "--impls",
-                                    f"{BLOCKED},implicitGemm,im2colGemm", "--samples", "5",
-                                    "--warmup", "1", "--outdir", str(out)], cachedir)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert proc.stdout.strip().splitlines()[-1].startswith("max best/torch ratio: ")
+    status = load_script("bench_cpu.py").main([
+        "--paramscsv", str(csv), "--batch", "1", "--impls", f"{BLOCKED},implicitGemm,im2colGemm",
+        "--samples", "5", "--warmup", "1", "--outdir", str(out), "--cachedir", str(cachedir),
+        "--skip-slower", "1000"])  # screening depends on the machine's load: not tested here
+    stdout, stderr = capsys.readouterr()
+    assert status == 0, stdout[-3000:] + stderr[-3000:]
+    assert stdout.strip().splitlines()[-1].startswith("max best/torch ratio: ")
     table = (out / "table.md").read_text()
     assert table.count("\n") == 4 and "im2colGemm (MKL) ms" in table
     meta = json.loads((out / "metadata.json").read_text())
@@ -254,25 +246,27 @@ def test_fma_peak_probe(monkeypatch):
 @pytest.mark.parametrize("args,words", [(["--samples", "3"], "--samples: must be an integer >= 5"),
                                         (["--impls", "implicitGemmBwdData"], "not a forward"),
                                         (["--batch", "0"], "--batch")])
-def test_bench_cpu_bad_input(args, words, tmp_path):
-    proc = subprocess.run([PYTHON, str(ROOT / "scripts" / "bench_cpu.py"), *args], cwd=ROOT,
-                          env=ENV, capture_output=True, text=True, timeout=120)
-    err = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(err) == 1 and words in err[0], proc.stderr
+def test_bench_cpu_bad_input(args, words, capsys):
+    assert load_script("bench_cpu.py").main(args) == 2
+    out, err = capsys.readouterr()
+    err = err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("bench_cpu.py: error: ") and words in err[0], err
+    assert out == ""
 
 
-def test_tune_cpu_stores_the_winner(tmp_path, cachedir):
+def test_tune_cpu_stores_the_winner(tmp_path, cachedir, monkeypatch, capsys):
     csv = tmp_path / "small.csv"
     csv.write_text(SMALL_SET)
     store = tmp_path / "tuned.json"
-    env = dict(ENV, CONVBENCH_TUNING=str(store))
-    proc = _script("tune_cpu.py", ["--paramscsv", str(csv), "--batch", "1", "--space",
-                                   "PIX=4,8", "--samples", "2", "--store", "--out",
-                                   str(tmp_path / "t.json")], cachedir, env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    monkeypatch.setenv("CONVBENCH_TUNING", str(store))
+    tune = load_script("tune_cpu.py").main
+    status = tune(["--paramscsv", str(csv), "--batch", "1", "--space", "PIX=4,8", "--samples", "2",
+                   "--store", "--out", str(tmp_path / "t.json"), "--cachedir", str(cachedir)])
+    stdout, stderr = capsys.readouterr()
+    assert status == 0, stdout[-3000:] + stderr[-3000:]
     entries = json.loads(store.read_text())["entries"][BLOCKED]
     assert len(entries) == 2 and all(e["PIX"] in (4, 8) for e in entries.values())
     records = json.loads((tmp_path / "t.json").read_text())["records"]
     assert len(records) == 4 and all(r["ok"] for r in records)
-    bad = _script("tune_cpu.py", ["--space", "PIX=0"], cachedir)
-    assert bad.returncode == 2 and "PIX must be >= 1" in bad.stderr
+    assert tune(["--space", "PIX=0", "--cachedir", str(cachedir)]) == 2
+    assert "PIX must be >= 1" in capsys.readouterr().err

@@ -13,6 +13,7 @@ import dace
 import pytest
 import torch
 
+from cases import Case
 from convbench import registry, toolchain, verify
 from convbench.layers import Layer
 from convbench.layouts import Layout
@@ -51,8 +52,8 @@ def _direct(body):
     def algorithm(layer, dtype, params):
         L = layer_constants(layer, Layout.NCDHW)
         return pad_input(body(L, dtype.dace, dtype.numpy(0)), layer, Layout.NCDHW)
-    return Implementation(name="planted", summary="planted bug", layout="NCDHW", pass_="fwd",
-                          algorithm=algorithm, schedules={"cpu": auto_cpu})
+    return Implementation(name=f"planted_{body.__name__}", summary="planted bug", layout="NCDHW",
+                          pass_="fwd", algorithm=algorithm, schedules={"cpu": auto_cpu})
 
 
 def off_by_one_tap(L, dt, zero):
@@ -143,30 +144,31 @@ def accumulates_into_output(L, dt, zero):
     return conv
 
 
-def _verify(impl, cachedir, reference):
-    build = toolchain.build(toolchain.make_spec(impl, LAYER), cachedir)
+def _verify(impl, builds, reference, planted=""):
+    build = builds(toolchain.make_spec(impl, LAYER, planted=planted))
     return verify.verify_build(build, reference(LAYER))[0]
 
 
-def test_correct_kernel_passes(cachedir, reference):
+@pytest.mark.prebuild(Case("directConvNCDHW", LAYER, "odd"))
+def test_correct_kernel_passes(builds, reference):
     """The kernel the bugs are planted in, unchanged, passes with a wide margin."""
-    check = _verify(registry.get("directConvNCDHW"), cachedir, reference)
+    check = _verify(registry.get("directConvNCDHW"), builds, reference)
     assert check.ok, check.summary()
     assert check.worst_ratio < 0.5
 
 
 @pytest.mark.parametrize("bug", [off_by_one_tap, skipped_k_tail, missing_last_term,
                                  last_column_unwritten, accumulates_into_output])
-def test_planted_bug_fails(bug, cachedir, reference):
-    check = _verify(_direct(bug), cachedir, reference)
+def test_planted_bug_fails(bug, builds, reference):
+    check = _verify(_direct(bug), builds, reference, planted=bug.__name__)
     assert not check.ok, f"{bug.__name__} passed verification: {check.summary()}"
 
 
-def test_runs_are_poisoned(cachedir, reference):
+def test_runs_are_poisoned(builds, reference):
     """Each run starts from NaN, so a second run of an accumulating kernel still fails
     (no stale output from an earlier run can make it pass)."""
-    spec = toolchain.make_spec(_direct(accumulates_into_output), LAYER)
-    build = toolchain.build(spec, cachedir)
+    build = builds(toolchain.make_spec(_direct(accumulates_into_output), LAYER,
+                                       planted="accumulates_into_output"))
     for _ in range(2):
         out = verify.run_build(build, reference(LAYER))
         assert torch.isnan(out).all()

@@ -1,0 +1,159 @@
+"""Verification cases: an implementation on a layer of a named set, and the sets of each tier.
+
+A test that takes a :class:`Case` as a parameter has its build compiled up front, with
+every other collected case's, by the session's build cache (see ``conftest.py``), and
+its outcome goes into the coverage table (verified, refused or failed).
+
+The fast tier (``make test``) verifies every implementation on :data:`FAST_LAYERS`, a
+few layers that together reach every code path: the first layer of each CosmoFlow set
+(1 and 4 input channels, no padding and padding 1, the largest pixel counts), the
+smallest spatial size (256 channels on 4^3, one output tile), a strided layer with
+padding (stride phases, border taps), and an odd non-cubic shape at batch 2 (tails
+in every tile dimension, the batch loop).  The full tier (``make test-full``) adds every
+layer of both sets at batch 1 and 2 for every pass, and every odd shape.
+"""
+
+import dataclasses
+from typing import Iterable, List, Optional, Sequence, Tuple
+
+import pytest
+
+from convbench import registry, toolchain, verify
+from convbench.cache import Job
+from convbench.layers import Layer, load_layers
+from convbench.layouts import Pass
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One build to verify: ``impl`` on ``layer`` (a member of ``layer_set``)."""
+
+    impl: str
+    layer: Layer
+    layer_set: str
+    target: str = "cpu"
+    #: Parameter overrides as sorted (name, value) pairs (hashable); empty: the defaults.
+    params: Tuple[Tuple[str, int], ...] = ()
+
+    @property
+    def implementation(self):
+        return registry.get(self.impl)
+
+    @property
+    def pass_(self) -> Pass:
+        return self.implementation.pass_
+
+    def resolved_params(self):
+        return self.implementation.resolve_params(dict(self.params))
+
+    def refused(self) -> Optional[str]:
+        """Why the implementation does not handle this layer, or None."""
+        return self.implementation.unsupported_reason(self.layer, self.resolved_params())
+
+    def spec(self):
+        return toolchain.make_spec(self.implementation, self.layer, "float32", self.target,
+                                   self.resolved_params())
+
+    def job(self) -> Job:
+        return Job(self.impl, self.layer, self.target, self.resolved_params(), label=self.id)
+
+    @property
+    def id(self) -> str:
+        text = f"{self.impl}-{self.layer_set}-{self.layer.name}-b{self.layer.batch}"
+        if self.params:
+            text += "-" + ",".join(f"{k}={v}" for k, v in self.params)
+        return text if self.target == "cpu" else f"{text}-{self.target}"
+
+
+def params_of(values) -> Tuple[Tuple[str, int], ...]:
+    return tuple(sorted((values or {}).items()))
+
+
+def cases(names: Iterable[str], layers: Iterable[Tuple[str, Layer]], target: str = "cpu",
+          params=None) -> List[Case]:
+    """Every name on every ``(set, layer)``, layer-major (so that the float64 reference of
+    a layer, which the session keeps, serves every implementation before the next one)."""
+    layers = list(layers)
+    return [Case(n, layer, s, target, params_of(params)) for s, layer in layers for n in names]
+
+
+def case_params(fast: Sequence[Case], full: Sequence[Case] = ()):
+    """``pytest.mark.parametrize`` arguments, with readable ids: the ``fast`` cases, and the
+    ``full`` ones marked for the full tier only."""
+    return ([pytest.param(c, id=c.id) for c in fast]
+            + [pytest.param(c, id=c.id, marks=pytest.mark.full) for c in full if c not in fast])
+
+
+# -- implementations -------------------------------------------------------------------------
+
+def _by_pass(name):
+    impl = registry.get(name)
+    return impl.pass_ != Pass.FWD, str(impl.pass_), name
+
+
+#: Every registered implementation, forward first, then by pass (a layer's reference is
+#: made once per pass).
+IMPLS = sorted(registry.all_implementations(), key=_by_pass)
+GPU_IMPLS = sorted(n for n in IMPLS if "gpu" in registry.get(n).targets)
+
+
+# -- layers ------------------------------------------------------------------------------------
+
+ODD_SHAPES = [
+    Layer("noncubic", 2, 3, 5, 5, 7, 9, 3, 3, 3),
+    Layer("stride2", 1, 4, 6, 9, 8, 7, 3, 3, 3, stride=2),
+    Layer("pad2_stride2", 1, 5, 3, 6, 7, 5, 3, 3, 3, stride=2, pad=2),
+    Layer("channels_7_13", 1, 7, 13, 6, 6, 6, 3, 3, 3, pad=1),
+    Layer("k1x1x1", 2, 6, 10, 4, 5, 6, 1, 1, 1),
+    Layer("k1x1x1_pad", 1, 3, 4, 3, 3, 3, 1, 1, 1, pad=1),
+    Layer("k5x5x5", 1, 3, 4, 7, 8, 9, 5, 5, 5, pad=2),
+    Layer("k_mixed", 1, 2, 3, 6, 5, 9, 3, 1, 5, stride=2, pad=1),
+    Layer("single_out", 1, 1, 1, 3, 3, 3, 3, 3, 3),
+    # K = 130 > every output-channel tile; GK = 27 * 3 = 81 is a tail for every K step
+    Layer("k130_batch3", 3, 3, 130, 5, 6, 4, 3, 3, 3, pad=1),
+]
+ODD = {layer.name: layer for layer in ODD_SHAPES}
+
+#: Padding that differs per dimension (2D layers written as 3D among them).
+ANISO = [Layer("a2d", 2, 3, 4, 1, 7, 6, 1, 3, 3, pad=1, pad_d=0),
+         Layer("a2d_s2", 2, 3, 4, 1, 7, 6, 1, 3, 3, stride=2, pad=1, pad_d=0),
+         Layer("a3d", 1, 2, 3, 5, 6, 7, 3, 3, 3, stride=2, pad=1, pad_d=2, pad_w=0),
+         Layer("alcf1", 1, 32, 32, 1, 7, 7, 1, 3, 3),
+         Layer("alcf2_b1", 1, 128, 256, 1, 14, 14, 1, 3, 3, pad=1, pad_d=0)]
+ANISO_IMPLS = sorted(n for n in IMPLS if registry.get(n).anisotropic_pad)
+
+COSMOFLOW_SETS = ("cosmoflow_mlperf", "cosmoflow")
+
+
+def cosmoflow(batches=(1, 2)) -> List[Tuple[str, Layer]]:
+    """Every layer of both CosmoFlow sets at each batch size."""
+    return [(s, layer.with_batch(b)) for s in COSMOFLOW_SETS for layer in load_layers(s)
+            for b in batches]
+
+
+def _first(layer_set, index=0):
+    return layer_set, load_layers(layer_set)[index].with_batch(1)
+
+
+#: The fast tier's layers (see the module's docstring).
+FAST_LAYERS = [_first("cosmoflow_mlperf"), _first("cosmoflow"), _first("cosmoflow", -1),
+               ("odd", ODD["pad2_stride2"]), ("odd", ODD["noncubic"])]
+
+
+# -- running a case ----------------------------------------------------------------------------
+
+def verify_case(case: Case, builds, reference, coverage, seed: int = 0) -> None:
+    """Build (from the session cache), run and verify ``case`` against torch float64; record
+    the outcome.  A layer the implementation refuses is recorded and skipped."""
+    reason = case.refused()
+    if reason:
+        coverage.record(case, "refused", reason)
+        pytest.skip(f"{case.impl} does not support {case.layer.name}: {reason}")
+    try:
+        build = builds(case.spec())
+        check = verify.verify_build(build, reference(case.layer, seed=seed, pass_=case.pass_))[0]
+    except Exception as err:
+        coverage.record(case, "failed", f"{type(err).__name__}: {err}")
+        raise
+    coverage.record(case, "verified" if check.ok else "failed", check.summary())
+    assert check.ok, f"{case.impl} on {case.layer.name} ({case.layer.describe()}): {check.summary()}"
