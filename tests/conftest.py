@@ -114,12 +114,16 @@ class SessionBuilds:
         t0 = time.perf_counter()
         self._report(f"compiling {len(jobs)} builds with {self._workers} process(es)")
         step = max(1, len(jobs) // 10)
-        for i, (job, outcome, _, message) in enumerate(
-                fill(jobs, self.cache.root, self._workers), 1):
-            if outcome == "failed":  # the test that needs it builds again and reports
-                self._report(f"  build failed: {job.describe()}: {message}")
-            if i % step == 0 or i == len(jobs):
-                self._report(f"  {i}/{len(jobs)} builds, {time.perf_counter() - t0:.0f}s")
+        try:
+            for i, (job, outcome, _, message) in enumerate(
+                    fill(jobs, self.cache.root, self._workers), 1):
+                if outcome == "failed":  # the test that needs it builds again and reports
+                    self._report(f"  build failed: {job.describe()}: {message}")
+                if i % step == 0 or i == len(jobs):
+                    self._report(f"  {i}/{len(jobs)} builds, {time.perf_counter() - t0:.0f}s")
+        except Exception as err:  # a worker died: the tests build what is missing themselves
+            self._report(f"  up-front builds stopped ({type(err).__name__}: {err}); "
+                         "each test builds what it lacks")
 
     def __call__(self, spec, load=True):
         return self.cache.get(spec, policy="reuse", load=load)
@@ -191,9 +195,9 @@ class Coverage:
         for r in self.records:
             cell = counts.setdefault((r["implementation"], r["pass"], _column(r)), {})
             cell[r["outcome"]] = cell.get(r["outcome"], 0) + 1
-        sizes = {}  # the distinct (layer, batch) pairs of each column
+        sizes = {}  # the distinct layers (geometry and batch) of each column
         for r in self.records:
-            sizes.setdefault(_column(r), set()).add((r["layer"], r["batch"]))
+            sizes.setdefault(_column(r), set()).add((r["layer"], r["geometry"]))
         lines = ["| implementation | pass | "
                  + " | ".join(f"{s} ({len(sizes[s])})" for s in sets) + " |",
                  "|---|---|" + "---:|" * len(sets)]
