@@ -3,12 +3,13 @@
 * **Tiers.** ``pytest`` (``make test``, what CI runs) is the fast tier.  ``pytest --full``
   (``make test-full``) runs the tests marked ``full`` too: the sweeps.
 * **One build per session.** The ``builds`` fixture compiles each build once per session,
-  into a cache folder of the session's own.  On first use it compiles every build that
-  the collected tests declare, in parallel (``--build-jobs``, default one per core):
-  each :class:`cases.Case` parameter, and the cases of ``@pytest.mark.prebuild(...)``.
-  Planted bugs are built with ``make_spec(..., planted=...)``: another key, another entry.
+  into a cache folder of the session's own.  When a test first asks for it, it compiles
+  every build that the collected tests (those not skipped) declare, in parallel
+  (``--build-jobs``, default one per core): each :class:`cases.Case` parameter, and the
+  cases of ``@pytest.mark.prebuild(...)``.  Planted bugs are built with
+  ``make_spec(..., planted=...)``: another key, another entry.
 * **Coverage.** Every verified case is recorded (verified, refused or failed); the table
-  goes to ``--coverage-out DIR`` (``make test-full`` writes ``results/verify/``).
+  goes to ``--coverage-out=DIR`` (``make test-full`` writes ``results/verify/cpu/``).
 """
 
 import csv
@@ -47,9 +48,10 @@ def pytest_addoption(parser):
     group.addoption("--build-jobs", type=int, default=None, metavar="N",
                     help="processes that compile the session's builds up front "
                          "(default: one per core)")
-    group.addoption("--coverage-out", default=None, metavar="DIR",  # give it as --coverage-out=DIR
+    # With "=": pytest takes a separate value that names an existing folder for a test path.
+    group.addoption("--coverage-out", default=None, metavar="DIR",
                     help="write the verification coverage table (coverage.md, coverage.csv, "
-                         "metadata.json) into DIR")
+                         "metadata.json) into DIR; give it as --coverage-out=DIR")
 
 
 def pytest_configure(config):
@@ -78,15 +80,21 @@ def item_cases(item):
     return found
 
 
+def _skipped(item) -> bool:
+    """Will ``item`` be skipped by a skip or skipif mark (no GPU, no nvcc)?"""
+    try:
+        from _pytest.skipping import evaluate_skip_marks  # what pytest itself evaluates
+    except ImportError:
+        return item.get_closest_marker("skip") is not None
+    return evaluate_skip_marks(item) is not None
+
+
 def pytest_collection_finish(session):
     needed = {}
     for item in session.items:
-        if item.get_closest_marker("skip"):
-            continue
-        for case in item_cases(item):
-            if case.target == "gpu" and case.layer_set != "nvcc" and not devices.gpu_usable():
-                continue
-            needed.setdefault(case.spec().name, case)
+        if not _skipped(item):
+            for case in item_cases(item):
+                needed.setdefault(case.spec().name, case)
     session.config.stash[_CASES] = list(needed.values())
 
 
