@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, Iterator, Mapping, Optional, Tuple
 
 from . import toolchain
+from .layers import Layer
 
 #: Bumped when the manifest's meaning changes: older entries become stale.
 CACHE_FORMAT = 1
@@ -237,7 +238,7 @@ class Job:
     """One build for :func:`fill`, by name, so that it can cross to a worker process."""
 
     impl: str
-    layer: Any
+    layer: Layer
     target: str = "cpu"
     params: Mapping[str, int] = dataclasses.field(default_factory=dict)
     dtype: str = "float32"
