@@ -131,3 +131,28 @@ def measure(device: str) -> Dict[str, object]:
         "bandwidth_method": f"{where} of {copy_bytes >> 20} MiB (read + write), best of 5",
         **extra,
     }
+
+
+def _time_gemm(n: int, dtype, tf32: bool) -> float:
+    import torch
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    try:
+        a = torch.rand(n, n, device="cuda", dtype=dtype)
+        b = torch.rand(n, n, device="cuda", dtype=dtype)
+        c = torch.empty(n, n, device="cuda", dtype=dtype)
+        return _best_seconds(lambda: torch.mm(a, b, out=c), 5, "gpu")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+
+
+def tensor_core_peaks(n: int = 8192) -> Dict[str, object]:
+    """The GPU's tensor-core GEMM rates (GFLOP/s): TF32 (float32 operands, ``allow_tf32``)
+    and FP16 (half operands, float accumulation by cuBLAS), ``torch.mm`` of ``n`` x ``n``,
+    best of 5 with CUDA events, on random data (never zeros)."""
+    import torch
+    flop = 2 * n ** 3
+    return {"tf32_gflops": flop / _time_gemm(n, torch.float32, True) / 1e9,
+            "fp16_gflops": flop / _time_gemm(n, torch.float16, False) / 1e9,
+            "tensor_method": f"torch.mm {n}x{n}, TF32 (float32, allow_tf32) and FP16 "
+                             "(float16), best of 5, CUDA events"}

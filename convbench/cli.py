@@ -284,7 +284,8 @@ class Session:
             ok, detail, reference = True, "", None
             if args.verify:
                 t0 = time.perf_counter()
-                reference = verify.make_reference(layer, impl.pass_, seed=args.seed + i)
+                reference = verify.make_reference(layer, impl.pass_, seed=args.seed + i,
+                                                   device=self.device)
                 checks = verify.verify_build(build, reference, self.device,
                                              cudnn_algo=args.cudnn_algo)
                 ok = all(c.ok for c in checks)

@@ -207,8 +207,61 @@ class CudaEventTimer(_Timer):
         return Timing([b.elapsed_time(e) for b, e in pairs], warmed, self.method, limited)
 
 
-def make_timer(device: str, flush: bool = True) -> _Timer:
-    return CudaEventTimer(flush) if device == "gpu" else CpuTimer(flush)
+class CupyEventTimer(_Timer):
+    """CUDA events through CuPy on the legacy default stream (``cupy.cuda.Stream.null``),
+    where DaCe's GPU builds and torch's default stream launch; the flush buffer is a CuPy
+    array.  The same protocol as :class:`CudaEventTimer`, without torch on the timing path."""
+
+    method = ("CUDA events (CuPy) on the legacy default stream around each call, L2 flushed "
+              "before each (256 MiB write)")
+
+    def __init__(self, flush: bool = True):
+        super().__init__(flush)
+        import cupy
+        self._cupy = cupy
+        self.flush_bytes = GPU_FLUSH_BYTES if flush else 0
+        if flush:
+            self._buffer = cupy.empty(GPU_FLUSH_BYTES // 4, dtype=cupy.float32)
+
+    def flush(self) -> None:
+        if self.flush_enabled:
+            self._buffer.fill(1.0)
+
+    def measure(self, fn, warmup=10, iterations=100, time_limit=None, progress=None) -> Timing:
+        cp = self._cupy
+        stream = cp.cuda.Stream.null
+        start = time.perf_counter()
+        warmed = self._warm(fn, warmup, time_limit, progress, start)
+        cp.cuda.Device().synchronize()
+
+        def recorded(fn):
+            begin, end = cp.cuda.Event(), cp.cuda.Event()
+            begin.record(stream)
+            fn()
+            end.record(stream)
+            return begin, end
+        pairs, limited = self._sample(fn, iterations, time_limit, progress, start, recorded)
+        cp.cuda.Device().synchronize()
+        return Timing([cp.cuda.get_elapsed_time(b, e) for b, e in pairs], warmed, self.method,
+                      limited)
+
+
+def cupy_problem() -> Optional[str]:
+    """None if CuPy can run on a GPU here, else why not."""
+    try:
+        import cupy
+        cupy.cuda.runtime.getDeviceCount()
+        (cupy.zeros(1) + 1).get()
+    except Exception as err:  # noqa: BLE001 - not importable, no device, wrong build
+        return f"{type(err).__name__}: {err}".splitlines()[0]
+    return None
+
+
+def make_timer(device: str, flush: bool = True, events: str = "torch") -> _Timer:
+    """The timer of ``device``; on the GPU, ``events`` picks CuPy's or torch's CUDA events."""
+    if device != "gpu":
+        return CpuTimer(flush)
+    return CupyEventTimer(flush) if events == "cupy" else CudaEventTimer(flush)
 
 
 def prepared_call(build, arrays: Dict[str, object]) -> Callable[[], object]:

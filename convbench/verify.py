@@ -113,17 +113,24 @@ def reduction_length(layer: Layer, pass_: Pass) -> int:
 
 
 def make_reference(layer: Layer, pass_: Pass = Pass.FWD, seed: int = 0,
-                   dtype="float32") -> Reference:
-    return reference_for(layer, pass_, make_inputs(layer, pass_, seed, dtype))
+                   dtype="float32", device: str = "cpu") -> Reference:
+    return reference_for(layer, pass_, make_inputs(layer, pass_, seed, dtype), device)
 
 
-def reference_for(layer: Layer, pass_: Pass, inputs) -> Reference:
-    """The float64 ground truth of ``pass_`` on given inputs (logical layout, CPU)."""
+def reference_for(layer: Layer, pass_: Pass, inputs, device: str = "cpu") -> Reference:
+    """The float64 ground truth of ``pass_`` on given inputs (logical layout).
+
+    The inputs are kept on the CPU; the float64 results are computed on ``device``
+    (``gpu``: torch's float64 convolution on the GPU, which is exact enough to be the
+    ground truth and keeps large layers from taking minutes on the host) and stay there.
+    """
     import torch
     inputs = {k: v.detach().to("cpu") for k, v in inputs.items()}
+    tdev = "cuda" if device == "gpu" else "cpu"
     with torch.no_grad():
-        ref = torch_pass(layer, pass_, {k: v.double() for k, v in inputs.items()})
-        absref = torch_pass(layer, pass_, {k: v.double().abs() for k, v in inputs.items()})
+        ref = torch_pass(layer, pass_, {k: v.to(tdev, torch.float64) for k, v in inputs.items()})
+        absref = torch_pass(layer, pass_, {k: v.to(tdev, torch.float64).abs()
+                                           for k, v in inputs.items()})
     return Reference(layer, Pass(pass_), inputs, ref, absref, reduction_length(layer, pass_))
 
 
@@ -132,11 +139,12 @@ def compare(out, reference: Reference, unit_roundoff: float, name: str = "torch-
     """Check ``out`` (logical layout, any device) against ``ref`` (default: the float64
     ground truth) with the tolerance of the module docstring times ``slack``.
 
-    Works through ``chunk`` elements at a time, so that large layers need no
-    full-size float64 temporaries beyond the reference itself.
+    Works through ``chunk`` elements at a time on the device ``out`` lives on, so that
+    large layers need no full-size float64 temporaries beyond the reference itself.
     """
     import torch
     ref = reference.ref if ref is None else ref
+    dev = out.device
     if tuple(out.shape) != tuple(ref.shape):
         raise ValueError(f"output shape {tuple(out.shape)} != reference {tuple(ref.shape)}")
     scale = slack * TOL_FACTOR * math.sqrt(reference.reduction_len) * unit_roundoff
@@ -145,14 +153,14 @@ def compare(out, reference: Reference, unit_roundoff: float, name: str = "torch-
     nonfinite, max_abs, max_ref, worst = 0, 0.0, 0.0, 0.0
     for start in range(0, flat_out.numel(), chunk):
         piece = slice(start, start + chunk)
-        o = flat_out[piece].to("cpu", torch.float64)
-        r = flat_ref[piece].to("cpu", torch.float64)
+        o = flat_out[piece].to(dev, torch.float64)
+        r = flat_ref[piece].to(dev, torch.float64)
         err = (o - r).abs()
         finite = torch.isfinite(o)
         nonfinite += int((~finite).sum())
         # err/tol, with exact matches passing even where the tolerance is 0 (all terms 0);
         # non-finite outputs (unwritten NaN poison) get an infinite ratio.
-        ratio = torch.where(err == 0, 0.0, err / (flat_abs[piece].to("cpu") * scale))
+        ratio = torch.where(err == 0, 0.0, err / (flat_abs[piece].to(dev) * scale))
         ratio = torch.where(finite, ratio, math.inf)
         worst = max(worst, float(ratio.max()))
         if bool(finite.any()):
@@ -199,9 +207,15 @@ def verify_build(build, reference: Reference, device: str = "cpu",
     """All checks for one build: the float64 ground truth; on the GPU also torch's float32
     convolution (TF32 off) and, where cuDNN is usable, cuDNN through this project's
     bindings (IEEE FP32, algorithm ``cudnn_algo``)."""
-    import torch
     out = run_build(build, reference, device)
-    u = build.spec.dtype.unit_roundoff
+    return check_output(out, reference, build.spec.dtype.unit_roundoff, device, cudnn_algo)
+
+
+def check_output(out, reference: Reference, unit_roundoff: float, device: str = "cpu",
+                 cudnn_algo: str = "find") -> list:
+    """The checks of :func:`verify_build` on an output already computed (logical layout)."""
+    import torch
+    u = unit_roundoff
     checks = [compare(out, reference, u)]
     if device == "gpu":
         prev = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)

@@ -22,6 +22,7 @@ import platform
 import shlex
 import subprocess
 import sys
+import types
 import time
 from pathlib import Path
 
@@ -359,3 +360,26 @@ def load_script(name):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def in_process(module, capsys):
+    """``call(*args)``: ``module.main(args)`` in this process, with its exit status and
+    what it printed, as ``subprocess.run`` would return them."""
+    def call(*args):
+        status = module.main([str(a) for a in args])
+        out, err = capsys.readouterr()
+        return types.SimpleNamespace(returncode=status, stdout=out, stderr=err)
+    return call
+
+
+def assert_usage_error(result, *words, prefix=""):
+    """Exit status 2 and one line on stderr (starting with ``prefix``, holding ``words``),
+    no traceback anywhere; returns the line."""
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(prefix), lines[0]
+    assert "Traceback" not in result.stderr + result.stdout
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]

@@ -6,13 +6,13 @@ import json
 import math
 import subprocess
 import time
-import types
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import ENV, PYTHON, ROOT
+from conftest import ENV, PYTHON, ROOT, in_process
+from conftest import assert_usage_error as _assert_usage_error
 from convbench.layers import Layer
 
 SCRIPT = ROOT / "scripts" / "stress_test.py"
@@ -45,22 +45,11 @@ def run(*args, timeout=300):
 @pytest.fixture
 def main(capsys):
     """The script's ``main`` in this process, returning what ``run`` returns."""
-    def call(*args):
-        status = stress.main([str(a) for a in args])
-        out, err = capsys.readouterr()
-        return types.SimpleNamespace(returncode=status, stdout=out, stderr=err)
-    return call
+    return in_process(stress, capsys)
 
 
 def assert_usage_error(result, *words):
-    assert result.returncode == 2, result.stdout + result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith(PREFIX), lines[0]
-    assert "Traceback" not in result.stderr + result.stdout
-    for word in words:
-        assert word in lines[0], (word, lines[0])
-    return lines[0]
+    return _assert_usage_error(result, *words, prefix=PREFIX)
 
 
 # -- a small run ---------------------------------------------------------------------------

@@ -1,0 +1,303 @@
+"""The GPU campaign kit (``scripts/gpu_campaign.py``, ``convbench.campaign``): its plan,
+its CPU rehearsal with three planted failures, resume, pack, unpack and the ncu parser."""
+
+import json
+import subprocess
+import tarfile
+import types
+
+import pytest
+
+from conftest import assert_usage_error as _assert_usage_error
+from conftest import in_process, load_script
+from convbench import campaign, campaign_cli, ncu, registry
+
+script = load_script("gpu_campaign.py")
+
+
+@pytest.fixture
+def main(capsys):
+    return in_process(script, capsys)
+
+
+def assert_usage_error(result, *words):
+    return _assert_usage_error(result, *words, prefix="gpu_campaign.py: error: ")
+
+
+# -- the plan -------------------------------------------------------------------------------------
+
+def test_core_plan_covers_every_gpu_implementation_and_all_cosmoflow_layers():
+    cases = campaign.plan_cases("core", "gpu", planted=False)
+    gpu_impls = {n for n, i in registry.all_implementations().items() if "gpu" in i.targets}
+    every = {(c.impl, c.layer_set, c.layer.name) for c in cases if c.group == "every-impl"}
+    for layer_set, name, _ in campaign.REPRESENTATIVE:
+        assert {i for i, s, n in every if (s, n) == (layer_set, name)} == gpu_impls
+    for layer_set, batch in campaign.ORIGINAL_BATCH.items():
+        layers = campaign.load_layers(layer_set)
+        for impl in campaign.BEST_OF:
+            got = {c.layer.name for c in cases if c.impl == impl and c.layer_set == layer_set
+                   and c.layer.batch == batch}
+            assert got == {layer.name for layer in layers}, (impl, layer_set)
+    assert len({c.id for c in cases}) == len(cases)
+    # The references are timed once per layer and pass.
+    timed = [(c.layer_set, c.layer, c.implementation.pass_) for c in cases if c.time_refs]
+    assert len(timed) == len(set(timed)) == len(
+        {(c.layer_set, c.layer, c.implementation.pass_) for c in cases})
+    assert not [c for c in cases if c.planted]
+
+
+def test_planted_cases_only_when_asked():
+    kinds = sorted(c.planted for c in campaign.plan_cases("smoke", "cpu", planted=True)
+                   if c.planted)
+    assert kinds == sorted(campaign.PLANTED)
+    assert not [c for c in campaign.plan_cases("smoke", "cpu", planted=False) if c.planted]
+
+
+def test_dry_run_core_fits_the_device_budget(main):
+    result = main("--dry-run", "--tier", "core")
+    assert result.returncode == 0, result.stderr
+    assert "budget 20 min: fits" in result.stdout, result.stdout
+    cases = campaign.plan_cases("core", "gpu", planted=False)
+    est = campaign.estimate(cases, "gpu", 16, 50, 5, 2.0)
+    assert est.total_s <= campaign.BUDGET_S["core"]
+    assert all(sum(est.phases[p] for p in call) <= campaign.CALL_LIMIT_S for call in est.calls)
+    assert "scripts/gpu_campaign.py run --tier core" in result.stdout
+    assert "--archive $OUT/campaign.tar.gz" in result.stdout
+
+
+def test_estimate_grows_with_build_time(tmp_path):
+    """The build phase follows the measured build time found in a cache's manifests."""
+    for i, seconds in enumerate((100.0, 120.0, 110.0)):
+        entry = tmp_path / f"e{i}"
+        entry.mkdir()
+        (entry / "manifest.json").write_text(json.dumps(
+            {"key": {"target": "gpu"}, "build_seconds": {"compile": seconds}}))
+    assert campaign.measured_build_seconds("gpu", tmp_path)[0] == 110.0
+    cases = campaign.plan_cases("smoke", "gpu", planted=False)
+    slow = campaign.estimate(cases, "gpu", 16, 50, 5, 2.0, cachedir=tmp_path)
+    fast = campaign.estimate(cases, "gpu", 16, 50, 5, 2.0)
+    assert slow.phases["builds"] == 110.0 > fast.phases["builds"]
+
+
+# -- bad input ----------------------------------------------------------------------------------
+
+def test_bad_input_is_one_line(main, tmp_path):
+    assert_usage_error(main("run", "--tier", "huge"), "--tier")
+    assert_usage_error(main("run", "--target", "tpu", "--out", tmp_path / "x"), "--target")
+    assert_usage_error(main("run", "--skip", "lunch", "--target", "cpu"), "--skip", "lunch")
+    assert_usage_error(main("run", "--time-limit", "0", "--target", "cpu"), "--time-limit")
+    assert_usage_error(main(), "pack, run or unpack")
+    assert_usage_error(main("unpack", tmp_path / "none.tar.gz"), "no file")
+
+
+def test_gpu_target_without_a_gpu_is_a_usage_error(main, tmp_path):
+    from convbench import devices
+    if devices.gpu_usable():
+        pytest.skip("a GPU is usable here")
+    assert_usage_error(main("run", "--tier", "smoke", "--out", tmp_path / "g"),
+                       "--target gpu", "--target cpu")
+
+
+# -- the CPU rehearsal --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def rehearsal(tmp_path_factory, cachedir):
+    """``run --target cpu --tier smoke`` once for the module (about a minute)."""
+    out = tmp_path_factory.mktemp("campaign") / "rehearsal"
+    archive = out.parent / "campaign.tar.gz"
+    status = script.main(["run", "--target", "cpu", "--tier", "smoke", "--out", str(out),
+                          "--cachedir", str(cachedir), "--iterations", "3", "--warmup", "1",
+                          "--time-limit", "0.5", "--archive", str(archive), "--threads", "1"])
+    return types.SimpleNamespace(status=status, out=out, archive=archive)
+
+
+def _records(out):
+    return {json.loads(p.read_text())["id"]: json.loads(p.read_text())
+            for p in (out / "cases").glob("*.json")}
+
+
+def test_rehearsal_records_every_case_and_the_three_planted_failures(rehearsal):
+    assert rehearsal.status == 0
+    records = _records(rehearsal.out)
+    planned = campaign.plan_cases("smoke", "cpu", planted=True)
+    assert set(records) == {c.id for c in planned}
+    by_kind = {r["case"]["planted"]: r for r in records.values() if r["case"]["planted"]}
+    crash, hang, wrong = by_kind["crash"], by_kind["hang"], by_kind["wrong"]
+    assert crash["status"] == "crash" and "signal 11" in crash["detail"], crash
+    assert "planted crash" in crash["log_tail"]
+    assert hang["status"] == "timeout" and "limit" in hang["detail"], hang
+    assert wrong["status"] == "wrong", wrong
+    assert [c["ok"] for c in wrong["checks"]] == [False]
+    assert "timings" not in wrong  # a wrong result is not timed
+    for rid, rec in records.items():
+        if rec["case"]["planted"]:
+            continue
+        assert rec["status"] == "verified", (rid, rec.get("detail"))
+        assert set(rec["timings"]) >= {"dace"}
+        assert rec["timings"]["dace"]["samples"] == len(rec["timings"]["dace"]["samples_ms"]) >= 1
+        assert (rehearsal.out / rec["log"]).is_file()
+    # torch was timed once per pass on the layer, next to the first implementation of it.
+    with_refs = [r for r in records.values() if "torch" in r.get("timings", {})]
+    assert sorted(r["case"]["impl"] for r in with_refs) == sorted(
+        c.impl for c in planned if c.time_refs)
+
+
+def test_rehearsal_writes_the_layout_and_the_table(rehearsal):
+    out = rehearsal.out
+    for name in ("campaign.json", "state.json", "identity/versions.json", "ceilings.json",
+                 "builds.json", "summary.csv", "README.md"):
+        assert (out / name).is_file(), name
+    state = json.loads((out / "state.json").read_text())["phases"]
+    assert state["identity"]["status"] == state["cases"]["status"] == "done"
+    assert state["tests"]["status"] == state["roofline"]["status"] == "skipped"
+    ceilings = json.loads((out / "ceilings.json").read_text())
+    assert ceilings["peak_gflops"] > 0 and ceilings["tf32_gflops"] is None
+    assert ceilings["tensor_method"].startswith("not measured")
+    readme = (out / "README.md").read_text()
+    for pass_ in ("fwd", "bwd_data", "bwd_filter"):
+        assert f"| {pass_} |" in readme, pass_
+    assert "1 crash" in readme and "1 timeout" in readme and "1 wrong" in readme
+    assert "not measured" in readme  # the tensor-core ceilings
+    with tarfile.open(rehearsal.archive) as tar:
+        names = tar.getnames()
+    assert f"{out.name}/README.md" in names and f"{out.name}/cases" in names
+
+
+def test_resume_skips_what_is_recorded(rehearsal, main):
+    before = {p.name: p.stat().st_mtime_ns for p in (rehearsal.out / "cases").iterdir()}
+    result = main("run", "--target", "cpu", "--tier", "smoke", "--out", rehearsal.out,
+                  "--resume", "--cachedir", rehearsal.out.parent / "unused-cache")
+    assert result.returncode == 0, result.stderr
+    assert "[cases] recorded already" in result.stdout and "[ceilings] recorded already" in result.stdout
+    after = {p.name: p.stat().st_mtime_ns for p in (rehearsal.out / "cases").iterdir()}
+    assert after == before
+    # Without --resume the folder is refused; with another tier too.
+    assert_usage_error(main("run", "--target", "cpu", "--out", rehearsal.out), "--resume")
+    assert_usage_error(main("run", "--target", "cpu", "--tier", "core", "--resume", "--out",
+                            rehearsal.out), "smoke")
+
+
+def test_unpack_and_index(rehearsal, main, tmp_path):
+    into = tmp_path / "gpu"
+    result = main("unpack", rehearsal.archive, "--into", into)
+    assert result.returncode == 0, result.stderr
+    assert (into / rehearsal.out.name / "README.md").is_file()
+    index = (into / "README.md").read_text()
+    assert f"[{rehearsal.out.name}]" in index and "| smoke | cpu |" in index
+    evil = tmp_path / "evil.tar.gz"
+    with tarfile.open(evil, "w:gz") as tar:
+        tar.add(rehearsal.out / "README.md", arcname="../escape.md")
+    assert_usage_error(main("unpack", evil, "--into", into), "not one campaign folder")
+    assert not (tmp_path / "escape.md").exists()
+
+
+# -- pack ---------------------------------------------------------------------------------------
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    root = tmp_path / "repo"
+    root.mkdir()
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    (root / ".gitignore").write_text("/.carry/\n")
+    (root / "code.py").write_text("x = 1\n")
+    from convbench import toolchain
+    monkeypatch.setattr(toolchain, "PROJECT_ROOT", root)
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    for name in ("dace-1.0.2-py3-none-any.whl", "numpy-1.26.4-cp312-x.whl",
+                 "networkx-3.4.2-py3-none-any.whl"):
+        (wheels / name).write_bytes(b"w" * 1000)
+    return types.SimpleNamespace(root=root, wheels=wheels)
+
+
+def test_pack_fills_the_carry_folder_and_prints_the_host_command(repo, main):
+    result = main("pack", "--wheels", repo.wheels)
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in (repo.root / ".carry" / "wheels").iterdir()) == sorted(
+        p.name for p in repo.wheels.iterdir())
+    assert "3 wheels" in result.stdout and "of 64 MiB" in result.stdout
+    command = next(line for line in result.stdout.splitlines() if "pip install" in line)
+    assert "--no-index" in command and "run --tier core" in command and "--resume" in command
+    assert len(command.strip()) <= 2000  # the device tool's limit on a command
+
+
+def test_pack_refuses_what_would_not_travel(repo, main):
+    big = repo.root / "big.bin"
+    with open(big, "wb") as f:
+        f.truncate(65 << 20)  # untracked, not ignored: it travels
+    result = main("pack", "--wheels", repo.wheels)
+    assert result.returncode == 1 and "over the 64 MiB limit" in result.stdout
+    big.unlink()
+    (repo.wheels / "dace-1.0.2-py3-none-any.whl").unlink()
+    assert_usage_error(main("pack", "--wheels", repo.wheels), "dace")
+    (repo.root / ".gitignore").write_text("")
+    (repo.wheels / "dace-1.0.2-py3-none-any.whl").write_bytes(b"w")
+    assert_usage_error(main("pack", "--wheels", repo.wheels), "not ignored")
+
+
+# -- the ncu parser -----------------------------------------------------------------------------
+
+def _ncu_csv(rows):
+    head = ['"ID"', '"Process ID"', '"Kernel Name"'] + [f'"{m}"' for m in ncu.METRICS]
+    units = ['""', '""', '""'] + ['"inst"'] * 3 + ['"byte"'] * 3 + ['"nsecond"']
+    lines = ["==PROF== Connected to process 1", "program output", ",".join(head),
+             ",".join(units)]
+    for i, (kernel, values) in enumerate(rows):
+        lines.append(",".join([f'"{i}"', '"1"', f'"{kernel}"'] + [f'"{v}"' for v in values]))
+    return "\n".join(lines) + "\n==PROF== Disconnected\n"
+
+
+def test_ncu_segments_and_roofline_numbers():
+    marker = (ncu.MARKER, [0, 0, 0, 0, 0, 0, 1000])
+    text = _ncu_csv([marker, ("dace_kernel", [10, 20, 100, 1000, 2000, 4000, 1_000_000]),
+                     marker, ("cudnn_a", [0, 0, 50, 100, 200, 400, 500_000]),
+                     ("cudnn_b", [5, 5, 0, 100, 200, 400, 500_000])])
+    rows = ncu.parse_csv(text)
+    assert [r["kernel"] for r in rows] == [ncu.MARKER, "dace_kernel", ncu.MARKER, "cudnn_a",
+                                           "cudnn_b"]
+    parts = ncu.segments(rows, ["l.dace", "l.cudnn"])
+    dace = ncu.summarize(parts["l.dace"])
+    assert dace["flops"] == 10 + 20 + 2 * 100
+    assert dace["dram_intensity"] == pytest.approx(230 / 1000)
+    assert dace["l1tex_intensity"] == pytest.approx(230 / 4000)
+    assert dace["gflops"] == pytest.approx(230 / 1e-3 / 1e9)
+    cudnn = ncu.summarize(parts["l.cudnn"])
+    assert cudnn["flops"] == 100 + 10 and cudnn["dram_bytes"] == 200
+    assert cudnn["kernels"] == ["cudnn_a", "cudnn_b"]
+    with pytest.raises(ValueError, match="marker"):
+        ncu.segments(rows, ["only one"])
+
+
+def test_campaign_cli_names_every_phase_in_its_help():
+    text = campaign_cli.build_parser().format_help()
+    assert "--dry-run" in text and "pack|run|unpack" in text
+
+
+def test_resume_runs_only_what_is_missing(rehearsal, main, tmp_path, cachedir):
+    """A run cut off keeps its recorded cases: resume runs the missing ones only."""
+    import shutil
+    out = tmp_path / "cut"
+    shutil.copytree(rehearsal.out, out)
+    missing = sorted((out / "cases").glob("*.json"))[:2]
+    kept = {p.name: p.stat().st_mtime_ns for p in (out / "cases").glob("*.json")
+            if p not in missing}
+    for p in missing:
+        p.unlink()
+    state = json.loads((out / "state.json").read_text())
+    state["phases"]["cases"]["status"] = "partial"
+    (out / "state.json").write_text(json.dumps(state))
+    result = main("run", "--target", "cpu", "--tier", "smoke", "--out", out, "--resume",
+                  "--cachedir", cachedir, "--iterations", "2", "--warmup", "0")
+    assert result.returncode == 0, result.stderr
+    assert "[cases] 2 to run (16 recorded already)" in result.stdout
+    assert {p.name for p in missing} <= {p.name for p in (out / "cases").glob("*.json")}
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "cases").glob("*.json")
+            if p.name in kept} == kept
+
+
+def test_time_budget_leaves_work_for_resume(main, tmp_path, cachedir):
+    result = main("run", "--target", "cpu", "--tier", "smoke", "--out", tmp_path / "b",
+                  "--cachedir", cachedir, "--skip", "ceilings,builds", "--time-budget", "0.01")
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "time budget spent" in result.stdout and "--resume" in result.stdout
+    assert not list((tmp_path / "b" / "cases").glob("*.json"))
