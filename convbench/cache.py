@@ -290,6 +290,10 @@ def fill(jobs: Iterable[Job], cachedir: os.PathLike, workers: int,
     try:
         futures = {pool.submit(_fill_one, job, str(cachedir), force): job for job in jobs}
         for fut in cf.as_completed(futures):
-            yield (futures[fut], *fut.result())
+            try:
+                result = fut.result()
+            except Exception as err:  # noqa: BLE001 - a worker died (killed for memory, say)
+                result = ("failed", 0.0, f"{type(err).__name__}: {err}".splitlines()[0][:300])
+            yield (futures[fut], *result)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)

@@ -7,7 +7,7 @@ kernel's arithmetic intensity at a level is its FLOPs over the bytes at that lev
 
 How a campaign profiles: one process (:func:`profile_main`, run under ``ncu
 --profile-from-start off``) warms every target up outside any profiled range, then, per
-target, opens a profiled range (``cudaProfilerStart``), launches a marker kernel named
+target, opens a profiled range (``cudaProfilerStart``), launches the marker kernel
 :data:`MARKER`, calls the target once and closes the range.  The marker rows split ncu's
 CSV into one segment per target, whatever number of kernels each launched (cuDNN may
 launch several).
@@ -31,7 +31,9 @@ METRICS = (
     "gpu__time_duration.sum",
 )
 LEVELS = ("dram", "lts", "l1tex")
-MARKER = "convbench_ncu_marker"
+#: The marker: torch's ``torch.cuda._sleep`` kernel (ATen's ``spin_kernel``), which neither
+#: cuDNN nor a DaCe build launches; torch is on every GPU host, CuPy may not import there.
+MARKER = "spin_kernel"
 
 
 def ncu_command() -> List[str]:
@@ -146,28 +148,32 @@ def plot(points: Dict[str, dict], ceilings: dict, path: str) -> Optional[str]:
 def profile_main(targets_json: str, labels_out: str) -> int:
     """Under ncu: build every target's call, warm each up, then profile each once between
     a marker kernel and the end of its profiled range.  Writes the labels in order."""
-    import cupy
     import torch
     from . import campaign
     targets = json.loads(open(targets_json).read())
-    import numpy
-    marker = cupy.RawKernel(r'extern "C" __global__ void %s(int n) { }' % MARKER, MARKER)
-    calls = []
-    for t in targets:
-        calls.append((t["label"], campaign.profile_call(t)))
-    for _, fn in calls:  # warm-up, outside any profiled range
-        fn()
-    torch.cuda.synchronize()
+    calls, failed = [], {}
+    for t in targets:  # a target that cannot be prepared or run is left out, and said so
+        try:
+            fn = campaign.profile_call(t)
+            fn()  # warm-up, outside any profiled range
+            torch.cuda.synchronize()
+            calls.append((t["label"], fn))
+        except Exception as err:  # noqa: BLE001
+            failed[t["label"]] = f"{type(err).__name__}: {err}".splitlines()[0][:300]
+            print(f"roofline target {t['label']} failed: {failed[t['label']]}", file=sys.stderr)
     labels = []
     for label, fn in calls:
         torch.cuda.profiler.start()
-        marker((1,), (1,), (numpy.int32(0),))
+        torch.cuda._sleep(1)  # the marker kernel: the next rows belong to this target
         fn()
         torch.cuda.synchronize()
         torch.cuda.profiler.stop()
         labels.append(label)
     with open(labels_out, "w") as f:
         json.dump(labels, f)
+    if failed:
+        with open(labels_out + ".failed.json", "w") as f:
+            json.dump(failed, f, indent=1)
     return 0
 
 
