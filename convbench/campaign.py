@@ -44,9 +44,9 @@ import tarfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from .errors import UsageError
+from .errors import UsageError, check_at_least
 from .layers import Layer, load_layers
 from .results import write_atomic
 
@@ -179,7 +179,7 @@ def plan_cases(tier: str, target: str, planted: bool) -> List[Case]:
     return cases
 
 
-def measured_build_seconds(target: str, cachedir: Optional[os.PathLike]) -> (float, str):
+def measured_build_seconds(target: str, cachedir: Optional[os.PathLike]) -> Tuple[float, str]:
     """Median seconds per build of ``target`` in the manifests of ``cachedir`` (a build
     cache that has GPU builds in it, say), else :data:`DEFAULT_BUILD_SECONDS`."""
     times = []
@@ -206,6 +206,7 @@ class Estimate:
     build_seconds: float
     build_source: str
     cores: int
+    builds: int
 
     @property
     def run_s(self) -> float:
@@ -232,8 +233,7 @@ def estimate(cases: Sequence[Case], target: str, cores: int, iterations: int, wa
     """Host seconds per phase, and the phases split into calls of at most
     ``CALL_FILL * CALL_LIMIT_S`` (a later call builds again what its cases need)."""
     per_build, source = measured_build_seconds(target, cachedir)
-    builds = len({c.job().spec().name for c in cases if not c.planted}) + bool(
-        [c for c in cases if c.planted])
+    builds = len({c.job().spec().name for c in cases})  # planted cases share a build
     waves = math.ceil(builds / max(1, cores))
     phases = {"identity": 5.0, "ceilings": 20.0 if target == "gpu" else 8.0,
               "builds": waves * per_build,
@@ -267,7 +267,7 @@ def estimate(cases: Sequence[Case], target: str, cores: int, iterations: int, wa
         current.append(phase)
         used += seconds
     calls.append(current)
-    return Estimate(phases, calls, per_build, source, cores)
+    return Estimate(phases, calls, per_build, source, cores, builds)
 
 
 # -- the folder ---------------------------------------------------------------------------------
@@ -606,10 +606,9 @@ def run_cases(folder: Folder, cases: Sequence[Case], build_failures: Dict[str, s
 
 
 def _refs_key(case: dict) -> tuple:
+    """(set, layer, pass) of a case in its JSON form: the references are timed once per key."""
     from . import registry
-    layer = case["layer"]
-    return (case["layer_set"], tuple(sorted(layer.items(), key=lambda kv: kv[0])),
-            str(registry.get(case["impl"]).pass_))
+    return (case["layer_set"], Layer(**case["layer"]), registry.get(case["impl"]).pass_)
 
 
 def _case_line(record: dict) -> str:
@@ -805,13 +804,13 @@ def run_gpu_tests(folder: Folder, target: str, timeout: float, cores: int) -> di
 def best_per_layer(records: Iterable[dict]) -> Dict[tuple, dict]:
     """Per (set, layer, batch, pass): the fastest verified DaCe record, and the references'
     medians from whichever record timed them."""
+    from . import registry
     rows: Dict[tuple, dict] = {}
     for rec in records:
         case = rec.get("case", {})
         if case.get("planted") or "timings" not in rec:
             continue
         layer = case["layer"]
-        from . import registry
         key = (case["layer_set"], layer["name"], layer["batch"],
                str(registry.get(case["impl"]).pass_))
         row = rows.setdefault(key, {"best": None, "refs": {}, "gflop": rec.get("gflop")})
@@ -1065,10 +1064,8 @@ def check_options(o: Options) -> None:
         raise UsageError(f"--skip: unknown phase(s) {', '.join(bad)} (phases: {', '.join(PHASES)})")
     if o.events not in ("auto", "cupy", "torch"):
         raise UsageError(f"--events: choose from auto, cupy, torch, got '{o.events}'")
-    for flag, value, least in (("--iterations", o.iterations, 1), ("--warmup", o.warmup, 0),
-                               ("--workers", o.workers, 0)):
-        if value < least:
-            raise UsageError(f"{flag}: must be an integer >= {least}, got {value}")
+    check_at_least(("--iterations", o.iterations, 1), ("--warmup", o.warmup, 0),
+                   ("--workers", o.workers, 0))
     for flag, value in (("--time-limit", o.time_limit), ("--time-budget", o.time_budget),
                         ("--case-timeout", o.case_timeout or 1)):
         if value is not None and not value > 0:
@@ -1087,7 +1084,7 @@ def format_plan(o: Options, cases: Sequence[Case]) -> str:
     groups: Dict[str, int] = {}
     for c in cases:
         groups[c.group] = groups.get(c.group, 0) + 1
-    builds = len({c.job().spec().name for c in cases})
+    builds = est.builds
     budget = BUDGET_S[o.tier]
     lines = [f"Campaign plan: tier {o.tier}, target {o.target}, {len(cases)} cases ("
              + ", ".join(f"{n} {g}" for g, n in groups.items()) + f"), {builds} builds.",

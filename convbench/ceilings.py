@@ -90,11 +90,19 @@ def _best_seconds(fn, repeat: int, device: str) -> float:
     return best
 
 
-def _time_sgemm(n: int, tdev: str, device: str) -> float:
+def _time_gemm(n: int, tdev: str, device: str, dtype=None, tf32: bool = False) -> float:
+    """Best seconds of ``torch.mm`` of ``n`` x ``n`` random ``dtype`` (float32) matrices,
+    with torch's TF32 switch set to ``tf32`` meanwhile (it matters on a GPU only)."""
     import torch
-    a, b = torch.rand(n, n, device=tdev), torch.rand(n, n, device=tdev)
-    c = torch.empty(n, n, device=tdev)
-    return _best_seconds(lambda: torch.mm(a, b, out=c), 5, device)
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    try:
+        dtype = dtype or torch.float32
+        a, b = (torch.rand(n, n, device=tdev, dtype=dtype) for _ in range(2))
+        c = torch.empty(n, n, device=tdev, dtype=dtype)
+        return _best_seconds(lambda: torch.mm(a, b, out=c), 5, device)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
 
 
 def _time_copy(nbytes: int, tdev: str, device: str) -> float:
@@ -110,12 +118,7 @@ def measure(device: str) -> Dict[str, object]:
         n, copy_bytes, tdev = 8192, 1 << 30, "cuda"
     else:
         n, copy_bytes, tdev = 3072, 256 << 20, "cpu"
-    prev = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        t_mm = _time_sgemm(n, tdev, device)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = prev
+    t_mm = _time_gemm(n, tdev, device)
     t_copy = _time_copy(copy_bytes, tdev, device)
     where = "device-to-device copy" if device == "gpu" else "copy"
     extra = {}
@@ -133,26 +136,13 @@ def measure(device: str) -> Dict[str, object]:
     }
 
 
-def _time_gemm(n: int, dtype, tf32: bool) -> float:
-    import torch
-    prev = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    try:
-        a = torch.rand(n, n, device="cuda", dtype=dtype)
-        b = torch.rand(n, n, device="cuda", dtype=dtype)
-        c = torch.empty(n, n, device="cuda", dtype=dtype)
-        return _best_seconds(lambda: torch.mm(a, b, out=c), 5, "gpu")
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = prev
-
-
 def tensor_core_peaks(n: int = 8192) -> Dict[str, object]:
     """The GPU's tensor-core GEMM rates (GFLOP/s): TF32 (float32 operands, ``allow_tf32``)
     and FP16 (half operands, float accumulation by cuBLAS), ``torch.mm`` of ``n`` x ``n``,
     best of 5 with CUDA events, on random data (never zeros)."""
     import torch
     flop = 2 * n ** 3
-    return {"tf32_gflops": flop / _time_gemm(n, torch.float32, True) / 1e9,
-            "fp16_gflops": flop / _time_gemm(n, torch.float16, False) / 1e9,
+    return {"tf32_gflops": flop / _time_gemm(n, "cuda", "gpu", torch.float32, True) / 1e9,
+            "fp16_gflops": flop / _time_gemm(n, "cuda", "gpu", torch.float16) / 1e9,
             "tensor_method": f"torch.mm {n}x{n}, TF32 (float32, allow_tf32) and FP16 "
                              "(float16), best of 5, CUDA events"}

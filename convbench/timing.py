@@ -174,40 +174,68 @@ class CpuTimer(_Timer):
         return samples
 
 
-class CudaEventTimer(_Timer):
+class _EventTimer(_Timer):
+    """A pair of CUDA events per sample on the stream DaCe's GPU builds launch on (the
+    legacy default stream), read after the last sample; subclasses supply the events."""
+
+    def _check_stream(self) -> None:
+        pass
+
+    def _synchronize(self) -> None:
+        raise NotImplementedError
+
+    def _record(self, fn):
+        """Call ``fn`` between two recorded events; the pair."""
+        raise NotImplementedError
+
+    def _elapsed_ms(self, pair) -> float:
+        raise NotImplementedError
+
+    def measure(self, fn, warmup=10, iterations=100, time_limit=None, progress=None) -> Timing:
+        self._check_stream()
+        start = time.perf_counter()
+        warmed = self._warm(fn, warmup, time_limit, progress, start)
+        self._synchronize()
+        pairs, limited = self._sample(fn, iterations, time_limit, progress, start, self._record)
+        self._synchronize()
+        return Timing([self._elapsed_ms(p) for p in pairs], warmed, self.method, limited)
+
+
+class CudaEventTimer(_EventTimer):
     method = ("CUDA events on the default stream around each call, L2 flushed before each "
               "(256 MiB write)")
 
     def __init__(self, flush: bool = True):
         super().__init__(flush)
         import torch
+        self._torch = torch
         self.flush_bytes = GPU_FLUSH_BYTES if flush else 0
         if flush:
             self._buffer = torch.empty(GPU_FLUSH_BYTES // 4, dtype=torch.float32, device="cuda")
 
-    def measure(self, fn, warmup=10, iterations=100, time_limit=None, progress=None) -> Timing:
-        import torch
-        stream = torch.cuda.current_stream()
-        if stream != torch.cuda.default_stream():
+    def _check_stream(self) -> None:
+        cuda = self._torch.cuda
+        if cuda.current_stream() != cuda.default_stream():
             raise RuntimeError("CUDA timing needs torch's current stream to be the default "
                                "stream, where DaCe's GPU builds launch")
-        start = time.perf_counter()
-        warmed = self._warm(fn, warmup, time_limit, progress, start)
-        torch.cuda.synchronize()
 
-        def recorded(fn):  # an event pair; read after the last sample
-            begin = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            begin.record(stream)
-            fn()
-            end.record(stream)
-            return begin, end
-        pairs, limited = self._sample(fn, iterations, time_limit, progress, start, recorded)
-        torch.cuda.synchronize()
-        return Timing([b.elapsed_time(e) for b, e in pairs], warmed, self.method, limited)
+    def _synchronize(self) -> None:
+        self._torch.cuda.synchronize()
+
+    def _record(self, fn):
+        cuda = self._torch.cuda
+        stream = cuda.current_stream()
+        begin, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
+        begin.record(stream)
+        fn()
+        end.record(stream)
+        return begin, end
+
+    def _elapsed_ms(self, pair) -> float:
+        return pair[0].elapsed_time(pair[1])
 
 
-class CupyEventTimer(_Timer):
+class CupyEventTimer(_EventTimer):
     """CUDA events through CuPy on the legacy default stream (``cupy.cuda.Stream.null``),
     where DaCe's GPU builds and torch's default stream launch; the flush buffer is a CuPy
     array.  The same protocol as :class:`CudaEventTimer`, without torch on the timing path."""
@@ -227,23 +255,19 @@ class CupyEventTimer(_Timer):
         if self.flush_enabled:
             self._buffer.fill(1.0)
 
-    def measure(self, fn, warmup=10, iterations=100, time_limit=None, progress=None) -> Timing:
-        cp = self._cupy
-        stream = cp.cuda.Stream.null
-        start = time.perf_counter()
-        warmed = self._warm(fn, warmup, time_limit, progress, start)
-        cp.cuda.Device().synchronize()
+    def _synchronize(self) -> None:
+        self._cupy.cuda.Device().synchronize()
 
-        def recorded(fn):
-            begin, end = cp.cuda.Event(), cp.cuda.Event()
-            begin.record(stream)
-            fn()
-            end.record(stream)
-            return begin, end
-        pairs, limited = self._sample(fn, iterations, time_limit, progress, start, recorded)
-        cp.cuda.Device().synchronize()
-        return Timing([cp.cuda.get_elapsed_time(b, e) for b, e in pairs], warmed, self.method,
-                      limited)
+    def _record(self, fn):
+        cuda = self._cupy.cuda
+        begin, end = cuda.Event(), cuda.Event()
+        begin.record(cuda.Stream.null)
+        fn()
+        end.record(cuda.Stream.null)
+        return begin, end
+
+    def _elapsed_ms(self, pair) -> float:
+        return self._cupy.cuda.get_elapsed_time(*pair)
 
 
 def cupy_problem() -> Optional[str]:

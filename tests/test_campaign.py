@@ -295,7 +295,14 @@ def test_resume_runs_only_what_is_missing(rehearsal, main, tmp_path, cachedir):
             if p.name in kept} == kept
 
 
-def test_time_budget_leaves_work_for_resume(main, tmp_path, cachedir):
+def test_time_budget_leaves_work_for_resume(main, tmp_path, cachedir, monkeypatch):
+    identity = campaign.identity
+
+    def slow_identity(*args):  # the budget is spent before the first phase, however fast
+        import time
+        time.sleep(0.05)
+        return identity(*args)
+    monkeypatch.setattr(campaign, "identity", slow_identity)
     result = main("run", "--target", "cpu", "--tier", "smoke", "--out", tmp_path / "b",
                   "--cachedir", cachedir, "--skip", "ceilings,builds", "--time-budget", "0.01")
     assert result.returncode == 3, result.stdout + result.stderr
