@@ -40,10 +40,13 @@ $(STAMP): setup.cfg pyproject.toml Makefile
 run: setup
 	$(PY) profile_conv3d.py --verify --device cpu --batch 1 --paramscsv cosmoflow $(RUN_ARGS)
 
+# lint-imports checks the architecture first (the contracts are in setup.cfg).
 test: setup
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-full: setup
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest --full --coverage-out=$(COVERAGE_OUT) $(PYTEST_ARGS)
 
 clean-cache:

@@ -4,10 +4,8 @@
 A thin wrapper: the logic lives in :mod:`convbench.cli`.  Run with ``--help``.
 """
 
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from convbench.cli import main  # noqa: E402
 

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, Iterator, Mapping, Optional, Tuple
 
 from . import toolchain
+from .files import write_atomic
 from .layers import Layer
 
 #: Bumped when the manifest's meaning changes: older entries become stale.
@@ -106,15 +107,6 @@ def _differences(old: Any, new: Any, prefix: str = "") -> list:
             out += _differences(old.get(k), new.get(k), f"{prefix}{k}.")
         return out
     return [] if old == new else [prefix.rstrip(".")]
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 class BuildCache:
@@ -220,7 +212,7 @@ class BuildCache:
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "host": os.uname().nodename,
         }
-        _write_atomic(folder / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+        write_atomic(folder / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True), sync=True)
         program = toolchain.load_program(library, sdfg) if load else None
         return toolchain.Build(spec=spec, folder=folder, program=program, times=times,
                                library=Path(library), sdfg=sdfg, origin="built")
@@ -229,6 +221,16 @@ class BuildCache:
         """Entry folders that have a manifest."""
         if self.root.is_dir():
             yield from sorted(p.parent for p in self.root.glob(f"*/{MANIFEST}"))
+
+
+def build(spec: "toolchain.BuildSpec", cachedir: Optional[os.PathLike] = None, load: bool = True,
+          policy: str = "rebuild") -> "toolchain.Build":
+    """The build of ``spec`` from the cache in ``cachedir``.
+
+    ``policy``: ``rebuild`` compiles afresh (and stores the result), ``reuse`` loads a
+    valid stored build and compiles on a miss, ``require`` fails on a miss.
+    """
+    return BuildCache(cachedir).get(spec, policy=policy, load=load)
 
 
 # -- filling a cache in parallel ------------------------------------------------------------------

@@ -48,7 +48,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .errors import UsageError, check_at_least
 from .layers import Layer, load_layers
-from .results import write_atomic
+from .files import write_atomic
 
 TIERS = ("smoke", "core", "full")
 PHASES = ("identity", "ceilings", "builds", "cases", "tests", "roofline", "table")
@@ -632,7 +632,7 @@ def worker_main(root: str, options_json: str) -> int:
     folder = Folder(root)
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # stray prints must not reach the protocol channel
-    from .cli import set_threads
+    from .devices import set_threads
     set_threads(options.get("threads"))
     import torch  # noqa: F401 - imported before READY, so that its cost is not a case's
     from . import registry
@@ -672,9 +672,10 @@ def run_case(case: Case, options: dict) -> dict:
     the references; a record (``status``: verified, wrong or refused)."""
     import torch
 
-    from . import references, timing, toolchain, verify
-    from .cache import BuildCache
+    from . import timing, verify
+    from .experiment import Experiment, TimingOptions
     from .layouts import PASS_SIGNATURE
+    from .references import ReferenceOptions
     t_start = time.perf_counter()
     if case.planted == "crash":
         print("planted crash: reading address 0", flush=True)
@@ -689,10 +690,13 @@ def run_case(case: Case, options: dict) -> dict:
     reason = impl.unsupported_reason(layer, params)
     if reason:
         return {"status": "refused", "detail": reason, "params": params}
-    spec = toolchain.make_spec(impl, layer, "float32", device, params)
-    build = BuildCache(options["cachedir"]).get(spec, policy="reuse")
-    seed = options["seed"]
-    reference = verify.make_reference(layer, impl.pass_, seed=seed, device=device)
+    events = options.get("events", "torch")
+    exp = Experiment(impl, [layer], device, policy="reuse", cachedir=options["cachedir"],
+                     seed=options["seed"], timing=TimingOptions(flush=True, events=events),
+                     references=ReferenceOptions(allow_tf32=False, cudnn_algo="find"))
+    build = exp.build(impl, layer, params)
+    spec = build.spec
+    reference = exp.truth(impl.pass_, layer)
     out = verify.run_build(build, reference, device)
     if case.planted == "wrong":
         print("planted wrong result: one output element doubled, plus 1", flush=True)
@@ -713,8 +717,7 @@ def run_case(case: Case, options: dict) -> dict:
     if not ok:
         return record
     # Timing: DaCe (device arrays through CuPy where it runs), then the references.
-    events = options.get("events", "torch")
-    timer = timing.make_timer(device, flush=True, events=events)
+    timer = exp.timer
     arrays = verify.program_arrays(impl, layer, reference.inputs, device, spec.dtype.torch, 0.0)
     del reference.ref, reference.absref
     n, w, limit = options["iterations"], options["warmup"], options["time_limit"]
@@ -737,10 +740,9 @@ def run_case(case: Case, options: dict) -> dict:
     if case.time_refs:
         tdev = "cuda" if device == "gpu" else "cpu"
         inputs = {r: t.to(tdev) for r, t in reference.inputs.items()}
-        ropts = references.ReferenceOptions(allow_tf32=False, cudnn_algo="find")
         backends += [(r.name, lambda r=r: r.prepare(layer, impl.pass_, impl.layout, device,
-                                                     inputs, ropts))
-                     for r in references.available(device)]
+                                                     inputs, exp.ref_options))
+                     for r in exp.reference_backends]
     timings, infos = {}, {}
     for name, prepare in backends:
         try:
@@ -927,16 +929,14 @@ def update_index(results_dir: Path) -> Optional[Path]:
 def profile_call(target: dict) -> Callable[[], object]:
     """A no-argument call of one roofline target (``backend`` dace or cudnn), for
     :func:`convbench.ncu.profile_main`."""
-    from . import references, timing, toolchain, verify
-    from .cache import BuildCache
+    from . import references, verify
+    from .experiment import Experiment
     case = Case.from_json(target["case"])
     impl, layer = case.implementation, case.layer
     inputs = verify.make_inputs(layer, impl.pass_, seed=0)
     if target["backend"] == "dace":
-        spec = toolchain.make_spec(impl, layer, "float32", "gpu", case.params())
-        build = BuildCache(target["cachedir"]).get(spec, policy="reuse")
-        arrays = verify.program_arrays(impl, layer, inputs, "gpu", spec.dtype.torch, 0.0)
-        return timing.prepared_call(build, arrays)
+        exp = Experiment(impl, [layer], "gpu", policy="reuse", cachedir=target["cachedir"])
+        return exp.call(exp.build(impl, layer, case.params()), inputs)
     ref = {r.name: r for r in references.REFERENCES}[target["backend"]]
     return ref.prepare(layer, impl.pass_, impl.layout, "gpu",
                        {r: t.cuda() for r, t in inputs.items()},

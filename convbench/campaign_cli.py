@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import List, Optional
 
 from . import campaign
-from .errors import ArgumentParser, UsageError, add_cachedir_flag, run_main
+from .errors import ArgumentParser, UsageError, run_main
+from .flags import add_cachedir_flag
 
 PROG = "gpu_campaign.py"
 #: The carry folder (ignored by .gitignore) and the device tool's limit on what travels.
@@ -110,8 +111,8 @@ def argparse_suppress():
     return argparse.SUPPRESS
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    return run_main(PROG, _main, argv)
+def main(argv: Optional[List[str]] = None, prog: str = PROG) -> int:
+    return run_main(prog, _main, argv)
 
 
 def _options(args) -> campaign.Options:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import os
+from typing import Optional
 
 from .errors import UsageError
 
@@ -59,3 +61,15 @@ def describe(device: str) -> str:
         pass
     import os
     return f"{cpu} ({os.cpu_count()} logical cores)"
+
+
+def set_threads(threads: Optional[int]) -> Optional[int]:
+    """One thread count for torch and for DaCe's OpenMP code (before either starts)."""
+    if threads is None:
+        env = os.environ.get("OMP_NUM_THREADS", "")
+        threads = int(env) if env.isdigit() and int(env) > 0 else None
+    if threads is not None:
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        import torch
+        torch.set_num_threads(threads)  # also DaCe's: both use the libgomp torch loads
+    return threads

@@ -36,8 +36,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from .errors import (ArgumentParser, UsageError, add_cachedir_flag, add_outdir_flag,
-                     add_threads_flag, check_at_least, run_main)
+from .errors import ArgumentParser, UsageError, check_at_least, run_main
+from .flags import add_cachedir_flag, add_implementation_flag, add_outdir_flag, add_threads_flag
 from .layouts import Pass
 
 PROG = "cosmoflow_end2end.py"
@@ -59,10 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=1, metavar="N",
                    help="untimed iterations first (default 1)")
     p.add_argument("--device", default="auto", metavar="cpu|gpu|auto")
-    p.add_argument("--impl", default=None, metavar="NAME",
-                   help=f"forward implementation of every convolution (default "
-                   f"{DEFAULT_DACE[Pass.FWD]}; '{TORCH}': torch's); backward passes use "
-                   f"{DEFAULT_DACE[Pass.BWD_DATA]} and {DEFAULT_DACE[Pass.BWD_FILTER]}")
+    add_implementation_flag(p, f"forward implementation of every convolution (default "
+                            f"{DEFAULT_DACE[Pass.FWD]}; '{TORCH}': torch's); backward passes "
+                            f"use {DEFAULT_DACE[Pass.BWD_DATA]} and {DEFAULT_DACE[Pass.BWD_FILTER]}")
     p.add_argument("--impl-map", action="append", default=[], metavar="FILE",
                    help="per-layer (and per-pass) choices: JSON, or CSV with layer and "
                    "implementation columns, e.g. --compareprof summary.csv files (the fastest "
@@ -93,8 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    return run_main(PROG, _main, argv)
+def main(argv: Optional[List[str]] = None, prog: str = PROG) -> int:
+    return run_main(prog, _main, argv)
 
 
 def _check_args(args) -> None:
@@ -134,18 +133,18 @@ def _main(argv) -> int:
     args = build_parser().parse_args(argv)
     _check_args(args)
     from . import network, registry
-    from .cli import set_threads
+    from .devices import set_threads
     from .devices import resolve_device
 
     spec = network.get_model_spec(args.model)
     layers = network.conv_layers(spec, args.size, args.batch)
     need_bwd = bool(args.train or args.check)
-    if args.impl is not None and args.impl != network.TORCH:
-        impl = registry.get(args.impl)
+    if args.implementation is not None and args.implementation != network.TORCH:
+        impl = registry.get(args.implementation)
         if impl.pass_ != Pass.FWD:
-            raise UsageError(f"--impl: {args.impl} computes {impl.pass_}; name a forward "
+            raise UsageError(f"--impl: {args.implementation} computes {impl.pass_}; name a forward "
                              "implementation (backward ones go in --impl-map)")
-    choice = network.choose(layers, args.impl, args.impl_map, need_bwd)
+    choice = network.choose(layers, args.implementation, args.impl_map, need_bwd)
     params = _parse_params(args.param)
     for name, values in params.items():
         registry.get(name).resolve_params(values, source=f"--param {name}")
@@ -292,7 +291,7 @@ class Run:
             print(f"  epoch {epoch:3d}  mean loss  torch {row['loss_torch']:.4f}  dace "
                   f"{row['loss_dace']:.4f}  ({time.perf_counter() - t0:.0f} s)", flush=True)
         self.summary["training"] = history
-        from .results import write_atomic
+        from .files import write_atomic
         self.outdir.mkdir(parents=True, exist_ok=True)
         lines = ["epoch,loss_torch,loss_dace"] + [
             f"{r['epoch']},{r['loss_torch']:.6g},{r['loss_dace']:.6g}" for r in history]
@@ -441,5 +440,5 @@ class Run:
 
 
 def _median(values: List[float]) -> float:
-    from .timing import summarize
-    return summarize(values)["median_ms"] if values else math.nan
+    import statistics
+    return statistics.median(values) if values else math.nan

@@ -45,23 +45,6 @@ def check_at_least(*checks) -> None:
             raise UsageError(f"{flag}: must be an integer >= {least}, got {value}")
 
 
-# The flags several tools share, declared once (``p`` is a parser or an argument group).
-def add_threads_flag(p, default=None) -> None:
-    fallback = "$OMP_NUM_THREADS, else every core" if default is None else str(default)
-    p.add_argument("--threads", type=int, default=default, metavar="N",
-                   help=f"CPU threads for DaCe (OpenMP) and torch alike (default: {fallback})")
-
-
-def add_cachedir_flag(p) -> None:
-    p.add_argument("--cachedir", default=None, metavar="DIR",
-                   help="build cache (default: $CONVBENCH_CACHE or .cache/builds)")
-
-
-def add_outdir_flag(p, default: str) -> None:
-    p.add_argument("--outdir", default=None, metavar="DIR",
-                   help=f"result folder (default {default})")
-
-
 def run_main(prog: str, body, argv=None) -> int:
     """``body(argv)``'s exit status, with usage errors printed as ``prog: error: ...``
     (status 2) and Ctrl-C as ``prog: interrupted`` (status 130), without a traceback."""

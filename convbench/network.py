@@ -242,9 +242,9 @@ class DaceConv:
 
 def _check_call(layer: Layer, pass_: Pass, impl_name: str, inputs, out, unit_roundoff):
     """One DaCe call checked against float64 torch on the same inputs (harness rule)."""
-    from .verify import compare, reference_for
+    from .verify import compare, truth_for
     roles = PASS_SIGNATURE[pass_][0]
-    reference = reference_for(layer, pass_, {r: inputs[r].float() for r in roles})
+    reference = truth_for(layer, pass_, {r: inputs[r].float() for r in roles})
     check = compare(out, reference, unit_roundoff)
     return {"layer": layer.name, "pass": str(pass_), "implementation": impl_name,
             "ok": check.ok, "worst_ratio": check.worst_ratio, "max_abs": check.max_abs,
@@ -534,7 +534,9 @@ def attach_backends(model, choice: Choice, device: str, cachedir=None, policy: s
     else a :class:`DaceConv` built (or loaded) from the cache.  Mixed layers (some
     passes torch) are not supported.  ``skip``: (layer, pass) pairs never run (no build).
     """
-    from . import registry, toolchain, tuning
+    from . import registry
+    from .experiment import Experiment
+    exp = Experiment([], [], device, policy=policy, cachedir=cachedir, verify=False)
     for conv in model.convs:
         layer, per = conv.layer, choice[conv.layer.name]
         names = set(per.values())
@@ -550,10 +552,9 @@ def attach_backends(model, choice: Choice, device: str, cachedir=None, policy: s
                 builds[pass_] = None
                 continue
             impl = registry.get(name)
-            spec = toolchain.make_spec(impl, layer, "float32", device, tuning.tuned_params(
-                impl, layer, device, (params or {}).get(name)))
+            tuned = exp.params(impl, layer, (params or {}).get(name))
             t0 = time.perf_counter()
-            build = toolchain.build(spec, cachedir, load=True, policy=policy)
+            build = exp.build(impl, layer, tuned)
             log(f"  {layer.name} {str(pass_):10s} {name:28s} {build.origin} "
                 f"{time.perf_counter() - t0:6.1f}s")
             builds[pass_] = build

@@ -1,81 +1,107 @@
-"""A small progress bar for long work (compiles, sweeps, timing loops).
+"""A progress bar for long work (compiles, sweeps, timing loops), drawn by tqdm.
 
-On a terminal it redraws one line: ``label [#####.....] 5/10 12.3s ETA 12s  note``.
-Elsewhere (CI logs, pipes) it prints nothing while running, except: with ``lines``
-every update with a note becomes one line, and with ``heartbeat`` (seconds) the bar's
-text is printed as a line at most that often, so a long step still shows signs of life.
+On a terminal tqdm redraws one line: ``label [#####.....] 5/10 12.3s ETA 12s  note``.
+Elsewhere (CI logs, pipes) the bar is never drawn, so no carriage returns reach the log;
+instead, with ``lines`` every update with a note becomes one line, and with
+``heartbeat`` (seconds) the bar's text is printed as a line at most that often, so a
+long step still shows signs of life.
 """
 
 import sys
 import time
 from typing import Optional, TextIO
 
+from tqdm import tqdm
+
+
+class _Bar(tqdm):
+    """tqdm with this project's line: the note of the latest update and an ETA only while
+    work is under way (from the average rate, not tqdm's smoothed one)."""
+
+    monitor_interval = 0  # no monitor thread: nothing redraws behind the caller's back
+    note = ""
+
+    @property
+    def format_dict(self):
+        fmt = super().format_dict
+        n, total, elapsed = fmt["n"], fmt["total"], fmt["elapsed"]
+        fmt["eta_text"] = (f" ETA {elapsed / n * (total - n):.0f}s"
+                           if total and 0 < n < total else "")
+        fmt["note"] = f"  {self.note}" if self.note else ""
+        return fmt
+
+
+def _desc(label: str) -> str:
+    return f"{label} " if label else ""
+
 
 class Progress:
+    """``with Progress(total, label=...) as bar: ... bar.update(note=...)``.
+
+    ``enabled`` forces drawing on (or off); by default the bar is drawn when ``stream``
+    (standard error unless given) is a terminal.  ``lines`` and ``heartbeat`` apply only
+    when it is not drawn.  ``done`` and ``label`` may be set while it runs.
+    """
+
     def __init__(self, total: int, label: str = "", stream: Optional[TextIO] = None,
                  enabled: Optional[bool] = None, lines: bool = False, width: int = 24,
                  heartbeat: Optional[float] = None):
         self.total = max(int(total), 0)
-        self.label = label
         self.stream = stream if stream is not None else sys.stderr
         isatty = getattr(self.stream, "isatty", lambda: False)()
         self.live = isatty if enabled is None else enabled
         self.lines = lines and not self.live
         self.heartbeat = heartbeat if not self.live else None
         self._last_beat = time.perf_counter()
-        self.width = width
-        self.done = 0
-        self.start = time.perf_counter()
-        self._last_draw = 0.0
-        self._drawn = False
+        self._label = label
+        # When not drawn, an infinite delay keeps tqdm from ever writing to the stream (not
+        # even when closing), while it still counts and formats the text of the log lines.
+        self._bar = _Bar(total=self.total, desc=_desc(label), file=self.stream,
+                         delay=0 if self.live else float("inf"), leave=False, position=0,
+                         mininterval=0.1, smoothing=0, ascii=".#",
+                         bar_format=f"{{desc}}[{{bar:{width}}}] {{n_fmt}}/{{total_fmt}} "
+                                    "{elapsed_s:.1f}s{eta_text}{note}")
 
     def __enter__(self):
-        self._draw("", force=True)
         return self
 
     def __exit__(self, *exc):
         self.close()
 
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.start
+    @property
+    def label(self) -> str:
+        return self._label
+
+    @label.setter
+    def label(self, value: str) -> None:  # shown from the next redraw on
+        self._label = value
+        self._bar.set_description_str(_desc(value), refresh=False)
+
+    @property
+    def done(self) -> int:
+        return self._bar.n
+
+    @done.setter
+    def done(self, value: int) -> None:
+        self._bar.n = value
 
     def text(self, note: str = "") -> str:
-        frac = self.done / self.total if self.total else 1.0
-        filled = int(round(frac * self.width))
-        bar = "#" * filled + "." * (self.width - filled)
-        elapsed = self.elapsed()
-        eta = ""
-        if 0 < self.done < self.total:
-            eta = f" ETA {elapsed / self.done * (self.total - self.done):.0f}s"
-        label = f"{self.label} " if self.label else ""
-        return f"{label}[{bar}] {self.done}/{self.total} {elapsed:.1f}s{eta}" + (
-            f"  {note}" if note else "")
+        """The bar's line, with ``note`` after it."""
+        self._bar.note = note
+        return str(self._bar)
 
     def update(self, n: int = 1, note: str = "") -> None:
-        self.done = min(self.done + n, self.total) if self.total else self.done + n
+        if self.total:
+            n = min(n, self.total - self.done)
+        self._bar.note = note
+        self._bar.update(n)
         if self.lines and note:
             print(f"[{self.done}/{self.total}] {note}", file=self.stream, flush=True)
-        self._draw(note)
-
-    def _draw(self, note: str, force: bool = False) -> None:
-        if not self.live:
-            now = time.perf_counter()
-            if (not force and self.heartbeat is not None
-                    and now - self._last_beat >= self.heartbeat):
-                self._last_beat = now
-                print(self.text(note), file=self.stream, flush=True)
-            return
         now = time.perf_counter()
-        if not force and now - self._last_draw < 0.1 and self.done < self.total:
-            return
-        self._last_draw = now
-        self.stream.write("\r\033[K" + self.text(note)[:200])
-        self.stream.flush()
-        self._drawn = True
+        if self.heartbeat is not None and now - self._last_beat >= self.heartbeat:
+            self._last_beat = now
+            print(self.text(note), file=self.stream, flush=True)
 
     def close(self) -> None:
         """Erase the bar (the caller prints the outcome)."""
-        if self.live and self._drawn:
-            self.stream.write("\r\033[K")
-            self.stream.flush()
-            self._drawn = False
+        self._bar.close()

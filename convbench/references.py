@@ -1,12 +1,18 @@
-"""Reference backends that ``--compareprof`` times next to a DaCe implementation.
+"""Reference backends: what a DaCe result is checked against and timed next to.
 
-A reference has a name (the ``backend`` column of the result files), says whether
-it can run on a device, and turns a layer and its inputs into a no-argument
-callable.  torch's ``conv3d`` is the reference on both targets: on the CPU it runs
-in the implementation's memory format (``channels_last_3d`` for NDHWC) with the same
-thread count; on the GPU it runs with ``cudnn.benchmark`` on, so it uses the
-fastest algorithm cuDNN finds, and with TF32 off unless asked for.  cuDNN through
-this project's own bindings joins as a second GPU reference once they exist.
+Every reference has one interface (:class:`Reference`): a name, whether it can run on
+a device (:meth:`~Reference.problem`), a prepared call for timing
+(:meth:`~Reference.prepare`, outside the timed region: cuDNN's Find runs there) and a
+one-off computation for checking (:meth:`~Reference.compute`).  The instances:
+
+* :data:`TORCH_FP64`: torch's convolution in float64 (on the CPU, or on the GPU for
+  large layers), the ground truth of :mod:`convbench.verify`;
+* :data:`TORCH`: torch's convolution in the inputs' precision on the device: the timing
+  reference on both targets (CPU: in the implementation's memory format, with the same
+  thread count; GPU: ``cudnn.benchmark`` on, TF32 off unless asked for), and on the GPU
+  also a second check;
+* :data:`CUDNN`: cuDNN through this project's ctypes bindings (GPU only), a timing
+  reference and a third check.
 """
 
 import dataclasses
@@ -23,21 +29,8 @@ class ReferenceOptions:
     cudnn_algo: str = "find"
 
 
-class Reference:
-    name = ""
-
-    def problem(self, device: str) -> Optional[str]:
-        """None if this reference can run on ``device``, else why not."""
-        return None
-
-    def prepare(self, layer: Layer, pass_: Pass, layout: Layout, device: str,
-                inputs: Dict[str, "object"], options: ReferenceOptions) -> Callable[[], object]:
-        """A callable computing the pass on ``inputs`` (logical layout, on ``device``)."""
-        raise NotImplementedError
-
-    def settings(self, device: str, options: ReferenceOptions) -> Dict[str, object]:
-        """What the result metadata should record about this reference."""
-        return {}
+def torch_device(device: str) -> str:
+    return "cuda" if device == "gpu" else "cpu"
 
 
 def _format(layout):
@@ -50,32 +43,71 @@ def _in_layout(inputs, layout):
     return {r: t.contiguous(memory_format=_format(layout)) for r, t in inputs.items()}
 
 
+class Reference:
+    #: The ``backend`` column of the result files when timed.
+    name = ""
+    #: The name of the check when used for verification.
+    check_name = ""
+
+    def problem(self, device: str) -> Optional[str]:
+        """None if this reference can run on ``device``, else why not."""
+        return None
+
+    def prepare(self, layer: Layer, pass_: Pass, layout: Layout, device: str,
+                inputs: Dict[str, "object"], options: ReferenceOptions) -> Callable[[], object]:
+        """A no-argument callable computing the pass on ``inputs`` (logical layout, already
+        on ``device``) and returning its output (in ``layout``'s memory format)."""
+        raise NotImplementedError
+
+    def compute(self, layer: Layer, pass_: Pass, inputs: Dict[str, "object"], device: str,
+                options: Optional[ReferenceOptions] = None):
+        """The pass on ``inputs`` (logical layout, any device), computed once on ``device``;
+        the output is in logical layout on ``device``."""
+        tdev = torch_device(device)
+        call = self.prepare(layer, pass_, Layout.NCDHW, device,
+                            {r: t.to(tdev) for r, t in inputs.items()},
+                            options or ReferenceOptions())
+        return call()
+
+    def settings(self, device: str, options: ReferenceOptions) -> Dict[str, object]:
+        """What the result metadata should record about this reference."""
+        return {}
+
+
+def torch_pass(layer: Layer, pass_: Pass, inputs):
+    """The pass computed by torch on ``inputs`` (any dtype and device): the forward
+    convolution, or autograd's gradients for the input and the filter."""
+    import torch.nn.functional as F
+    from torch.nn import grad
+    s, p = layer.stride, layer.pads
+    pass_ = Pass(pass_)
+    if pass_ == Pass.FWD:
+        return F.conv3d(inputs["x"], inputs["w"], stride=s, padding=p)
+    if pass_ == Pass.BWD_DATA:
+        return grad.conv3d_input(layer.input_shape, inputs["w"], inputs["y"], s, p)
+    return grad.conv3d_weight(inputs["x"], layer.filter_shape, inputs["y"], s, p)
+
+
 class TorchReference(Reference):
-    name = "torch"
+    """torch's convolution; ``dtype`` (a torch dtype name) converts the inputs first."""
+
+    def __init__(self, name: str = "torch", check_name: str = "torch-gpu-fp32",
+                 dtype: Optional[str] = None):
+        self.name, self.check_name, self.dtype = name, check_name, dtype
 
     def prepare(self, layer, pass_, layout, device, inputs, options):
         import torch
-        import torch.nn.functional as F
-        from torch.nn import grad
         t = _in_layout(inputs, layout)
+        if self.dtype is not None:
+            t = {r: v.to(getattr(torch, self.dtype)) for r, v in t.items()}
         if device == "gpu":
             torch.backends.cudnn.benchmark = True
             torch.backends.cudnn.allow_tf32 = options.allow_tf32
             torch.backends.cuda.matmul.allow_tf32 = options.allow_tf32
-        s, p = layer.stride, layer.pads
-        if Pass(pass_) == Pass.FWD:
-            def compute():
-                return F.conv3d(t["x"], t["w"], stride=s, padding=p)
-        elif Pass(pass_) == Pass.BWD_DATA:
-            def compute():
-                return grad.conv3d_input(layer.input_shape, t["w"], t["y"], s, p)
-        else:
-            def compute():
-                return grad.conv3d_weight(t["x"], layer.filter_shape, t["y"], s, p)
 
         def call():
             with torch.no_grad():
-                return compute()
+                return torch_pass(layer, pass_, t)
         return call
 
     def settings(self, device, options):
@@ -96,6 +128,7 @@ class CudnnReference(Reference):
     any timed region; the callable's ``info`` says which one and how long Find took."""
 
     name = "cudnn"
+    check_name = "cudnn-fp32"
 
     def problem(self, device):
         if device != "gpu":
@@ -109,6 +142,7 @@ class CudnnReference(Reference):
         import cudnn_bindings
         t = _in_layout(inputs, layout)
         shapes = {"x": layer.input_shape, "w": layer.filter_shape, "y": layer.output_shape}
+        out_role = {Pass.FWD: "y", Pass.BWD_DATA: "x", Pass.BWD_FILTER: "w"}[Pass(pass_)]
         for role in ("x", "w", "y"):  # the pass's output buffer
             if role not in t:
                 like = next(iter(t.values()))
@@ -120,6 +154,7 @@ class CudnnReference(Reference):
 
         def call():
             plan.run(t["x"], t["w"], t["y"])
+            return t[out_role]
         call.info = plan.info()
         return call
 
@@ -135,9 +170,20 @@ def cudnn_math(options: ReferenceOptions) -> str:
     return "tf32" if options.allow_tf32 else "ieee"
 
 
-#: Every reference, in the order they are timed and reported.
-REFERENCES: List[Reference] = [TorchReference(), CudnnReference()]
+#: The ground truth of verification.
+TORCH_FP64 = TorchReference("torch-fp64", "torch-fp64", dtype="float64")
+TORCH = TorchReference()
+CUDNN = CudnnReference()
+#: Every timing reference, in the order they are timed and reported.
+REFERENCES: List[Reference] = [TORCH, CUDNN]
 
 
 def available(device: str) -> List[Reference]:
+    """The timing references that can run on ``device``."""
     return [r for r in REFERENCES if r.problem(device) is None]
+
+
+def cross_checks(device: str) -> List[Reference]:
+    """The references a result is checked against besides the float64 ground truth:
+    on the GPU, torch's float32 convolution and cuDNN (where usable); none on the CPU."""
+    return available(device) if device == "gpu" else []

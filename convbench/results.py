@@ -1,7 +1,8 @@
 """Result files of a profiling run, written into one folder.
 
-* ``samples.csv``: one row per timed sample:
-  ``layer_index, layer, implementation, backend, iteration, time_ms``.
+The files and their columns are declared in :mod:`convbench.schema`:
+
+* ``samples.csv``: one row per timed sample.
 * ``summary.csv``: one row per layer and backend: the statistics of
   :func:`convbench.timing.summarize`, GFLOP/s, the compulsory traffic (inputs read
   once, output written once) with the bandwidth and arithmetic intensity it
@@ -10,10 +11,8 @@
 * ``metadata.json``: what ran where and how (see :func:`run_metadata`), with
   ``status`` (``running``, ``complete`` or ``interrupted``) and the layers done.
 
-``backend`` is ``dace`` for the implementation under test (named in
-``implementation``) and the reference's name otherwise.  All three files are
-rewritten atomically after every layer, so an interrupted run keeps every layer it
-finished and no reader sees a half-written file.
+All three files are rewritten atomically after every layer, so an interrupted run
+keeps every layer it finished and no reader sees a half-written file.
 """
 
 import csv
@@ -28,23 +27,13 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from . import schema
+from .files import write_atomic
 from .layers import Layer
 from .timing import Timing
 
-SAMPLE_COLUMNS = ["layer_index", "layer", "implementation", "backend", "iteration", "time_ms"]
-SUMMARY_COLUMNS = ["layer_index", "layer", "geometry", "batch", "implementation", "backend",
-                   "samples", "median_ms", "q1_ms", "q3_ms", "iqr_ms", "iqr_over_median",
-                   "noisy", "min_ms", "mean_ms", "gflop", "gflops", "mbytes", "bandwidth_gbs",
-                   "intensity"]
-DACE = "dace"
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+# The schema's names, for the callers that import them from here.
+DACE, SAMPLE_COLUMNS, SUMMARY_COLUMNS = schema.DACE, schema.SAMPLE_COLUMNS, schema.SUMMARY_COLUMNS
 
 
 def save_records(path: os.PathLike, meta: Dict[str, Any], records: List[Any]) -> Path:
@@ -81,7 +70,7 @@ class RunWriter:
     def __init__(self, outdir: os.PathLike, metadata: Dict[str, Any], references: List[str]):
         self.outdir = Path(outdir)
         self.outdir.mkdir(parents=True, exist_ok=True)
-        self.metadata = dict(metadata, status="running", layers_done=[])
+        self.metadata = dict(metadata, status=schema.RUNNING, layers_done=[])
         self.references = list(references)
         self.samples: List[Dict[str, Any]] = []
         self.summary: List[Dict[str, Any]] = []
@@ -89,8 +78,8 @@ class RunWriter:
 
     @property
     def paths(self) -> Dict[str, Path]:
-        return {"samples": self.outdir / "samples.csv", "summary": self.outdir / "summary.csv",
-                "metadata": self.outdir / "metadata.json"}
+        return {"samples": self.outdir / schema.SAMPLES, "summary": self.outdir / schema.SUMMARY,
+                "metadata": self.outdir / schema.METADATA}
 
     def add_layer(self, index: int, layer: Layer, implementation: str,
                   measurements: List[Measurement], extra: Optional[Dict[str, Any]] = None):
@@ -125,7 +114,8 @@ class RunWriter:
         medians = {r["backend"]: r["median_ms"] for r in rows}
         for r in rows:
             for ref in self.references:
-                r[f"ratio_vs_{ref}"] = r["median_ms"] / medians[ref] if ref in medians else ""
+                ratio = r["median_ms"] / medians[ref] if ref in medians else ""
+                r[schema.ratio_column(ref)] = ratio
         self.summary.extend(rows)
         self.metadata["layers_done"].append(
             dict({"index": index, "layer": name}, **(extra or {}),
@@ -133,14 +123,14 @@ class RunWriter:
         self._write()
         return rows
 
-    def finish(self, status: str = "complete") -> None:
+    def finish(self, status: str = schema.COMPLETE) -> None:
         self.metadata["status"] = status
         self.metadata["finished"] = _now()
         self._write()
 
     def _write(self) -> None:
-        write_atomic(self.paths["samples"], _csv(SAMPLE_COLUMNS, self.samples))
-        columns = SUMMARY_COLUMNS + [f"ratio_vs_{r}" for r in self.references]
+        write_atomic(self.paths["samples"], _csv(schema.SAMPLE_COLUMNS, self.samples))
+        columns = schema.SUMMARY_COLUMNS + [schema.ratio_column(r) for r in self.references]
         write_atomic(self.paths["summary"], _csv(columns, self.summary))
         write_atomic(self.paths["metadata"], json.dumps(self.metadata, indent=1, default=str))
 

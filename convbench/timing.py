@@ -45,20 +45,15 @@ class Timing:
         return summarize(self.samples_ms)
 
 
-def quantile(sorted_values: List[float], q: float) -> float:
-    """Linear-interpolation quantile (numpy's default) of sorted values."""
-    if not sorted_values:
-        return math.nan
-    pos = (len(sorted_values) - 1) * q
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
-
-
 def summarize(samples_ms: List[float]) -> Dict[str, float]:
-    """Median, quartiles, IQR (absolute and relative to the median), min, mean, noisy."""
+    """Median, quartiles (numpy's linear interpolation), IQR (absolute and relative to the
+    median), min, mean, noisy."""
+    import numpy
     values = sorted(samples_ms)
-    med = quantile(values, 0.5)
-    q1, q3 = quantile(values, 0.25), quantile(values, 0.75)
+    if values:
+        q1, med, q3 = (float(v) for v in numpy.quantile(values, (0.25, 0.5, 0.75)))
+    else:
+        q1 = med = q3 = math.nan
     iqr = q3 - q1
     rel = iqr / med if med > 0 else math.nan
     return {"samples": len(values), "median_ms": med, "q1_ms": q1, "q3_ms": q3, "iqr_ms": iqr,

@@ -5,8 +5,9 @@
   the SDFG name alone, so equal names would overwrite each other.
 * Builds go under the project cache directory (``--cachedir``, the environment
   variable ``CONVBENCH_CACHE``, or ``<project>/.cache/builds``).
-* CUDA builds work with nvcc 13 and DaCe 1.0.2 through three settings applied
-  only for the duration of a GPU build (see :func:`dace_settings`):
+* CUDA builds work with nvcc 13 and DaCe 1.0.2 through four settings applied
+  only for the duration of a GPU build (each is explained where
+  :func:`dace_settings` sets it):
 
   1. DaCe's CMakeLists forces CUDA C++14 while CUDA 13's CCCL needs C++17; a
      CMake rules override (``cuda_compat/cuda_cxx17.cmake``) maps the C++14
@@ -14,10 +15,13 @@
   2. DaCe's runtime headers use CUB APIs that CUB 3 removed; a compatibility
      header (``cuda_compat/cub3_compat.cuh``) is force-included with
      ``nvcc -include``.
-  3. ``compiler.cuda.cuda_arch`` is 90 (H100/H200; nvcc 13 rejects DaCe's
-     default 60) and the GPU backend is ``cuda`` even where no GPU is present.
+  3. ``compiler.cuda.cuda_arch`` is 90 (H100/H200): nvcc 13 rejects DaCe's
+     default 60.
+  4. The GPU backend is ``cuda``, not auto-detected, so GPU builds compile the
+     same on hosts without a GPU.
 * BLAS library nodes link Intel MKL (CPU) and cuBLAS (GPU) from their pip wheels
-  when nothing else provides them (see :func:`vendor_blas`).
+  when nothing else provides them, through the project's DaCe library environments
+  (:mod:`convbench.environments`); the cache key records what they resolve to.
 """
 
 from __future__ import annotations
@@ -103,17 +107,34 @@ def dace_settings(target: str, build_root: Path) -> Dict[Tuple[str, ...], Any]:
         ("compiler", "use_cache"): False,
     }
     if target == "gpu":
-        base_args = cfg.get("compiler", "cuda", "args").replace("-march=native", PORTABLE_MARCH)
+        cuda_args = cfg.get("compiler", "cuda", "args").replace("-march=native", PORTABLE_MARCH)
+        # nvcc 13 fix (CUB 3): DaCe 1.0.2's runtime headers (dace/cuda/multidim_gbar.cuh,
+        # dace/reduction.h) call cub::CTA_SYNC and cub::CountingInputIterator /
+        # TransformInputIterator, which CUB 3 (CCCL 3, CUDA 13) removed, so every generated
+        # .cu fails to compile.  cub3_compat.cuh defines them again (a no-op with older CUB)
+        # and `nvcc -include` puts it before DaCe's headers without patching DaCe.
         compat = f"-include {COMPAT_DIR / 'cub3_compat.cuh'}"
         settings.update({
+            # Not an nvcc fix: GPU builds' host code must run on other x86-64 hosts.
             ("compiler", "cpu", "args"):
                 cfg.get("compiler", "cpu", "args").replace("-march=native", PORTABLE_MARCH),
+            # Fix for compiling without a GPU: DaCe's default backend "auto" guesses CUDA or
+            # HIP on every build (nvidia-smi, CMake's FindCUDA, CUDA_HOME, libcudart) and
+            # fails where every guess does; GPU builds are compiled on hosts without a GPU
+            # (and always for NVIDIA), so the backend is fixed instead of detected.
             ("compiler", "cuda", "backend"): "cuda",
+            # nvcc 13 fix: DaCe's default cuda_arch is 60, and nvcc 13 no longer supports
+            # compute_60 (its oldest is compute_75): "Unsupported gpu architecture".
             ("compiler", "cuda", "cuda_arch"): CUDA_ARCH,
-            ("compiler", "cuda", "args"): base_args if compat in base_args else f"{base_args} {compat}",
+            ("compiler", "cuda", "args"):
+                cuda_args if compat in cuda_args else f"{cuda_args} {compat}",
+            # nvcc 13 fix (C++17): DaCe's CMakeLists sets CMAKE_CUDA_STANDARD 14, but CUDA 13's
+            # CCCL headers (thrust, libcu++) stop with "#error ... requires at least C++17".
+            # This CMake rules file maps CMake's C++14 option for CUDA to -std=c++17.
             ("compiler", "extra_cmake_args"):
                 f"-DCMAKE_USER_MAKE_RULES_OVERRIDE_CUDA={COMPAT_DIR / 'cuda_cxx17.cmake'}",
-            # Launch on the default stream, the one torch's tensors and events use.
+            # Not an nvcc fix: launch on the default stream, the one torch's tensors and
+            # events use (see convbench.timing).
             ("compiler", "cuda", "max_concurrent_streams"): -1,
         })
     return settings
@@ -136,11 +157,12 @@ def toolchain_flags(target: str) -> Dict[str, Any]:
     """The toolchain settings that decide a ``target`` build (part of cache keys).
 
     The DaCe version, the DaCe configuration entries a build uses, what
-    ``-march=native`` resolves to on this host (when CPU code is compiled with it) and
-    the CUDA compatibility files (GPU builds).  The project's and the environment's
-    folders are written as ``<project>`` and ``<prefix>``, so the same checkout
-    elsewhere gets the same flags.  Compiler versions and library paths, which
-    legitimately differ between the host that builds and the host that loads, are in
+    ``-march=native`` resolves to on this host (when CPU code is compiled with it), the
+    CUDA compatibility files (GPU builds) and the vendor BLAS that GEMM library nodes
+    are compiled and linked against (see :func:`_blas_flags`).  The project's and the
+    environment's folders are written as ``<project>`` and ``<prefix>``, so the same
+    checkout elsewhere gets the same flags.  Compiler versions, which legitimately
+    differ between the host that builds and the host that loads, are in
     :func:`toolchain_versions` instead.
     """
     import dace
@@ -151,28 +173,33 @@ def toolchain_flags(target: str) -> Dict[str, Any]:
     if "-march=native" in config["compiler.cpu.args"]:
         flags["native_march"] = _native_march()
     if target == "gpu":
-        flags["cuda_compat"] = {p.name: hashlib.sha256(p.read_bytes()).hexdigest()[:16]
-                                for p in sorted(COMPAT_DIR.iterdir()) if p.is_file()}
+        flags["cuda_compat"] = {p.name: _sha16(p) for p in sorted(COMPAT_DIR.iterdir())
+                                if p.is_file()}
+    flags["blas"] = _blas_flags(target)
     return json.loads(_portable(json.dumps(flags, sort_keys=True)))
 
 
 def toolchain_versions(target: str) -> Dict[str, Any]:
-    """The compilers and the vendor BLAS a ``target`` build uses here (recorded, not keyed)."""
-    with dace_config(target, Path("<unused>")):
-        info: Dict[str, Any] = {"cxx": _tool_version(("c++", "--version")),
-                                "blas": _blas_flags(target)}
+    """The compilers a ``target`` build uses here (recorded, not keyed) and its vendor BLAS
+    (keyed, in :func:`toolchain_flags`, with placeholders; here with the local paths)."""
+    info: Dict[str, Any] = {"cxx": _tool_version(("c++", "--version")),
+                            "blas": _blas_flags(target)}
     if target == "gpu":
         info["nvcc"] = _tool_version(("nvcc", "--version"), last=True)
     return info
 
 
 def _blas_flags(target: str) -> Dict[str, Any]:
-    if target == "cpu":
-        from dace.libraries.blas.environments.intel_mkl import IntelMKL as env
-    else:
-        from dace.libraries.blas.environments.cublas import cuBLAS as env
-    libs = env.cmake_libraries() if callable(env.cmake_libraries) else env.cmake_libraries
-    return {"environment": env.__name__, "libraries": [str(x) for x in libs]}
+    """The project's BLAS environment for ``target`` builds (:mod:`convbench.environments`):
+    its name, the include folders and libraries it resolves to here, and its source."""
+    from . import environments
+    env = environments.ConvbenchMKL if target == "cpu" else environments.ConvbenchCuBLAS
+    return {"environment": env.full_class_path(), "includes": env.cmake_includes(),
+            "libraries": env.cmake_libraries(), "source": _sha16(Path(environments.__file__))}
+
+
+def _sha16(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
 def _portable(text: str) -> str:
@@ -210,116 +237,12 @@ def _native_march() -> str:
 
 @contextlib.contextmanager
 def dace_config(target: str, build_root: Path) -> Iterator[None]:
-    """Apply :func:`dace_settings` and :func:`vendor_blas` for the duration of the block."""
+    """Apply :func:`dace_settings` for the duration of the block."""
     import dace
     with contextlib.ExitStack() as stack:
         for path, value in dace_settings(target, build_root).items():
             stack.enter_context(dace.config.set_temporary(*path, value=value))
-        stack.enter_context(vendor_blas(target))
         yield
-
-
-# ---------------------------------------------------------------------------------------------
-# Vendor BLAS for DaCe's BLAS library nodes: Intel MKL (CPU) and cuBLAS (GPU) from pip wheels
-# ---------------------------------------------------------------------------------------------
-
-@contextlib.contextmanager
-def vendor_blas(target: str) -> Iterator[None]:
-    """Let DaCe's BLAS environments find the vendor libraries that pip installed.
-
-    * CPU: DaCe's ``IntelMKL`` environment (``dace/libraries/blas/environments/intel_mkl.py``)
-      takes ``$MKLROOT/include/mkl.h`` and links ``$MKLROOT/lib/libmkl_rt.so``.  The
-      ``mkl-include``/``mkl-devel`` wheels install into the environment prefix
-      (``<venv>/include``, ``<venv>/lib``), so when ``MKLROOT`` is unset and the prefix has
-      ``mkl.h``, ``MKLROOT`` is set to the prefix.  The wheels ship only the versioned
-      runtime (``libmkl_rt.so.3``), which DaCe does not look for: that file is linked then.
-    * GPU: DaCe's ``cuBLAS`` environment expects cuBLAS inside the CUDA toolkit.  Where
-      nvcc's toolkit has none (this machine's has not), the ``nvidia-cublas`` wheel's
-      headers and ``libcublas.so.N`` are used.
-
-    Libraries are linked by absolute path, so CMake puts their folder on the built
-    library's RPATH and it loads them without ``LD_LIBRARY_PATH``.  Everything is undone
-    when the block ends.
-    """
-    with contextlib.ExitStack() as stack:
-        if target == "cpu":
-            from dace.libraries.blas.environments.intel_mkl import IntelMKL
-            if "MKLROOT" not in os.environ and Path(sys.prefix, "include", "mkl.h").is_file():
-                stack.enter_context(_environ("MKLROOT", sys.prefix))
-            root = os.environ.get("MKLROOT")
-            runtime = _shared_library(Path(root, "lib"), "libmkl_rt") if root else None
-            if runtime is not None and runtime.name != "libmkl_rt.so":
-                stack.enter_context(_override(IntelMKL, cmake_libraries=[str(runtime)]))
-        elif target == "gpu":
-            from dace.libraries.blas.environments.cublas import cuBLAS
-            wheel = _cublas_wheel() if not _toolkit_has_cublas() else None
-            if wheel is not None:
-                include, library = wheel
-                stack.enter_context(_override(cuBLAS, cmake_includes=[str(include)],
-                                              cmake_libraries=[str(library)]))
-        yield
-
-
-def _shared_library(folder: Path, stem: str) -> Optional[Path]:
-    """``folder/stem.so`` if it exists, else the newest ``folder/stem.so.N``, else None."""
-    if (folder / f"{stem}.so").is_file():
-        return folder / f"{stem}.so"
-    versions = [p for p in folder.glob(f"{stem}.so.*") if p.is_file()
-                and re.fullmatch(r"[0-9]+(\.[0-9]+)*", p.name[len(stem) + 4:])]
-    return max(versions, key=lambda p: [int(v) for v in p.name[len(stem) + 4:].split(".")],
-               default=None)
-
-
-def _toolkit_has_cublas() -> bool:
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        return False
-    root = Path(nvcc).resolve().parent.parent
-    return any(root.glob("include/cublas_v2.h")) or any(root.glob("targets/*/include/cublas_v2.h"))
-
-
-def _cublas_wheel() -> Optional[Tuple[Path, Path]]:
-    """(include folder, libcublas) of an installed ``nvidia-cublas`` wheel, or None.
-
-    The wheels put them in ``nvidia/<cu13 or cublas>/{include,lib}`` of site-packages."""
-    import importlib.util
-    spec = importlib.util.find_spec("nvidia")
-    for base in (spec.submodule_search_locations or []) if spec else []:
-        for header in sorted(Path(base).glob("*/include/cublas_v2.h")):
-            library = _shared_library(header.parent.parent / "lib", "libcublas")
-            if library is not None:
-                return header.parent, library
-    return None
-
-
-@contextlib.contextmanager
-def _environ(name: str, value: str) -> Iterator[None]:
-    """Set an environment variable for the duration of the block."""
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
-
-
-@contextlib.contextmanager
-def _override(environment, **fields) -> Iterator[None]:
-    """Give fields of a DaCe library environment class fixed list values for the block
-    (as a static method where DaCe has one, since DaCe calls those)."""
-    saved = {name: environment.__dict__[name] for name in fields}
-    try:
-        for name, value in fields.items():
-            fixed = list(value)
-            setattr(environment, name, staticmethod(lambda fixed=fixed: list(fixed))
-                    if isinstance(saved[name], staticmethod) else fixed)
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(environment, name, value)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -439,14 +362,3 @@ def load_program(library: Path, sdfg) -> Any:
     """dlopen a compiled SDFG's library (initialisation waits for the first call)."""
     from dace.codegen import compiler
     return compiler.get_program_handle(str(library), sdfg)
-
-
-def build(spec: BuildSpec, cachedir: Optional[os.PathLike] = None, load: bool = True,
-          policy: str = "rebuild") -> Build:
-    """The build of ``spec`` from the cache in ``cachedir`` (see :mod:`convbench.cache`).
-
-    ``policy``: ``rebuild`` compiles afresh (and stores the result), ``reuse`` loads a
-    valid stored build and compiles on a miss, ``require`` fails on a miss.
-    """
-    from .cache import BuildCache
-    return BuildCache(cachedir).get(spec, policy=policy, load=load)

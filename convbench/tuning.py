@@ -69,7 +69,7 @@ def tuned_params(impl, layer, target: str,
 def store(target: str, impl_name: str, layer, params: Mapping[str, int],
           machine: Mapping[str, Any]) -> Path:
     """Record ``params`` as the tuned entry of ``impl_name`` on ``layer`` (atomically)."""
-    from .results import write_atomic
+    from .files import write_atomic
     path = tuning_file(target)
     if path is None:
         raise UsageError("tuning is off ($CONVBENCH_TUNING=off): nowhere to store")

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Dict
 
 from .layers import Layer
 from .layouts import PASS_SIGNATURE, Pass, from_layout, stored_shape, to_layout
+from .references import TORCH_FP64, ReferenceOptions, cross_checks
 
 if TYPE_CHECKING:  # torch is imported lazily: the CLI's error paths stay fast
     import torch
@@ -59,8 +60,9 @@ class Check:
 
 
 @dataclasses.dataclass
-class Reference:
-    """Inputs (logical NCDHW/KCTRS, float32, CPU) and float64 results for one layer."""
+class GroundTruth:
+    """Inputs (logical NCDHW/KCTRS, float32, CPU) and their float64 results, for one layer
+    and pass."""
 
     layer: Layer
     pass_: Pass
@@ -81,21 +83,6 @@ def make_inputs(layer: Layer, pass_: Pass, seed: int, dtype="float32"):
             for r in roles}
 
 
-def torch_pass(layer: Layer, pass_: Pass, inputs):
-    """The pass computed by torch on ``inputs`` (any dtype and device): the forward
-    convolution, or autograd's gradients for the input and the filter."""
-    import torch.nn.functional as F
-    from torch.nn import grad
-    pass_ = Pass(pass_)
-    if pass_ == Pass.FWD:
-        return F.conv3d(inputs["x"], inputs["w"], stride=layer.stride, padding=layer.pads)
-    if pass_ == Pass.BWD_DATA:
-        return grad.conv3d_input(layer.input_shape, inputs["w"], inputs["y"], layer.stride,
-                                 layer.pads)
-    return grad.conv3d_weight(inputs["x"], layer.filter_shape, inputs["y"], layer.stride,
-                              layer.pads)
-
-
 def reduction_length(layer: Layer, pass_: Pass) -> int:
     """The most terms an output element of the pass sums (the tolerance scales with it).
 
@@ -112,29 +99,27 @@ def reduction_length(layer: Layer, pass_: Pass) -> int:
     return layer.gemm_m
 
 
-def make_reference(layer: Layer, pass_: Pass = Pass.FWD, seed: int = 0,
-                   dtype="float32", device: str = "cpu") -> Reference:
-    return reference_for(layer, pass_, make_inputs(layer, pass_, seed, dtype), device)
+def make_truth(layer: Layer, pass_: Pass = Pass.FWD, seed: int = 0,
+               dtype="float32", device: str = "cpu") -> GroundTruth:
+    """Fresh random inputs (:func:`make_inputs`) and their ground truth."""
+    return truth_for(layer, pass_, make_inputs(layer, pass_, seed, dtype), device)
 
 
-def reference_for(layer: Layer, pass_: Pass, inputs, device: str = "cpu") -> Reference:
-    """The float64 ground truth of ``pass_`` on given inputs (logical layout).
+def truth_for(layer: Layer, pass_: Pass, inputs, device: str = "cpu") -> GroundTruth:
+    """The float64 ground truth of ``pass_`` on given inputs (logical layout), computed by
+    :data:`convbench.references.TORCH_FP64`.
 
     The inputs are kept on the CPU; the float64 results are computed on ``device``
     (``gpu``: torch's float64 convolution on the GPU, which is exact enough to be the
     ground truth and keeps large layers from taking minutes on the host) and stay there.
     """
-    import torch
     inputs = {k: v.detach().to("cpu") for k, v in inputs.items()}
-    tdev = "cuda" if device == "gpu" else "cpu"
-    with torch.no_grad():
-        ref = torch_pass(layer, pass_, {k: v.to(tdev, torch.float64) for k, v in inputs.items()})
-        absref = torch_pass(layer, pass_, {k: v.to(tdev, torch.float64).abs()
-                                           for k, v in inputs.items()})
-    return Reference(layer, Pass(pass_), inputs, ref, absref, reduction_length(layer, pass_))
+    ref = TORCH_FP64.compute(layer, pass_, inputs, device)
+    absref = TORCH_FP64.compute(layer, pass_, {k: v.abs() for k, v in inputs.items()}, device)
+    return GroundTruth(layer, Pass(pass_), inputs, ref, absref, reduction_length(layer, pass_))
 
 
-def compare(out, reference: Reference, unit_roundoff: float, name: str = "torch-fp64",
+def compare(out, truth: GroundTruth, unit_roundoff: float, name: str = "torch-fp64",
             ref=None, slack: float = 1.0, chunk: int = 1 << 22) -> Check:
     """Check ``out`` (logical layout, any device) against ``ref`` (default: the float64
     ground truth) with the tolerance of the module docstring times ``slack``.
@@ -143,13 +128,13 @@ def compare(out, reference: Reference, unit_roundoff: float, name: str = "torch-
     large layers need no full-size float64 temporaries beyond the reference itself.
     """
     import torch
-    ref = reference.ref if ref is None else ref
+    ref = truth.ref if ref is None else ref
     dev = out.device
     if tuple(out.shape) != tuple(ref.shape):
         raise ValueError(f"output shape {tuple(out.shape)} != reference {tuple(ref.shape)}")
-    scale = slack * TOL_FACTOR * math.sqrt(reference.reduction_len) * unit_roundoff
+    scale = slack * TOL_FACTOR * math.sqrt(truth.reduction_len) * unit_roundoff
     flat_out, flat_ref = out.detach().reshape(-1), ref.detach().reshape(-1)
-    flat_abs = reference.absref.reshape(-1)
+    flat_abs = truth.absref.reshape(-1)
     nonfinite, max_abs, max_ref, worst = 0, 0.0, 0.0, 0.0
     for start in range(0, flat_out.numel(), chunk):
         piece = slice(start, start + chunk)
@@ -187,7 +172,7 @@ def program_arrays(impl, layer: Layer, inputs, device: str = "cpu", dtype=None,
     return arrays
 
 
-def run_build(build, reference: Reference, device: str = "cpu"):
+def run_build(build, truth: GroundTruth, device: str = "cpu"):
     """Run a loaded build on the reference inputs; return its output in logical layout.
 
     The output buffer is poisoned with NaN first, so unwritten elements fail.
@@ -195,56 +180,30 @@ def run_build(build, reference: Reference, device: str = "cpu"):
     import torch
     impl, layer = build.spec.impl, build.spec.layer
     out_role = PASS_SIGNATURE[impl.pass_][1]
-    args = program_arrays(impl, layer, reference.inputs, device, build.spec.dtype.torch)
+    args = program_arrays(impl, layer, truth.inputs, device, build.spec.dtype.torch)
     build(**args)
     if device == "gpu":
         torch.cuda.synchronize()
     return from_layout(args[out_role], impl.layout, out_role)
 
 
-def verify_build(build, reference: Reference, device: str = "cpu",
+def verify_build(build, truth: GroundTruth, device: str = "cpu",
                  cudnn_algo: str = "find") -> list:
     """All checks for one build: the float64 ground truth; on the GPU also torch's float32
     convolution (TF32 off) and, where cuDNN is usable, cuDNN through this project's
     bindings (IEEE FP32, algorithm ``cudnn_algo``)."""
-    out = run_build(build, reference, device)
-    return check_output(out, reference, build.spec.dtype.unit_roundoff, device, cudnn_algo)
+    out = run_build(build, truth, device)
+    return check_output(out, truth, build.spec.dtype.unit_roundoff, device, cudnn_algo)
 
 
-def check_output(out, reference: Reference, unit_roundoff: float, device: str = "cpu",
+def check_output(out, truth: GroundTruth, unit_roundoff: float, device: str = "cpu",
                  cudnn_algo: str = "find") -> list:
     """The checks of :func:`verify_build` on an output already computed (logical layout)."""
-    import torch
-    u = unit_roundoff
-    checks = [compare(out, reference, u)]
-    if device == "gpu":
-        prev = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-        try:
-            with torch.no_grad():
-                gpu_ref = torch_pass(reference.layer, reference.pass_,
-                                     {k: v.cuda() for k, v in reference.inputs.items()})
-        finally:
-            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = prev
+    checks = [compare(out, truth, unit_roundoff)]
+    options = ReferenceOptions(allow_tf32=False, cudnn_algo=cudnn_algo)  # IEEE FP32
+    for reference in cross_checks(device):
+        other = reference.compute(truth.layer, truth.pass_, truth.inputs, device, options)
         # Both sides carry float32 rounding: allow twice the tolerance.
-        checks.append(compare(out, reference, u, name="torch-gpu-fp32", ref=gpu_ref, slack=2.0))
-        cudnn_out = cudnn_pass(reference, cudnn_algo)
-        if cudnn_out is not None:
-            checks.append(compare(out, reference, u, name="cudnn-fp32", ref=cudnn_out,
-                                  slack=2.0))
+        checks.append(compare(out, truth, unit_roundoff, name=reference.check_name, ref=other,
+                              slack=2.0))
     return checks
-
-
-def cudnn_pass(reference: Reference, algo: str = "find"):
-    """The reference's pass computed by cuDNN on the GPU (IEEE FP32), or None where
-    cuDNN is not usable."""
-    import cudnn_bindings
-    if cudnn_bindings.problem() is not None:
-        return None
-    layer, g = reference.layer, {r: t.cuda() for r, t in reference.inputs.items()}
-    common = dict(stride=layer.stride, padding=layer.pads, algo=algo, math="ieee")
-    if reference.pass_ == Pass.FWD:
-        return cudnn_bindings.conv3d_forward(g["x"], g["w"], **common)
-    if reference.pass_ == Pass.BWD_DATA:
-        return cudnn_bindings.conv3d_backward_data(g["y"], g["w"], layer.input_shape, **common)
-    return cudnn_bindings.conv3d_backward_filter(g["x"], g["y"], layer.filter_shape, **common)

@@ -22,7 +22,7 @@ chunks, the input to match), and a second map sums the partials.
 import dace
 import numpy as np
 
-from convbench.layouts import Layout
+from convbench.registry import Layout
 from impls._common import layer_constants, pad_input
 
 

@@ -133,7 +133,7 @@ def store_tile(indent, t, pixel_tile_shape, var, channels, value):
 def generated_program(layer, source, function, tag):
     """The SDFG of the generated ``source`` (a program on the padded input), taking the
     unpadded input as the harness passes it."""
-    from convbench.layouts import Layout
+    from convbench.registry import Layout
     from impls._common import pad_input, program_from_source
     return pad_input(program_from_source(source, function, f"{function}_{layer.key()}_{tag}"),
                      layer, Layout.NDHWC)

@@ -15,8 +15,8 @@ from types import SimpleNamespace
 
 import dace
 
-from convbench.layers import Layer
-from convbench.layouts import Layout, stored_shape
+from convbench.registry import Layer
+from convbench.registry import Layout, stored_shape
 
 
 def layer_constants(layer: Layer, layout: Layout) -> SimpleNamespace:

@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import dace
 import numpy as np
 
-from convbench.layers import Layer
-from convbench.layouts import Layout, Pass
+from convbench.registry import Layer
+from convbench.registry import Layout, Pass
 from convbench.registry import Implementation, Param
 from impls import _tiling as T
 from impls._common import layer_constants, pad_input

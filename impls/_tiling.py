@@ -34,8 +34,8 @@ from typing import Callable, Dict, Iterable, Mapping, Optional, Sequence, Tuple
 import dace
 from dace.sdfg import nodes
 
-from convbench.layers import Layer
-from convbench.layouts import Layout
+from convbench.registry import Layer
+from convbench.registry import Layout
 from impls._common import layer_constants
 
 S = dace.ScheduleType

@@ -6,7 +6,7 @@ sums over input channels and the kd x kh x kw taps of the (padded) input.
 
 import dace
 
-from convbench.layouts import Layout, Pass
+from convbench.registry import Layout, Pass
 from convbench.registry import Implementation, register
 from impls._common import auto_cpu, auto_gpu, layer_constants, pad_input
 

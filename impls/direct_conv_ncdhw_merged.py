@@ -4,7 +4,7 @@ Per input channel, a block stages the input tile (taps x pixels) and the filter 
 of output channels x pixels.  See ``impls/_direct.py``.
 """
 
-from convbench.layouts import Pass
+from convbench.registry import Pass
 from convbench.registry import Implementation, register
 from impls import _direct
 

@@ -31,7 +31,7 @@ once per ``wb`` FMAs and each input value once per ``nb`` FMAs.
   of the output width up to ``WB``, ``nb`` the largest divisor of K up to ``NB``.
 """
 
-from convbench.layouts import Layout, Pass
+from convbench.registry import Layout, Pass
 from convbench.registry import Implementation, Param, register
 from impls._blocked import (channel_tiles_outer, cpu_schedule, generated_program, input_at,
                             kouter_param, largest_divisor, map_header, store_tile, pixel_tile,

@@ -25,7 +25,7 @@ statements generated unrolled, plain inner loops, size-1 map dimensions dropped,
 OpenMP collapsed over the tile map, every size a constant.
 """
 
-from convbench.layouts import Layout, Pass
+from convbench.registry import Layout, Pass
 from convbench.registry import Implementation, Param, register
 from impls._blocked import (channel_tiles_outer, cpu_schedule, generated_program, input_at,
                             kouter_param, largest_divisor, store_tile, pixel_tile,

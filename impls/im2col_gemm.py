@@ -14,9 +14,9 @@ loop over the batch, which bounds its size (CosmoFlow conv1 at batch 16 would ne
 
 The GEMM is DaCe's ``MatMul`` library node (``A @ B``).  The schedules specialize it
 to a ``Gemm`` node and pick the vendor BLAS: Intel MKL on the CPU, cuBLAS on the GPU,
-both from their pip wheels where nothing else provides them (see
-:func:`convbench.toolchain.vendor_blas`).  There is no fallback to DaCe's pure (loop
-nest) GEMM: without MKL a CPU build fails.  Only GEMMs with a dimension of 1 (K, GK or P
+through the project's DaCe environments, which take them from their pip wheels where
+nothing else provides them (see :mod:`convbench.environments`).  There is no fallback
+to DaCe's pure (loop nest) GEMM: without MKL a CPU build fails.  Only GEMMs with a dimension of 1 (K, GK or P
 == 1, never in CosmoFlow) are plain maps, see :func:`algorithm`.
 
 The im2col map runs over the decoded index space (c, kd, kh, kw, od, oh, ow) and
@@ -25,13 +25,12 @@ and ``//`` folds to a sympy zero when a size is 1, which DaCe 1.0.2's frontend
 cannot parse.
 """
 
-import os
-
 import dace
 from dace.libraries.blas.nodes.gemm import Gemm
 from dace.libraries.blas.nodes.matmul import MatMul
 
-from convbench.layouts import Layout, Pass
+from convbench.registry import Layout, Pass
+from convbench.environments import GEMM_CUBLAS, GEMM_MKL, mkl_problem
 from convbench.registry import Implementation, register
 from impls._common import layer_constants, pad_input
 
@@ -109,16 +108,10 @@ def _top_level_maps(sdfg):
 
 
 def _require_mkl():
-    """Raise unless DaCe's IntelMKL environment resolves to an installed header and library."""
-    from dace.libraries.blas.environments.intel_mkl import IntelMKL
-    includes = [d for d in IntelMKL.cmake_includes() if os.path.isfile(os.path.join(d, "mkl.h"))]
-    libraries = [f for f in IntelMKL.cmake_libraries() if os.path.isabs(f) and os.path.isfile(f)]
-    if not includes or not libraries:
-        raise RuntimeError(
-            "im2colGemm needs Intel MKL for the CPU GEMM, and DaCe cannot find it "
-            f"(MKLROOT={os.environ.get('MKLROOT', 'unset')}; include dirs {IntelMKL.cmake_includes()}, "
-            f"libraries {IntelMKL.cmake_libraries()}).  Run `make setup` (installs the mkl-devel "
-            "and mkl-include pip packages), or point MKLROOT at an MKL installation.")
+    """Raise unless Intel MKL's header and runtime library can be found."""
+    problem = mkl_problem()
+    if problem:
+        raise RuntimeError(f"im2colGemm needs Intel MKL for the CPU GEMM: {problem}")
 
 
 def cpu_schedule(sdfg, layer, params):
@@ -131,7 +124,7 @@ def cpu_schedule(sdfg, layer, params):
         # input and the col buffer): the outer ones can be 1 (C == 1, 1x1x1 kernels).
         entry.map.collapse = max(1, len(entry.map.params) - 1)
     _persistent_buffers(sdfg)
-    _use_blas(sdfg, "MKL")
+    _use_blas(sdfg, GEMM_MKL)
 
 
 #: CUDA's limit on a grid's y and z dimensions.
@@ -161,7 +154,7 @@ def gpu_schedule(sdfg, layer, params):
         rows = sizes[-2] if len(sizes) > 1 else 1
         entry.map.gpu_block_size = [32, max(b for b in (1, 2, 4) if b <= rows), 1]
     _persistent_buffers(sdfg)
-    _use_blas(sdfg, "cuBLAS")
+    _use_blas(sdfg, GEMM_CUBLAS)
 
 
 register(Implementation(

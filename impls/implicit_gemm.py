@@ -19,7 +19,7 @@ size is 1 (the expression folds to a sympy zero and parsing fails).
 
 import dace
 
-from convbench.layouts import Layout, Pass
+from convbench.registry import Layout, Pass
 from convbench.registry import Implementation, register
 from impls._common import auto_cpu, auto_gpu, layer_constants, pad_input
 

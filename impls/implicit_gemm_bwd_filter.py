@@ -1,7 +1,7 @@
 """``implicitGemmBwdFilter``: dL/dw as an implicit GEMM on NDHWC (see ``_backward.py``):
 one output per filter element, the whole N*Do*Ho*Wo reduction in it; DaCe auto-optimize."""
 
-from convbench.layouts import Layout, Pass
+from convbench.registry import Layout, Pass
 from convbench.registry import Implementation, register
 from impls._backward import bwd_filter_algorithm
 from impls._common import auto_cpu, auto_gpu

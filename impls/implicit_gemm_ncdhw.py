@@ -5,7 +5,7 @@ pixels, which are neighbouring input elements in NCDHW.  Default implementation 
 ``profile_conv3d.py``.
 """
 
-from convbench.layouts import Layout
+from convbench.registry import Layout
 from convbench.registry import register
 from impls import _igemm
 

@@ -10,7 +10,7 @@ work's split-K skipped or double-counted terms at K tails).  Splitting raises th
 number of blocks for layers with few output pixels (the deep CosmoFlow layers).
 """
 
-from convbench.layouts import Layout
+from convbench.registry import Layout
 from convbench.registry import register
 from impls import _igemm
 

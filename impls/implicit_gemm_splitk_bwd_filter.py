@@ -3,7 +3,7 @@ split over ``nsplitK`` chunks of output depth planes into partial sums, then red
 (see ``_backward.py``).  More independent work for the layers with few filter
 elements and many pixels (the first CosmoFlow layers), where split-K pays most."""
 
-from convbench.layouts import Layout, Pass
+from convbench.registry import Layout, Pass
 from convbench.registry import Implementation, Param, register
 from impls._backward import bwd_filter_algorithm
 from impls._common import auto_cpu, auto_gpu

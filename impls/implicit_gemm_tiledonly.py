@@ -7,7 +7,7 @@ buffers, no register tiles.  The baseline for the staged variants.  NDHWC layout
 GEMM mapping and the tables are described in ``impls/_igemm.py``.
 """
 
-from convbench.layouts import Layout, Pass
+from convbench.registry import Layout, Pass
 from convbench.registry import Implementation, Param, register
 from impls import _igemm, _tiling
 

@@ -7,7 +7,7 @@ every thread accumulates the outer products of its threadTileM x threadTileN reg
 tile.  The accumulators stay in registers across all K steps.  See ``impls/_igemm.py``.
 """
 
-from convbench.layouts import Layout
+from convbench.registry import Layout
 from convbench.registry import register
 from impls import _igemm
 

@@ -29,14 +29,12 @@ import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 PROG = "bench_cache.py"
 
 _WARM = r"""
 import json, sys, time, warnings
 warnings.simplefilter("ignore")
-sys.path.insert(0, {root!r})
 t0 = time.perf_counter()
 from convbench import registry, toolchain
 from convbench.cache import BuildCache

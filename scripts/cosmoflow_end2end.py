@@ -8,10 +8,8 @@ torch, checked (``--check``) and timed per layer (``runtimebreakdown.png``).
 A thin wrapper: the logic lives in :mod:`convbench.end2end`.  Run with ``--help``.
 """
 
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from convbench.end2end import main  # noqa: E402
 

@@ -19,9 +19,7 @@ import platform
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 PROG = "cudnn_check.py"
 TOL = {"float32": 1e-4, "float16": 1e-2}

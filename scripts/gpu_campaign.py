@@ -20,9 +20,7 @@ Exit status: 0 when every phase ran (failed cases are results, recorded in the t
 """
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from convbench.campaign_cli import main  # noqa: E402
 

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 from cases import Case  # noqa: E402
 from convbench import devices  # noqa: E402
 from convbench.cache import BuildCache, fill  # noqa: E402
-from convbench.verify import make_reference  # noqa: E402
+from convbench.verify import make_truth  # noqa: E402
 
 PYTHON = sys.executable
 ENV = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -160,7 +160,7 @@ def builds(request, cachedir):
 
 @functools.lru_cache(maxsize=2)  # CosmoFlow references take up to ~1 GB each
 def _reference(layer, seed, pass_):
-    return make_reference(layer, pass_, seed=seed)
+    return make_truth(layer, pass_, seed=seed)
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from cases import ANISO, ANISO_IMPLS, IMPLS, case_params, cases, verify_case
-from convbench import cli, registry, toolchain, verify
+from convbench import cli, references, registry, toolchain, verify
 from convbench.layers import Layer
 from convbench.layouts import Pass
 from convbench.registry import Implementation
@@ -36,8 +36,8 @@ def test_reference_is_autograd():
     dy = torch.rand(layer.output_shape, dtype=torch.float64)
     torch.nn.functional.conv3d(x, w, stride=2, padding=1).backward(dy)
     inputs = {"x": x.detach(), "w": w.detach(), "y": dy}
-    assert torch.allclose(verify.torch_pass(layer, Pass.BWD_DATA, inputs), x.grad)
-    assert torch.allclose(verify.torch_pass(layer, Pass.BWD_FILTER, inputs), w.grad)
+    assert torch.allclose(references.torch_pass(layer, Pass.BWD_DATA, inputs), x.grad)
+    assert torch.allclose(references.torch_pass(layer, Pass.BWD_FILTER, inputs), w.grad)
 
 
 def _planted(tmp_path, name, replacements):

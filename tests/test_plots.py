@@ -10,7 +10,7 @@ import pytest
 
 from conftest import ENV, PYTHON, ROOT
 
-from convbench import plots
+from convbench import plots, results, schema
 
 SCRIPT = ROOT / "scripts" / "plot_results.py"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -125,6 +125,63 @@ def test_load_run_errors(tmp_path, damage, words):
     damage(run_dir)
     with pytest.raises((FileNotFoundError, ValueError), match=words.replace("(", r"\(")):
         plots.load_run(run_dir)
+
+
+def write_with_run_writer(path):
+    """The LAYERS written by the profiler's own writer, three samples each."""
+    from convbench.timing import Timing
+    writer = results.RunWriter(path, {"implementation": IMPL, "references": ["torch"]}, ["torch"])
+    for index, (layer, geometry, gflop, mbytes, times) in enumerate(LAYERS):
+        ms = [results.Measurement(b, Timing([t, 1.1 * t, 0.9 * t], 1, "test"))
+              for b, t in times.items()]
+        writer.add_entry(index, layer, IMPL, ms, geometry=geometry, batch=1, flop=gflop * 1e9,
+                         nbytes=mbytes * 1e6)
+    writer.finish()
+    return path
+
+
+def test_writer_and_reader_share_one_schema(tmp_path):
+    assert results.SAMPLE_COLUMNS is schema.SAMPLE_COLUMNS is plots.SAMPLE_COLUMNS
+    assert results.SUMMARY_COLUMNS is schema.SUMMARY_COLUMNS
+    assert results.DACE is schema.DACE == "dace"
+    # the files this test module writes by hand follow the schema too
+    assert SUMMARY_COLUMNS == [*schema.SUMMARY_COLUMNS, schema.ratio_column("torch")]
+    run = plots.load_run(write_with_run_writer(tmp_path / "run"))
+    assert run.metadata["status"] == schema.COMPLETE
+    assert run.layers == ["conv1", "conv2", "conv3"] and run.backends == ["dace", "torch"]
+    assert run.implementation == IMPL and run.geometry["conv2"].startswith("16->32")
+    assert run.samples[("conv1", "dace")].tolist() == pytest.approx([3.0, 3.3, 2.7])
+    assert run.ratio("conv1", "torch") == pytest.approx(3.0)
+    assert math.isnan(run.ratio("conv3", "torch"))
+    assert run.summary[("conv2", "dace")]["intensity"] == pytest.approx(0.0071e9 / 0.26e6,
+                                                                       rel=1e-5)
+
+
+def test_a_name_changed_in_the_schema_changes_writer_and_reader(tmp_path, monkeypatch):
+    monkeypatch.setattr(schema, "SUMMARY", "stats.csv")
+    monkeypatch.setattr(schema, "ratio_column", lambda ref: f"over_{ref}")
+    run_dir = write_with_run_writer(tmp_path / "run")
+    assert sorted(p.name for p in run_dir.iterdir()) == ["metadata.json", "samples.csv",
+                                                         "stats.csv"]
+    assert "over_torch" in (run_dir / "stats.csv").read_text().splitlines()[0].split(",")
+    run = plots.load_run(run_dir)
+    assert run.summary[("conv1", "dace")]["over_torch"] == pytest.approx(3.0)
+    assert run.ratio("conv1", "torch") == pytest.approx(3.0)
+
+
+def test_reading_needs_no_matplotlib():
+    code = ("import sys\n"
+            "import convbench.schema\n"
+            "assert sorted(m for m in sys.modules if m.startswith('convbench')) == "
+            "['convbench', 'convbench.schema'], 'schema imports convbench modules'\n"
+            "from convbench.plots import load_run, read_breakdown, RunData, SAMPLE_COLUMNS\n"
+            "assert 'matplotlib' not in sys.modules, 'reading imported matplotlib'\n"
+            "from convbench.plots import plot_breakdown\n"
+            "import matplotlib\n"
+            "assert matplotlib.get_backend().lower() == 'agg', matplotlib.get_backend()\n")
+    proc = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, env=ENV,
+                          cwd=ROOT, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
 
 
 def run_script(*args):

@@ -2,6 +2,7 @@
 
 import csv
 import json
+import math
 import time
 
 import pytest
@@ -28,11 +29,19 @@ def test_summarize_quartiles_and_noise():
     assert timing.summarize([0.6, 1.0, 1.4])["noisy"] is True
 
 
-def test_quantile_matches_numpy():
-    import numpy as np
-    values = sorted([3.2, 1.5, 9.9, 4.4, 2.0, 7.7, 6.1])
-    for q in (0.0, 0.25, 0.5, 0.75, 1.0):
-        assert timing.quantile(values, q) == pytest.approx(np.quantile(values, q))
+def test_summarize_interpolates_quartiles_linearly():
+    # positions (n - 1) * q between sorted values, as numpy's default (linear) quantile
+    s = timing.summarize([3.2, 1.5, 9.9, 4.4, 2.0, 7.7, 6.1])  # 1.5 2.0 3.2 4.4 6.1 7.7 9.9
+    assert s["q1_ms"] == pytest.approx(2.6) and s["median_ms"] == 4.4
+    assert s["q3_ms"] == pytest.approx(6.9) and s["iqr_ms"] == pytest.approx(4.3)
+    s = timing.summarize([40.0, 10.0, 30.0, 20.0])
+    assert (s["q1_ms"], s["median_ms"], s["q3_ms"]) == (17.5, 25.0, 32.5)
+    assert all(type(s[k]) is float for k in ("q1_ms", "median_ms", "q3_ms", "iqr_ms"))
+    one = timing.summarize([7.0])
+    assert (one["q1_ms"], one["median_ms"], one["q3_ms"], one["iqr_ms"]) == (7.0, 7.0, 7.0, 0.0)
+    empty = timing.summarize([])
+    assert empty["samples"] == 0 and all(math.isnan(empty[k]) for k in
+                                         ("q1_ms", "median_ms", "q3_ms", "min_ms", "mean_ms"))
 
 
 def test_cpu_timer_measures_the_call_only():
@@ -144,13 +153,14 @@ def test_compareprof_writes_results_and_plots(tmp_path, layer_csv, capsys):
 
 
 def test_interrupted_run_keeps_finished_layers(tmp_path, layer_csv, monkeypatch, capsys):
-    original = cli.Session._layer
+    from convbench.experiment import Experiment
+    original = Experiment.run_one
 
-    def layer_then_interrupt(self, i, layer):
+    def layer_then_interrupt(self, impl, i, layer):
         if i == 1:
             raise KeyboardInterrupt
-        return original(self, i, layer)
-    monkeypatch.setattr(cli.Session, "_layer", layer_then_interrupt)
+        return original(self, impl, i, layer)
+    monkeypatch.setattr(Experiment, "run_one", layer_then_interrupt)
     rc, outdir = profile(tmp_path, layer_csv)
     assert rc == 130
     meta = json.loads((outdir / "metadata.json").read_text())
@@ -196,13 +206,13 @@ def test_bad_profiling_flags(capsys, args, words):
 def test_prepared_call_matches_the_checked_call(tmp_path):
     import torch
 
-    from convbench import registry, toolchain, verify
+    from convbench import cache, registry, toolchain, verify
     from convbench.layers import Layer
     from convbench.layouts import from_layout, stored_shape, to_layout
     layer = Layer("t", 1, 3, 4, 6, 5, 7, 3, 3, 3, 1, 1)
     impl = registry.get(IMPL)
-    build = toolchain.build(toolchain.make_spec(impl, layer), tmp_path)
-    ref = verify.make_reference(layer, seed=3)
+    build = cache.build(toolchain.make_spec(impl, layer), tmp_path)
+    ref = verify.make_truth(layer, seed=3)
     arrays = {r: to_layout(ref.inputs[r], impl.layout, r) for r in ("x", "w")}
     arrays["y"] = torch.full(stored_shape(impl.layout, "y", layer.output_shape), float("nan"))
     call = timing.prepared_call(build, arrays)
@@ -221,7 +231,8 @@ def test_progress_bar_text_and_log_lines():
         bar.update(note="a")
         assert "build [######..................] 1/4" in bar.text()
         bar.update(3)
-    assert "\r" in live.getvalue() and live.getvalue().endswith("\r\033[K")  # erased at the end
+    assert "\r" in live.getvalue() and "\n" not in live.getvalue()  # redrawn in place
+    assert "build [" in live.getvalue() and not _terminal_line(live.getvalue()).strip()  # erased
     log = io.StringIO()
     with Progress(2, stream=log, lines=True) as bar:  # not a terminal: one line per note
         bar.update(note="first done")
@@ -231,3 +242,14 @@ def test_progress_bar_text_and_log_lines():
     with Progress(2, stream=quiet, heartbeat=0.0) as bar:
         bar.update()
     assert quiet.getvalue().startswith("[############............] 1/2")
+    assert "\r" not in quiet.getvalue() and quiet.getvalue().endswith("\n")
+
+
+def _terminal_line(written):
+    """What a terminal line shows once ``written`` (no newlines) is printed on it."""
+    line = ""
+    for part in written.split("\r"):  # back to the start of the line, then overwrite
+        if part.startswith("\033[K"):  # erase the line
+            line, part = "", part[len("\033[K"):]
+        line = part + line[len(part):]
+    return line

@@ -7,6 +7,8 @@ import subprocess
 import pytest
 
 from conftest import ENV, PYTHON, ROOT, load_script
+from convbench.commands import validate_timing
+from convbench.commands import precompile as precompile_command
 
 CSV = ("layer,batch,in_channels,out_channels,in_d,in_h,in_w,k_d,k_h,k_w,stride,pad\n"
        "tiny,1,3,4,6,5,7,3,3,3,1,1\ntiny2,2,2,3,5,5,5,3,3,3,2,0\n")
@@ -26,7 +28,7 @@ def script(name, *args, timeout=900):
 
 def test_precompile_then_require_precompiled(tmp_path, layer_csv, capsys):
     cache = tmp_path / "cache"
-    precompile = load_script("precompile.py").main
+    precompile = precompile_command.main
     args = ["--implementation", "implicitGemm", "--paramscsv", str(layer_csv), "--cachedir",
             str(cache)]
     assert precompile(args + ["--jobs", "2"]) == 0
@@ -46,10 +48,10 @@ def test_precompile_then_require_precompiled(tmp_path, layer_csv, capsys):
     (["--target", "tpu"], "--target: unknown target 'tpu'"),
     (["--implementation", "nosuch"], "unknown implementation 'nosuch'"),
     (["--param", "CTAtileM=64"], "--param: give exactly one --implementation"),
-    (["--jobs", "0"], "--jobs: must be >= 1"),
+    (["--jobs", "0"], "--jobs: must be an integer >= 1"),
 ])
 def test_precompile_bad_input(args, words, capsys):
-    assert load_script("precompile.py").main(args) == 2
+    assert precompile_command.main(args) == 2
     out, err = capsys.readouterr()
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("precompile.py: error: ") and words in lines[0]
@@ -68,7 +70,7 @@ def test_bench_cache_reports_cold_and_warm(tmp_path, layer_csv):
 
 def test_validate_timing_compares_with_dace_instrumentation(tmp_path, layer_csv, capsys):
     out = tmp_path / "validate.json"
-    status = load_script("validate_timing.py").main([
+    status = validate_timing.main([
         "--implementation", "implicitGemm", "--paramscsv", str(layer_csv), "--layer", "tiny",
         "--rounds", "2", "--warmupiter", "1", "--totaliter", "4", "--no-flush", "--out", str(out)])
     assert status == 0, capsys.readouterr()

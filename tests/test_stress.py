@@ -1,7 +1,6 @@
-"""scripts/stress_test.py: a small run end to end, the memory refusal, bad flags, and the
-sub-volume check, which must catch a planted error."""
+"""scripts/stress_test.py (:mod:`convbench.commands.stress`): a small run end to end, the
+memory refusal, bad flags, and the sub-volume check, which must catch a planted error."""
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -13,21 +12,12 @@ import torch.nn.functional as F
 
 from conftest import ENV, PYTHON, ROOT, in_process
 from conftest import assert_usage_error as _assert_usage_error
+from convbench.commands import stress
 from convbench.layers import Layer
 
 SCRIPT = ROOT / "scripts" / "stress_test.py"
 PREFIX = "stress_test.py: error: "
 SMALL = ["--size", "24", "--in-channels", "4", "--out-channels", "8", "--device", "cpu"]
-
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("stress_test_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-stress = _load_script()
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +96,7 @@ def test_check_fails_on_a_planted_error_in_the_dace_output(tmp_path, stress_cach
             last[-1] += 1.0  # NDHWC: the last channel of the last pixel
             return result
         bad.keepalive = arrays
+        bad.first_ms = call.first_ms
         return bad
     monkeypatch.setattr(timing, "prepared_call", corrupting)
     out = tmp_path / "bad.json"

@@ -1,15 +1,24 @@
-"""The DaCe toolchain: unique build names, cache folders, and CUDA builds with nvcc 13."""
+"""The DaCe toolchain: unique build names, cache folders, CUDA builds with nvcc 13, and the
+vendor BLAS environments of GEMM library nodes."""
 
+import json
+import os
+import shlex
 import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
 
 import pytest
 
 from cases import GPU_IMPLS, Case, case_params
-from convbench import registry, toolchain
+from convbench import cache, registry, toolchain
 from convbench.errors import UsageError
 from convbench.layers import Layer
 
 LAYER = Layer("tc", 1, 3, 4, 6, 5, 4, 3, 3, 3, pad=1)
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 
 
 def test_build_names_are_unique():
@@ -40,7 +49,7 @@ def test_unknown_target_and_dtype():
 
 def test_cpu_build_goes_to_cachedir(tmp_path):
     spec = toolchain.make_spec(registry.get("directConvNCDHW"), LAYER)
-    build = toolchain.build(spec, tmp_path)
+    build = cache.build(spec, tmp_path)
     assert build.folder == tmp_path / spec.name
     assert build.library.is_file() and build.library.is_relative_to(tmp_path)
     assert build.program is not None and set(build.times) == {"sdfg", "compile"}
@@ -68,11 +77,199 @@ def test_gpu_settings_are_temporary(tmp_path):
     assert dace.config.Config.get("compiler", "cuda", "cuda_arch") == before
 
 
+def test_gpu_backend_is_fixed_not_detected(tmp_path, monkeypatch):
+    """Where DaCe's auto-detection finds no GPU (no nvidia-smi, no CUDA for CMake, no
+    CUDA_HOME, no libcudart) it fails; GPU builds still get the CUDA backend."""
+    import ctypes.util
+
+    from dace.codegen import common
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: types.SimpleNamespace(wait=lambda: 1))
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
+    for name in ("CUDA_HOME", "HIP_PLATFORM"):
+        monkeypatch.delenv(name, raising=False)
+    import dace
+    with dace.config.set_temporary("compiler", "cuda", "backend", value="auto"):
+        with pytest.raises(RuntimeError, match="Cannot autodetect"):
+            common.get_gpu_backend()
+        with toolchain.dace_config("gpu", tmp_path):
+            assert common.get_gpu_backend() == "cuda"
+
+
+@needs_nvcc
+def test_nvcc13_needs_each_compat_setting(tmp_path):
+    """What each nvcc 13 setting of :func:`toolchain.dace_settings` fixes, shown on DaCe's
+    runtime header (what every generated .cu includes first), compiled the way GPU builds
+    compile it: with all settings it compiles; without the CUB 3 compatibility header, or
+    with C++14 instead of what the CMake override selects, nvcc 13 rejects it; and nvcc 13
+    has no compute_60, DaCe's default architecture."""
+    import dace
+    default_arch = dace.config.Config.get_default("compiler", "cuda", "cuda_arch")
+    archs = subprocess.run(["nvcc", "--list-gpu-arch"], capture_output=True, text=True,
+                           check=True).stdout.split()
+    assert f"compute_{toolchain.CUDA_ARCH}" in archs
+    assert all(f"compute_{a}" not in archs for a in default_arch.split(",")), archs
+
+    # The C++ standard flag CMake uses for CUDA_STANDARD 14 once the override is loaded.
+    script = tmp_path / "show.cmake"
+    script.write_text(f'include("{toolchain.COMPAT_DIR / "cuda_cxx17.cmake"}")\n'
+                      'message("${CMAKE_CUDA14_STANDARD_COMPILE_OPTION}")\n')
+    shown = subprocess.run(["cmake", "-P", str(script)], capture_output=True, text=True, check=True)
+    std = shown.stderr.strip()
+    assert std == "-std=c++17"
+
+    args = shlex.split(toolchain.dace_settings("gpu", tmp_path)[("compiler", "cuda", "args")])
+    compat = args.index("-include")
+    assert Path(args[compat + 1]) == toolchain.COMPAT_DIR / "cub3_compat.cuh"
+    source = tmp_path / "runtime.cu"
+    source.write_text("#include <dace/dace.h>\n")
+    runtime = Path(dace.__file__).parent / "runtime" / "include"
+
+    def nvcc(args, std):  # front end only (--cuda): seconds, not a full compile
+        run = subprocess.run(["nvcc", f"-arch=sm_{toolchain.CUDA_ARCH}", std, *args,
+                              f"-I{runtime}", "--cuda", str(source), "-o",
+                              str(tmp_path / "runtime.ii")], capture_output=True, text=True)
+        return run.returncode, run.stdout + run.stderr
+
+    rc, out = nvcc(args, std)
+    assert rc == 0, out
+    rc, out = nvcc(args[:compat] + args[compat + 2:], std)
+    assert rc != 0 and '"CTA_SYNC" is undefined' in out, out
+    rc, out = nvcc(args, "-std=c++14")
+    assert rc != 0 and "C++17" in out.replace("C++ 17", "C++17"), out
+
+
+# -- vendor BLAS: the project's DaCe environments ------------------------------------------
+
+# (ids name the library: an id "gpu" would mark the test as needing a GPU, see conftest.py)
+@pytest.mark.parametrize("target, environment, implementation, call, header", [
+    ("cpu", "ConvbenchMKL", "GEMM_MKL", "cblas_sgemm", "mkl.h"),
+    ("gpu", "ConvbenchCuBLAS", "GEMM_CUBLAS", "cublasSgemm", "dace_cublas.h"),
+], ids=["mkl", "cublas"])
+def test_gemm_uses_the_project_blas_environment(tmp_path, target, environment, implementation,
+                                                call, header):
+    """im2colGemm's GEMM expands to the vendor BLAS call, compiled against the project's
+    environment: its header in the generated code, its include folders and libraries in
+    the CMake flags (generated, not compiled)."""
+    import dace
+    from dace.codegen import compiler
+
+    from convbench import environments
+    env = getattr(environments, environment)
+    spec = toolchain.make_spec(registry.get("im2colGemm"), LAYER, target=target)
+    with toolchain.dace_config(target, tmp_path):
+        sdfg = toolchain.make_sdfg(spec)
+        gemms = [n for n, _ in sdfg.all_nodes_recursive() if isinstance(n, dace.nodes.LibraryNode)]
+        assert gemms and {n.implementation for n in gemms} == {getattr(environments, implementation)}
+        code = sdfg.generate_code()
+    used = set().union(*(c.environments for c in code))
+    assert used == {f"convbench.environments.{environment}"}
+    text = "\n".join(c.clean_code for c in code)
+    assert call in text and f'#include "{header}"' in text
+    flags, _ = compiler.get_environment_flags(dace.library.get_environments_and_dependencies(used))
+    cmake = dict(f.split("=", 1) for f in flags)
+    assert cmake["-DDACE_ENV_INCLUDES"].strip('"').split() == sorted(env.cmake_includes())
+    assert cmake["-DDACE_ENV_LIBRARIES"].strip('"').split() == sorted(env.cmake_libraries())
+    if target == "gpu":
+        assert "cublas_handle" in text  # the environment's state field: one handle per device
+
+
+def _fake_mkl(root, versions):
+    (root / "include").mkdir(parents=True)
+    (root / "include" / "mkl.h").write_text("")
+    (root / "lib").mkdir()
+    for version in versions:
+        (root / "lib" / f"libmkl_rt.so{version}").write_text("")
+    return root
+
+
+def test_mkl_environment_follows_mklroot_then_the_prefix(tmp_path, monkeypatch):
+    from convbench import environments
+    from convbench.environments import ConvbenchMKL
+    monkeypatch.delenv("MKLROOT", raising=False)
+    if environments.mkl_problem() is None:  # the pip wheels: the newest versioned runtime
+        assert ConvbenchMKL.cmake_includes()[0] == os.path.join(sys.prefix, "include")
+        [library] = ConvbenchMKL.cmake_libraries()
+        assert Path(library).parent == Path(sys.prefix, "lib") and "libmkl_rt.so" in library
+    before = toolchain.toolchain_flags("cpu")
+    root = _fake_mkl(tmp_path / "mkl", [".2", ".10", ".9.1", ".x"])
+    monkeypatch.setenv("MKLROOT", str(root))
+    assert ConvbenchMKL.cmake_includes() == [str(root / "include"),
+                                             str(environments.DACE_BLAS_INCLUDE)]
+    assert ConvbenchMKL.cmake_libraries() == [str(root / "lib" / "libmkl_rt.so.10")]
+    (root / "lib" / "libmkl_rt.so").write_text("")  # the unversioned name wins
+    assert ConvbenchMKL.cmake_libraries() == [str(root / "lib" / "libmkl_rt.so")]
+    after = toolchain.toolchain_flags("cpu")
+    assert after["blas"]["libraries"] == [str(root / "lib" / "libmkl_rt.so")]
+    assert after != before  # another MKL, another cache key
+    monkeypatch.setenv("MKLROOT", str(tmp_path / "nowhere"))
+    assert ConvbenchMKL.cmake_libraries() == [] and "include/mkl.h" in environments.mkl_problem()
+    with pytest.raises(RuntimeError, match="im2colGemm needs Intel MKL"):
+        toolchain.make_sdfg(toolchain.make_spec(registry.get("im2colGemm"), LAYER))
+
+
+def test_cublas_environment_takes_the_wheel_without_toolkit_cublas(monkeypatch):
+    from convbench import environments
+    from convbench.environments import ConvbenchCuBLAS
+    wheel = environments.cublas_wheel()
+    if wheel is not None and not environments.toolkit_has_cublas():
+        assert ConvbenchCuBLAS.cmake_includes()[0] == str(wheel[0])
+        assert ConvbenchCuBLAS.cmake_libraries() == [str(wheel[1])]
+        assert wheel[1].name.startswith("libcublas.so") and (wheel[0] / "cublas_v2.h").is_file()
+    monkeypatch.setattr(environments, "toolkit_has_cublas", lambda: True)
+    assert ConvbenchCuBLAS.cmake_libraries() == ["cublas"]
+    assert ConvbenchCuBLAS.cmake_includes() == [str(environments.DACE_BLAS_INCLUDE)]
+
+
+@pytest.mark.parametrize("target", ["cpu", "gpu"], ids=["mkl", "cublas"])
+def test_cache_key_records_the_blas_portably(target):
+    from convbench import environments
+    env = environments.ConvbenchMKL if target == "cpu" else environments.ConvbenchCuBLAS
+    blas = toolchain.toolchain_flags(target)["blas"]
+    assert blas["environment"] == f"convbench.environments.{env.__name__}"
+    assert len(blas["libraries"]) == len(env.cmake_libraries()) >= 1
+    text = json.dumps(blas)
+    assert str(toolchain.PROJECT_ROOT) not in text and sys.prefix not in text
+    local = json.dumps(toolchain.toolchain_versions(target)["blas"])
+    assert all(lib in local for lib in env.cmake_libraries())
+
+
+def _dynamic_section(library):
+    if shutil.which("readelf") is None:
+        pytest.skip("readelf is not installed")
+    return subprocess.run(["readelf", "-d", str(library)], capture_output=True, text=True,
+                          check=True).stdout
+
+
+def _check_linked(build, environment):
+    """``build`` was compiled with ``environment`` and its library finds the environment's
+    (absolutely linked) libraries through its RPATH."""
+    assert (build.folder / "dace_environments.csv").read_text().split() == [
+        environment.full_class_path()]
+    dynamic = _dynamic_section(build.library)
+    for library in map(Path, environment.cmake_libraries()):
+        if library.is_absolute():
+            assert f"[{library.name}]" in dynamic, dynamic
+            rpaths = [line for line in dynamic.splitlines() if "RPATH" in line or "RUNPATH" in line]
+            assert any(str(library.parent) in line for line in rpaths), dynamic
+
+
+MKL_CASE = Case("im2colGemm", LAYER, "toolchain")
+
+
+@pytest.mark.prebuild(MKL_CASE)
+def test_cpu_gemm_links_mkl_from_its_environment(builds):
+    from convbench.environments import ConvbenchMKL, mkl_problem
+    if mkl_problem():
+        pytest.skip(mkl_problem())
+    build = builds(MKL_CASE.spec(), load=False)
+    _check_linked(build, ConvbenchMKL)
+    assert "libmkl_rt.so" in _dynamic_section(build.library)
+
+
 #: GPU builds compiled with nvcc (no GPU needed).  Fast tier: the default implementation
 #: (tiled, shared memory) and im2colGemm (cuBLAS linked from its wheel); full tier: all.
 NVCC_FAST = ("implicitGemmNCDHW", "im2colGemm")
 NVCC = [Case(name, LAYER, "nvcc", target="gpu") for name in GPU_IMPLS]
-needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 
 
 @needs_nvcc
@@ -91,8 +288,17 @@ def test_gpu_sdfg_compiles_with_nvcc(case, builds, coverage):
         assert cuda_sources, "no CUDA source generated"
         text = "\n".join(f.read_text() for f in cuda_sources)
         assert "__global__" in text
+        # Each nvcc 13 setting reached CMake (see test_nvcc13_needs_each_compat_setting).
         cmake_cache = (build.folder / "build" / "CMakeCache.txt").read_text()
         assert "cuda_cxx17.cmake" in cmake_cache
+        assert f"DACE_CUDA_ARCHITECTURES_DEFAULT:STRING={toolchain.CUDA_ARCH}\n" in cmake_cache
+        cuda_flags = next(line for line in cmake_cache.splitlines()
+                          if line.startswith("CMAKE_CUDA_FLAGS:"))
+        assert f"-include {toolchain.COMPAT_DIR / 'cub3_compat.cuh'}" in cuda_flags
+        if case.impl == "im2colGemm":
+            from convbench.environments import ConvbenchCuBLAS
+            _check_linked(build, ConvbenchCuBLAS)
+            assert "libcublas.so" in _dynamic_section(build.library)
         _check_tiled_kernel(case.impl, text)
     except Exception as err:
         coverage.record(case, "failed", f"{type(err).__name__}: {err}")

@@ -6,8 +6,9 @@ import json
 import pytest
 
 from cases import Case, case_params, params_of, verify_case
-from conftest import ROOT, load_script
+from conftest import ROOT
 from convbench import cli, registry, toolchain, tuning, verify
+from convbench.commands import bench, tune
 from convbench.errors import UsageError
 from convbench.layers import Layer, load_layers
 
@@ -212,13 +213,13 @@ def test_a_skipped_border_tap_is_caught(name, monkeypatch, builds, reference):
     assert not check.ok, "a dropped border tap went unnoticed"
 
 
-# -- the scripts (in this process: their main(argv)) --------------------------------------------
+# -- the tools (convbench.commands; in this process: their main(argv)) -------------------------
 
 def test_bench_cpu_small_set(tmp_path, cachedir, capsys):
     csv = tmp_path / "small.csv"
     csv.write_text(SMALL_SET)
     out = tmp_path / "bench"
-    status = load_script("bench_cpu.py").main([
+    status = bench.main([
         "--paramscsv", str(csv), "--batch", "1", "--impls", f"{BLOCKED},implicitGemm,im2colGemm",
         "--samples", "5", "--warmup", "1", "--outdir", str(out), "--cachedir", str(cachedir),
         "--skip-slower", "1000"])  # screening depends on the machine's load: not tested here
@@ -247,7 +248,7 @@ def test_fma_peak_probe(monkeypatch):
                                         (["--impls", "implicitGemmBwdData"], "not a forward"),
                                         (["--batch", "0"], "--batch")])
 def test_bench_cpu_bad_input(args, words, capsys):
-    assert load_script("bench_cpu.py").main(args) == 2
+    assert bench.main(args) == 2
     out, err = capsys.readouterr()
     err = err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("bench_cpu.py: error: ") and words in err[0], err
@@ -259,14 +260,14 @@ def test_tune_cpu_stores_the_winner(tmp_path, cachedir, monkeypatch, capsys):
     csv.write_text(SMALL_SET)
     store = tmp_path / "tuned.json"
     monkeypatch.setenv("CONVBENCH_TUNING", str(store))
-    tune = load_script("tune_cpu.py").main
-    status = tune(["--paramscsv", str(csv), "--batch", "1", "--space", "PIX=4,8", "--samples", "2",
-                   "--store", "--out", str(tmp_path / "t.json"), "--cachedir", str(cachedir)])
+    status = tune.main(["--paramscsv", str(csv), "--batch", "1", "--space", "PIX=4,8",
+                        "--samples", "2", "--store", "--out", str(tmp_path / "t.json"),
+                        "--cachedir", str(cachedir)])
     stdout, stderr = capsys.readouterr()
     assert status == 0, stdout[-3000:] + stderr[-3000:]
     entries = json.loads(store.read_text())["entries"][BLOCKED]
     assert len(entries) == 2 and all(e["PIX"] in (4, 8) for e in entries.values())
     records = json.loads((tmp_path / "t.json").read_text())["records"]
     assert len(records) == 4 and all(r["ok"] for r in records)
-    assert tune(["--space", "PIX=0", "--cachedir", str(cachedir)]) == 2
+    assert tune.main(["--space", "PIX=0", "--cachedir", str(cachedir)]) == 2
     assert "PIX must be >= 1" in capsys.readouterr().err

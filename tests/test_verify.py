@@ -24,7 +24,7 @@ LAYER = Layer("odd", 2, 3, 5, 6, 5, 7, 3, 3, 3, stride=1, pad=1)  # K = 81 = 5*1
 
 
 def test_tolerance_scales_with_reduction():
-    ref = verify.make_reference(LAYER, seed=1)
+    ref = verify.make_truth(LAYER, seed=1)
     u = toolchain.get_dtype("float32").unit_roundoff
     out32 = ref.ref.float()  # correctly rounded float32: passes
     assert verify.compare(out32, ref, u).ok
@@ -178,7 +178,7 @@ def test_one_missing_term_caught_at_long_reduction():
     """At L = 256*27 = 6912 (CosmoFlow's deepest layers) the tolerance still catches a
     single product missing from every output element."""
     layer = Layer("deep", 1, 256, 8, 4, 4, 4, 3, 3, 3)
-    ref = verify.make_reference(layer, seed=3)
+    ref = verify.make_truth(layer, seed=3)
     u = toolchain.get_dtype("float32").unit_roundoff
     w = ref.inputs["w"].double().clone()
     w[:, 255, 2, 2, 2] = 0  # drop one of 6912 terms
@@ -189,7 +189,7 @@ def test_one_missing_term_caught_at_long_reduction():
 
 
 def test_compare_in_chunks_matches_whole():
-    ref = verify.make_reference(LAYER, seed=2)
+    ref = verify.make_truth(LAYER, seed=2)
     u = toolchain.get_dtype("float32").unit_roundoff
     out = ref.ref.float().clone()
     out[1, 2, 3, 4, 5] += 0.5

@@ -1,0 +1,1 @@
+"""The project's command-line tools, one module each, every one with ``main(argv=None, prog=...)``."""

@@ -1,0 +1,217 @@
+"""CPU benchmark: torch's conv3d against every DaCe forward implementation, per layer.
+
+Per layer, in one process and with one thread count for all:
+
+* torch's conv3d in both memory formats (NCDHW and channels_last_3d); the faster
+  (by median) is "torch";
+* every forward implementation with a CPU schedule, with its tuned parameters
+  (``tuning/cpu.json``, see :mod:`convbench.tuning`), built through the cache;
+* torch's first call, and each DaCe build's initialising call, screen: an implementation
+  whose first call takes more than ``--skip-slower`` times torch's is not sampled (its
+  time is recorded in the metadata); the others are verified against float64 torch (a
+  wrong kernel's time is not reported) and get ``--warmup`` untimed calls in all;
+* then ``--samples`` rounds, interleaved: in each round every backend is called once,
+  with the caches flushed before each call (as ``--compareprof``).
+
+The table gives, per layer, torch's median (and layout), the best DaCe-generated
+implementation and its median, their ratio, and the percentages of the SGEMM peak
+and of the FMA peak measured at start (:mod:`convbench.ceilings`; GFLOP/s count every
+tap, so a kernel that skips the zero border taps of a padded layer can pass them).
+``im2colGemm`` (which calls MKL's SGEMM) has its own column and is not counted as
+DaCe-generated.  The last line is ``max best/torch ratio: R``.  Result
+files (``samples.csv``, ``summary.csv``, ``metadata.json``, plus ``table.md``) go to
+``--outdir`` (default ``results/cpu/bench_cpu_<sets>_b<B>/``).
+"""
+
+import math
+from pathlib import Path
+
+from .. import flags, schema
+from ..errors import ArgumentParser, UsageError, check_at_least, run_main
+from ..toolchain import PROJECT_ROOT
+
+PROG = "bench_cpu.py"
+DEFAULT_SETS = ["cosmoflow_mlperf", "cosmoflow"]
+#: Implementations whose arithmetic is a vendor BLAS call, not DaCe-generated code.
+VENDOR = {"im2colGemm"}
+TORCH = ("torch-ncdhw", "torch-ndhwc")
+
+
+def build_parser(prog: str = PROG):
+    p = ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    flags.add_layer_flags(p, " and ".join(DEFAULT_SETS), many=True, batch_default=2,
+                          select=False)
+    flags.add_implementation_flag(p, "default: every forward one with a CPU schedule",
+                                  many=True)
+    flags.add_timing_flags(p, warmup=2, iters=7, time_limit=False)
+    p.add_argument("--samples", dest="totaliter", type=int, default=7, metavar="N",
+                   help="interleaved timed rounds: the samples per backend, as --totaliter "
+                   "(default 7, at least 5)")
+    flags.add_threads_flag(p, default=2)
+    p.add_argument("--skip-slower", type=float, default=20.0, metavar="X",
+                   help="do not sample an implementation whose first call is X times "
+                   "torch's (default 20)")
+    flags.add_outdir_flag(p, "results/cpu/bench_cpu_<sets>_b<B>/")
+    flags.add_cachedir_flag(p)
+    return p
+
+
+def main(argv=None, prog: str = PROG) -> int:
+    return run_main(prog, lambda a: _main(a, prog), argv)
+
+
+def _main(argv, prog: str) -> int:
+    args = build_parser(prog).parse_args(argv)
+    check_at_least(("--batch", args.batch, 1), ("--samples", args.totaliter, 5),
+                   ("--warmup", args.warmupiter, 1), ("--threads", args.threads, 1))
+    if not args.skip_slower > 1:
+        raise UsageError(f"--skip-slower: must be > 1, got {args.skip_slower}")
+    from ..cli import set_threads
+    from ..experiment import Experiment, TimingOptions, resolve_implementations
+    from ..layers import load_layers
+    from ..layouts import Pass
+
+    sets = args.paramscsv or DEFAULT_SETS
+    layers = [(s, layer.with_batch(args.batch)) for s in sets for layer in load_layers(s)]
+    forward = {i.name: i for i in resolve_implementations(None, Pass.FWD, "cpu")}
+    names = flags.implementation_names(args.implementation) or sorted(forward)
+    for name in names:
+        if name not in forward:
+            raise UsageError(f"--implementation: '{name}' is not a forward implementation with "
+                             f"a CPU schedule (those: {', '.join(sorted(forward))})")
+    set_threads(args.threads)
+    outdir = Path(args.outdir) if args.outdir else PROJECT_ROOT / "results" / "cpu" / \
+        f"bench_cpu_{'+'.join(Path(s).stem for s in sets)}_b{args.batch}"
+    exp = Experiment([forward[n] for n in names], [layer for _, layer in layers], "cpu",
+                     policy="reuse", cachedir=args.cachedir, outdir=outdir, threads=args.threads,
+                     timing=TimingOptions(args.warmupiter, args.totaliter,
+                                          flush=not args.no_flush))
+    return Bench(exp, args, layers).run()
+
+
+class Bench:
+    """The interleaved measurement of every implementation, layer by layer, and the table."""
+
+    def __init__(self, exp, args, layers):
+        self.exp, self.args, self.layers = exp, args, layers
+
+    def run(self) -> int:
+        import torch
+
+        from .. import ceilings
+        from ..results import RunWriter, run_metadata
+        a, exp, timer = self.args, self.exp, self.exp.timer
+        print(f"measuring the CPU ceilings ({torch.get_num_threads()} threads) ...", flush=True)
+        ceil = ceilings.measure("cpu")
+        peak, fma = ceil.get("peak_gflops"), ceil.get("fma_peak_gflops") or math.nan
+        print(f"SGEMM peak {peak:.1f} GFLOP/s, FMA peak {fma:.1f} GFLOP/s, copy "
+              f"{ceil.get('bandwidth_gbs', math.nan):.1f} GB/s", flush=True)
+        meta = run_metadata(PROJECT_ROOT, "cpu", a.threads)
+        meta.update(kind="bench_cpu", batch=a.batch, ceilings=ceil, references=["torch"],
+                    timing={"method": timer.method, "warmup": a.warmupiter,
+                            "samples": a.totaliter, "interleaved": True,
+                            "flush_bytes": timer.flush_bytes},
+                    implementations=[i.name for i in exp.impls], vendor=sorted(VENDOR),
+                    skip_slower=a.skip_slower, layers={})
+        writer = RunWriter(exp.outdir, meta, ["torch"])
+        status = schema.INTERRUPTED
+        try:
+            rows = [self._layer(i, s, layer, writer) for i, (s, layer) in enumerate(self.layers)]
+            status = schema.COMPLETE
+        finally:
+            writer.finish(status)
+        table = _table(rows, peak, fma)
+        (exp.outdir / "table.md").write_text(table + "\n")
+        print(table)
+        print(f"results: {exp.outdir}/")
+        print(f"max best/torch ratio: {max(r['ratio'] for r in rows):.3f}")
+        return 0
+
+    def _layer(self, index, layer_set, layer, writer):
+        import torch
+        import torch.nn.functional as F
+
+        from ..layouts import Pass
+        from ..results import Measurement
+        from ..timing import Timing, summarize
+        a, exp, timer = self.args, self.exp, self.exp.timer
+        label = f"{Path(layer_set).stem}/{layer.name}"
+        print(f"[{index + 1}/{len(self.layers)}] {label}: {layer.describe()}", flush=True)
+        truth = exp.truth(Pass.FWD, layer)
+        x, w = truth.inputs["x"], truth.inputs["w"]
+        xl, wl = (t.contiguous(memory_format=torch.channels_last_3d) for t in (x, w))
+        conv = dict(stride=layer.stride, padding=layer.pads)
+        calls = {"torch-ncdhw": lambda: F.conv3d(x, w, **conv),
+                 "torch-ndhwc": lambda: F.conv3d(xl, wl, **conv)}
+        info, builds = {}, {}
+        for impl in exp.impls:
+            params = exp.params(impl, layer)
+            reason = impl.unsupported_reason(layer, params)
+            if reason:
+                info[impl.name] = {"status": "unsupported", "reason": reason}
+                continue
+            build = builds[impl.name] = exp.build(impl, layer, params)
+            info[impl.name] = {"params": params, "build": build.origin,
+                               "build_s": round(build.seconds, 2)}
+            calls[impl.name] = exp.call(build, truth.inputs)  # one (untimed) call: first_ms
+        with torch.no_grad():
+            # torch's first (flushed) call is the yardstick; a DaCe build is screened on
+            # its initialising call, so a very slow one runs only once.
+            torch_first = min(timer.once(calls[n]) for n in TORCH)
+            active = {}
+            for name, fn in calls.items():
+                if name not in TORCH and not self._admit(name, fn, builds[name], truth,
+                                                         info[name], torch_first):
+                    continue
+                for _ in range(a.warmupiter - 1):
+                    timer.once(fn)
+                active[name] = fn
+            samples = timer.interleaved(active, a.totaliter)
+        med = {n: summarize(s)["median_ms"] for n, s in samples.items()}
+        torch_name = min(TORCH, key=lambda n: med[n])
+        measurements = [Measurement(n, Timing(s, a.warmupiter, timer.method))
+                        for n, s in [("torch", samples[torch_name])] + list(samples.items())]
+        for name in med:
+            if name in info:
+                info[name]["status"] = "timed"
+        writer.metadata["layers"][label] = dict(info, torch_layout=torch_name)
+        writer.add_layer(index, layer, label, measurements, extra={"set": layer_set})
+        generated = {n: t for n, t in med.items() if n not in TORCH and n not in VENDOR}
+        best = min(generated, key=generated.get) if generated else None
+        row = {"label": label, "layer": layer, "torch": med[torch_name], "torch_layout": torch_name,
+               "best": best, "best_ms": generated.get(best, math.nan),
+               "vendor": {n: med.get(n, math.nan) for n in VENDOR}}
+        row["ratio"] = row["best_ms"] / row["torch"] if best else math.inf
+        print(f"  torch {row['torch']:.2f} ms ({torch_name[6:]}), best DaCe {best} "
+              f"{row['best_ms']:.2f} ms, ratio {row['ratio']:.2f}", flush=True)
+        return row
+
+    def _admit(self, name, fn, build, truth, info, torch_first) -> bool:
+        """Screen a DaCe build on its first call, then verify it (a wrong kernel's time is
+        not reported)."""
+        limit = self.args.skip_slower
+        first = info["first_call_ms"] = fn.first_ms
+        if first > limit * torch_first:
+            info["status"] = f"skipped: first call {first:.1f} ms > {limit:g}x torch"
+            print(f"  {name}: {first:.0f} ms, skipped (> {limit:g}x torch)", flush=True)
+            return False
+        check = self.exp.check(build, truth)[0]
+        info.update(verified=check.ok, err_over_tol=check.worst_ratio)
+        if not check.ok:
+            info["status"] = "wrong"
+            print(f"  {name}: WRONG ({check.summary()}), not timed", flush=True)
+        return check.ok
+
+
+def _table(rows, peak, fma) -> str:
+    lines = ["| layer | geometry | torch ms (layout) | best DaCe-generated | ms | ratio | "
+             "GFLOP/s | % of SGEMM peak | % of FMA peak | im2colGemm (MKL) ms |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        gflops = r["layer"].flops() / (r["best_ms"] * 1e-3) / 1e9 if r["best"] else math.nan
+        vendor = r["vendor"].get("im2colGemm", math.nan)
+        lines.append(f"| {r['label']} | {r['layer'].describe()} | {r['torch']:.2f} "
+                     f"({r['torch_layout'][6:]}) | {r['best']} | {r['best_ms']:.2f} | "
+                     f"{r['ratio']:.2f} | {gflops:.1f} | {100 * gflops / peak:.0f}% | "
+                     f"{100 * gflops / fma:.0f}% | {vendor:.2f} |")
+    return "\n".join(lines)

@@ -1,0 +1,710 @@
+"""Stress test: one very large convolution layer, a DaCe implementation against torch.
+
+The layer is ``batch x in_channels`` -> ``out_channels`` with a cubic kernel, sized so
+that its output is ``size^3`` (the default, 16 -> 32 channels, 3x3x3, stride 1, pad 1,
+is 256^3 in and out: 1 GiB of input, 2 GiB of output, about 464 GFLOP).  The
+implementation is built (or loaded from the build cache) with the tuned parameters
+updated by ``--param``, as :class:`convbench.experiment.Experiment` builds it; then
+torch's conv3d and the DaCe program run one after the other, each with its own arrays,
+which are freed in between.  Each backend gets one untimed first call (DaCe:
+initialisation through its checked call path; torch: oneDNN primitive creation, cuDNN
+autotuning), then ``--warmup`` untimed calls and ``--iters`` timed ones, with the
+experiment's timer (:mod:`convbench.timing`).  Reported per backend: the median time,
+GFLOP/s, and the peak memory of its phase.
+
+Memory.  Before anything is built or allocated, the script estimates what each phase
+needs (see :func:`memory_estimate`) and refuses, with one line and exit status 2, a
+layer whose larger phase would take more than 90% of the memory available on the
+device: ``MemAvailable`` of /proc/meminfo on the CPU, the free memory that
+``cudaMemGetInfo`` reports on the GPU.  ``--memory-limit`` pretends the device has at
+most that much.  Once the program is built, the estimate is redone with the sizes of
+the program's own transients, read from its SDFG (im2col's column buffer, for one,
+is far larger than the generic allowance), and checked again.
+
+Peak memory of a phase.  CPU: the process's peak RSS (VmHWM), reset before the phase
+by writing 5 to /proc/self/clear_refs (else ``ru_maxrss``, which cannot be reset);
+reported as the increase over the RSS before the phase, and as the process's peak.
+GPU: torch's allocator statistics miss DaCe's own cudaMalloc, so the driver's used
+memory (``cudaMemGetInfo``) is sampled every 2 ms in a background thread; reported as
+the most used minus the use before the phase.
+
+``--check`` verifies the DaCe output against torch in float64 with the tolerance
+rule of :mod:`convbench.verify`, on a sub-volume only (a float64 reference of the
+whole layer would need several times its memory): the first and the last
+``--check-planes`` output depth planes, over every batch element, channel, row and
+column, each computed from the matching input slab.  The far end is where an index
+that overflows or a tail that is dropped shows.  The output is poisoned with NaN after
+the first call, so an element the timed calls leave unwritten fails the check.  Exit
+status 1 if the check fails.
+
+Results go to ``--out`` (default ``results/<cpu|gpu>/stress_<impl>_<size>.json``):
+``{"meta": ..., "records": [one per backend]}``.  While a backend runs, a progress line
+goes to standard error now and then (a bar on a terminal).
+"""
+
+import dataclasses
+import gc
+import math
+import os
+import re
+import resource
+import threading
+import time
+import warnings
+from pathlib import Path
+
+from .. import flags
+from ..errors import ArgumentParser, UsageError, check_at_least, run_main
+
+PROG = "stress_test.py"
+DEFAULT_IMPLEMENTATION = "implicitGemm"
+GIB = float(1 << 30)
+#: The estimate must stay within this share of the available memory.
+MEMORY_MARGIN = 0.90
+#: Interval of the GPU memory sampler, seconds.
+GPU_SAMPLE_S = 0.002
+#: Off a terminal, a progress line at most this often while a backend runs, seconds.
+PROGRESS_HEARTBEAT_S = 10.0
+#: Elements that :func:`convbench.verify.compare` works through at a time.
+_COMPARE_CHUNK = 1 << 22
+
+
+def build_parser(prog: str = PROG) -> ArgumentParser:
+    p = ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    flags.add_implementation_flag(p, f"a forward one; default: {DEFAULT_IMPLEMENTATION}")
+    flags.add_device_flag(p)
+    p.add_argument("--size", type=int, default=256, metavar="S",
+                   help="edge of the cubic output (default 256); the input edge follows "
+                   "from kernel, stride and padding")
+    p.add_argument("--in-channels", type=int, default=16, metavar="C")
+    p.add_argument("--out-channels", type=int, default=32, metavar="K")
+    p.add_argument("--batch", type=int, default=1, metavar="N")
+    p.add_argument("--kernel", type=int, default=3, metavar="KS", help="cubic kernel edge (3)")
+    p.add_argument("--stride", type=int, default=1)
+    p.add_argument("--pad", type=int, default=1)
+    flags.add_timing_flags(p, warmup=0, iters=3, time_limit=False)
+    flags.add_threads_flag(p)
+    flags.add_seed_flag(p)
+    flags.add_param_flag(p)
+    flags.add_cachedir_flag(p)
+    p.add_argument("--rebuild", action="store_true",
+                   help="compile afresh instead of loading a valid stored build")
+    p.add_argument("--check", action="store_true",
+                   help="verify the DaCe output on a sub-volume against torch float64")
+    p.add_argument("--check-planes", type=int, default=2, metavar="P",
+                   help="output depth planes checked at each end of the volume (default 2)")
+    p.add_argument("--memory-limit", type=float, default=None, metavar="GIB",
+                   help="pretend the device has at most this much memory available")
+    p.add_argument("--skip-torch", action="store_true", help="do not run torch's conv3d")
+    flags.add_out_flag(p, "results/<device>/stress_<impl>_<size>.json")
+    return p
+
+
+def _check_args(args) -> None:
+    check_at_least(("--size", args.size, 1), ("--in-channels", args.in_channels, 1),
+                   ("--out-channels", args.out_channels, 1), ("--batch", args.batch, 1),
+                   ("--kernel", args.kernel, 1), ("--stride", args.stride, 1),
+                   ("--pad", args.pad, 0), ("--warmup", args.warmupiter, 0),
+                   ("--iters", args.totaliter, 1), ("--threads", args.threads, 1),
+                   ("--check-planes", args.check_planes, 1))
+    limit = args.memory_limit
+    if limit is not None and not (math.isfinite(limit) and limit > 0):
+        raise UsageError(f"--memory-limit: must be a positive number of GiB, got {limit}")
+
+
+def input_edge(size: int, kernel: int, stride: int, pad: int) -> int:
+    """The input edge whose output edge is ``size``."""
+    return (size - 1) * stride + kernel - 2 * pad
+
+
+def make_layer(size, in_channels, out_channels, batch, kernel, stride, pad):
+    from ..layers import Layer
+    edge = input_edge(size, kernel, stride, pad)
+    if edge < 1:
+        raise UsageError(f"--size {size}: with --kernel {kernel}, --stride {stride} and --pad "
+                         f"{pad} the input edge would be {edge}; give a larger --size or a "
+                         f"smaller --pad")
+    try:
+        layer = Layer(f"stress{size}", batch, in_channels, out_channels, edge, edge, edge,
+                      kernel, kernel, kernel, stride=stride, pad=pad)
+    except ValueError as err:
+        raise UsageError(f"layer: {err}") from None
+    assert layer.out_d == size, (layer, size)
+    return layer
+
+
+def _layer_of(args, size=None):
+    return make_layer(args.size if size is None else size, args.in_channels, args.out_channels,
+                      args.batch, args.kernel, args.stride, args.pad)
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory: estimate, availability, peaks
+# ---------------------------------------------------------------------------------------------
+
+def check_regions(out_d: int, planes: int):
+    """Output depth ranges ``[o0, o1)`` the sub-volume check covers: the first and the
+    last ``planes`` planes (the whole depth where they would overlap)."""
+    if 2 * planes >= out_d:
+        return [(0, out_d)]
+    return [(0, planes), (out_d - planes, out_d)]
+
+
+def _slab_range(layer, o0: int, o1: int):
+    """Input depth range ``[lo, hi)`` (in unpadded coordinates, may reach into the
+    padding) that output planes ``o0 .. o1-1`` read."""
+    lo = o0 * layer.stride - layer.pads[0]
+    return lo, (o1 - 1) * layer.stride - layer.pads[0] + layer.k_d
+
+
+def check_bytes(layer, planes: int) -> int:
+    """Host memory of the sub-volume check at its largest region: the float32 input
+    slab, its float64 copy and absolute value, the float64 reference and absolute
+    reference, torch's float64 im2col columns (``slow_conv3d``, whole batch), the
+    output sub-volume copied out, and :func:`~convbench.verify.compare`'s chunks."""
+    most = 0
+    for o0, o1 in check_regions(layer.out_d, planes):
+        lo, hi = _slab_range(layer, o0, o1)
+        slab = layer.batch * layer.in_channels * (hi - lo) * layer.in_h * layer.in_w
+        out = layer.batch * layer.out_channels * (o1 - o0) * layer.out_h * layer.out_w
+        cols = (layer.batch * layer.in_channels * layer.k_d * layer.k_h * layer.k_w
+                * (o1 - o0) * layer.out_h * layer.out_w)
+        most = max(most, 4 * slab + 16 * slab + 16 * out + 8 * cols + 4 * out
+                   + 8 * 8 * _COMPARE_CHUNK)
+    return most
+
+
+def memory_estimate(layer, device: str, flush_bytes: int, check_planes: int = 0,
+                    skip_torch: bool = False, dace_transients=None) -> dict:
+    """Bytes each phase needs, by item; torch and DaCe run one after the other, so the
+    need is the larger phase.  ``X``, ``W``, ``Y``: input, filter and output (float32);
+    ``Xp``: the zero-padded input.
+
+    * both phases: the logical inputs ``X + W`` and the timer's flush buffer;
+    * torch: the inputs in its memory format ``X + W`` (a copy for channels_last_3d),
+      its output ``Y``, and oneDNN/cuDNN workspace, taken as ``Xp + Y`` (reorders of
+      the input and the output into blocked formats);
+    * DaCe: the inputs in the stored layout ``X + W``, the poisoned output ``Y``,
+      the program's transients, taken as ``Xp + Y`` (the padded input, one output-sized
+      buffer to spare), or what its SDFG declares (``dace_transients``) where that is
+      more; and on the CPU the sub-volume check (:func:`check_bytes`), which runs
+      while the DaCe arrays are alive.
+    """
+    pd, ph, pw = layer.pads
+    X = 4 * math.prod(layer.input_shape)
+    W = 4 * math.prod(layer.filter_shape)
+    Y = 4 * math.prod(layer.output_shape)
+    Xp = 4 * (layer.batch * layer.in_channels * (layer.in_d + 2 * pd) * (layer.in_h + 2 * ph)
+              * (layer.in_w + 2 * pw))
+    common = {"logical inputs (x, w)": X + W, "timer flush buffer": flush_bytes}
+    torch_items = {"inputs in torch's memory format": X + W, "torch output": Y,
+                   "oneDNN/cuDNN workspace (allowance: padded input + output)": Xp + Y}
+    transients = Xp + Y
+    label = "program transients (allowance: padded input + output)"
+    if dace_transients is not None and dace_transients > transients:
+        transients, label = dace_transients, "program transients (from its SDFG)"
+    dace_items = {"inputs in the stored layout": X + W, "DaCe output": Y, label: transients}
+    if check_planes and device == "cpu":
+        dace_items[f"sub-volume check ({check_planes} planes per end, float64)"] = \
+            check_bytes(layer, check_planes)
+    base = sum(common.values())
+    torch_total = 0 if skip_torch else base + sum(torch_items.values())
+    dace_total = base + sum(dace_items.values())
+    return {"common": common, "torch": {} if skip_torch else torch_items, "dace": dace_items,
+            "torch_phase_bytes": torch_total, "dace_phase_bytes": dace_total,
+            "peak_bytes": max(torch_total, dace_total), "sdfg_transient_bytes": dace_transients}
+
+
+def program_transient_bytes(sdfg, threads: int = 1) -> int:
+    """Bytes of the transients an SDFG allocates: every non-view transient of a
+    constant size, in every nested SDFG, except registers and GPU shared memory;
+    thread-local storage once per thread."""
+    from dace import data, dtypes
+    total = 0
+    for _, _, desc in sdfg.arrays_recursive():
+        if not desc.transient or isinstance(desc, data.View):
+            continue
+        if desc.storage in (dtypes.StorageType.Register, dtypes.StorageType.GPU_Shared):
+            continue
+        try:
+            size = int(desc.total_size) * desc.dtype.bytes
+        except (TypeError, ValueError):  # a symbolic size: not in these builds
+            continue
+        if desc.storage == dtypes.StorageType.CPU_ThreadLocal:
+            size *= threads
+        total += size
+    return total
+
+
+def available_memory(device: str, limit_gib=None):
+    """(bytes, what they are) available on ``device`` now, at most ``limit_gib``."""
+    if device == "gpu":
+        import torch
+        free, _ = torch.cuda.mem_get_info()
+        found = free, "free GPU memory (cudaMemGetInfo)"
+    else:
+        found = (os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"),
+                 "free physical pages (sysconf)")
+        try:
+            with open("/proc/meminfo") as f:
+                for line in f:
+                    if line.startswith("MemAvailable:"):
+                        found = int(line.split()[1]) * 1024, "MemAvailable"
+                        break
+        except OSError:
+            pass
+    if limit_gib is not None and int(limit_gib * GIB) < found[0]:
+        return int(limit_gib * GIB), f"{found[1]}, limited by --memory-limit"
+    return found
+
+
+def _largest_fitting_size(args, device, flush_bytes, usable):
+    """The largest ``--size`` below the requested one whose estimate fits, or None."""
+    lo, hi, best = 1, args.size - 1, None
+    while lo <= hi:  # the estimate grows with the size
+        mid = (lo + hi) // 2
+        try:
+            need = memory_estimate(_layer_of(args, mid), device, flush_bytes,
+                                   args.check_planes if args.check else 0,
+                                   args.skip_torch)["peak_bytes"]
+        except UsageError:
+            lo = mid + 1
+            continue
+        if need <= usable:
+            best, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    return best
+
+
+def refuse_if_too_big(estimate, available, device, args, flush_bytes, when=""):
+    need, usable = estimate["peak_bytes"], MEMORY_MARGIN * available
+    if need <= usable:
+        return
+    hint = "use --size to shrink it"
+    if not when:
+        smaller = _largest_fitting_size(args, device, flush_bytes, usable)
+        if smaller is not None:
+            hint = f"use --size {smaller} or less"
+    raise UsageError(f"layer needs ~{need / GIB:.1f} GiB, only {available / GIB:.1f} GiB "
+                     f"available on {device}{when} (keeping a {100 - 100 * MEMORY_MARGIN:.0f}% "
+                     f"margin; {hint})")
+
+
+def _proc_status_bytes(field: str):
+    try:
+        with open("/proc/self/status") as f:
+            match = re.search(rf"^{field}:\s+(\d+)\s+kB", f.read(), re.MULTILINE)
+    except OSError:
+        return None
+    return int(match.group(1)) * 1024 if match else None
+
+
+def _reset_peak_rss() -> bool:
+    """Reset the process's VmHWM to its current RSS (Linux >= 4.0)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _gpu_used() -> int:
+    import torch
+    free, total = torch.cuda.mem_get_info()
+    return total - free
+
+
+class PeakMemory:
+    """Context manager measuring the peak memory of one phase on ``device``."""
+
+    def __init__(self, device: str):
+        self.device = device
+        self.method = ""
+        self.baseline = self.peak = None
+        self._stop = threading.Event()
+        self._thread = None
+
+    def __enter__(self):
+        gc.collect()
+        if self.device == "gpu":
+            import torch
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            self.baseline = self.peak = _gpu_used()
+            self.method = (f"GPU memory in use from cudaMemGetInfo (driver level, sees DaCe's "
+                           f"cudaMalloc; other processes too), sampled every "
+                           f"{GPU_SAMPLE_S * 1e3:.0f} ms; peak minus the use before the phase")
+            self._thread = threading.Thread(target=self._sample_gpu, daemon=True)
+            self._thread.start()
+        else:
+            self.baseline = _proc_status_bytes("VmRSS")
+            if _reset_peak_rss():
+                self.method = ("process peak RSS (VmHWM, reset through /proc/self/clear_refs "
+                               "before the phase) minus the RSS before the phase")
+            else:
+                self.method = ("process peak RSS (ru_maxrss: cannot be reset, so the peak since "
+                               "the process started) minus the RSS before the phase")
+        return self
+
+    def _sample_gpu(self):
+        while not self._stop.wait(GPU_SAMPLE_S):
+            self.peak = max(self.peak, _gpu_used())
+
+    def __exit__(self, *exc):
+        if self.device == "gpu":
+            _sync("gpu")
+            self._stop.set()
+            self._thread.join()
+            self.peak = max(self.peak, _gpu_used())
+        else:
+            peak = _proc_status_bytes("VmHWM")
+            if peak is None or "ru_maxrss" in self.method:
+                peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+            self.peak = peak
+        return False
+
+    def result(self) -> dict:
+        increase = None
+        if self.peak is not None and self.baseline is not None:
+            increase = max(self.peak - self.baseline, 0)
+        return {"peak_mem_bytes": increase,
+                "peak_mem_gib": None if increase is None else increase / GIB,
+                "baseline_bytes": self.baseline,
+                ("peak_used_bytes" if self.device == "gpu" else "peak_rss_bytes"): self.peak,
+                "method": self.method}
+
+
+# ---------------------------------------------------------------------------------------------
+# The sub-volume check
+# ---------------------------------------------------------------------------------------------
+
+def input_slab(layer, x, o0: int, o1: int):
+    """The sub-layer that computes output planes ``o0 .. o1-1`` of ``layer``, and its input:
+    the matching depth slab of ``x`` (logical NCDHW), moved to the CPU, with the depth
+    padding written out as zeros (the sub-layer pads height and width only)."""
+    import torch
+    lo, hi = _slab_range(layer, o0, o1)
+    a, b = max(lo, 0), min(hi, layer.in_d)
+    slab = torch.zeros((layer.batch, layer.in_channels, hi - lo, layer.in_h, layer.in_w),
+                       dtype=x.dtype)
+    if b > a:
+        slab[:, :, a - lo:b - lo] = x[:, :, a:b].to("cpu")
+    _, ph, pw = layer.pads
+    sub = dataclasses.replace(layer, name=f"{layer.name}_d{o0}_{o1}", in_d=hi - lo, pad_d=0,
+                              pad_h=ph, pad_w=pw)
+    assert sub.out_d == o1 - o0 and sub.out_h == layer.out_h and sub.out_w == layer.out_w
+    return sub, slab
+
+
+def check_subvolume(layer, x, w, y, planes: int = 2, unit_roundoff: float = 2.0 ** -24):
+    """Check output ``y`` (logical NCDHW, any device or strides) of the forward pass of
+    ``layer`` on inputs ``x``, ``w`` (logical, float32) against torch in float64, with the
+    tolerance rule of :mod:`convbench.verify`, on the depth planes of
+    :func:`check_regions`.  Returns ``[((o0, o1), Check), ...]``."""
+    from ..layouts import Pass
+    from ..verify import compare, truth_for
+    if tuple(y.shape) != tuple(layer.output_shape):
+        raise ValueError(f"output shape {tuple(y.shape)} != {tuple(layer.output_shape)}")
+    results = []
+    for o0, o1 in check_regions(layer.out_d, planes):
+        sub, slab = input_slab(layer, x.detach(), o0, o1)
+        truth = truth_for(sub, Pass.FWD, {"x": slab, "w": w})  # float64, on the CPU
+        check = compare(y[:, :, o0:o1], truth, unit_roundoff,
+                        name=f"torch-fp64 planes {o0}..{o1 - 1}")
+        results.append(((o0, o1), check))
+        del truth, slab
+    return results
+
+
+# ---------------------------------------------------------------------------------------------
+# Phases
+# ---------------------------------------------------------------------------------------------
+
+def _sync(device):
+    if device == "gpu":
+        import torch
+        torch.cuda.synchronize()
+
+
+def _release(device):
+    gc.collect()
+    if device == "gpu":
+        import torch
+        torch.cuda.empty_cache()
+
+
+def _measure(exp, name, call, args):
+    """Warm-up and timed calls of ``call`` with the experiment's timer, a progress line
+    now and then."""
+    from ..progress import Progress
+    total = args.warmupiter + args.totaliter
+    with Progress(total, label=f"  {name}", heartbeat=PROGRESS_HEARTBEAT_S) as progress:
+        timing = exp.timer.measure(call, args.warmupiter, args.totaliter, progress=progress)
+    _sync(exp.device)
+    return timing
+
+
+def _record(backend, timing, first_ms, memory, layer, extra=None) -> dict:
+    stats = timing.stats()
+    return {"backend": backend, **(extra or {}), "first_call_ms": first_ms,
+            "warmup": timing.warmup, "samples_ms": timing.samples_ms, **stats,
+            "gflop_per_s": layer.flops() / (stats["median_ms"] * 1e-3) / 1e9,
+            **memory.result()}
+
+
+def _announce(what, args):
+    print(f"running {what}: 1 first call, {args.warmupiter} warm-up, {args.totaliter} timed",
+          flush=True)
+
+
+def run_torch(exp, layer, impl, inputs, args) -> dict:
+    from ..layouts import Pass
+    from ..references import TORCH
+    device = exp.device
+    _announce(f"torch conv3d ({'channels_last_3d' if str(impl.layout) == 'NDHWC' else 'NCDHW'})",
+              args)
+    with PeakMemory(device) as memory:
+        call = TORCH.prepare(layer, Pass.FWD, impl.layout, device, inputs, exp.ref_options)
+        _sync(device)
+        t0 = time.perf_counter()
+        call()
+        _sync(device)
+        first = (time.perf_counter() - t0) * 1e3
+        print(f"  torch: first call {first:.1f} ms", flush=True)
+        timing = _measure(exp, "torch", call, args)
+        del call
+    _release(device)
+    return _record("torch", timing, first, memory, layer)
+
+
+def run_dace(exp, layer, impl, build, inputs, args):
+    """Time the build; return its record and the check results (or None)."""
+    from ..layouts import PASS_SIGNATURE, from_layout
+    device = exp.device
+    _announce(f"{impl.name} (DaCe, {impl.layout})", args)
+    out_role = PASS_SIGNATURE[impl.pass_][1]
+    with PeakMemory(device) as memory:
+        call = exp.call(build, inputs)  # converts the arrays, makes the first (checked) call
+        _sync(device)
+        first = call.first_ms
+        out = call.keepalive[out_role]
+        if args.check:  # poison: what the timed calls leave unwritten fails the check
+            out.fill_(math.nan)
+        print(f"  {impl.name}: first call {first:.1f} ms", flush=True)
+        timing = _measure(exp, impl.name, call, args)
+    record = _record("dace", timing, first, memory, layer, {"implementation": impl.name})
+    checks = None
+    if args.check:
+        regions = check_regions(layer.out_d, args.check_planes)
+        print(f"checking {impl.name} against torch float64 on output depth planes "
+              f"{', '.join(f'{a}..{b - 1}' for a, b in regions)} ...", flush=True)
+        t0 = time.perf_counter()
+        with PeakMemory("cpu") as check_memory:
+            checks = check_subvolume(layer, inputs["x"], inputs["w"],
+                                     from_layout(out, impl.layout, out_role),
+                                     args.check_planes, build.spec.dtype.unit_roundoff)
+        record["check_seconds"] = time.perf_counter() - t0
+        record["check_peak_mem_bytes"] = check_memory.result()["peak_mem_bytes"]
+    del call, out
+    _release(device)
+    return record, checks
+
+
+# ---------------------------------------------------------------------------------------------
+# Reporting
+# ---------------------------------------------------------------------------------------------
+
+def _num(value: float) -> str:
+    if value is None or not math.isfinite(value):
+        return "n/a"
+    return f"{value:.1f}" if abs(value) >= 1 else f"{value:.3g}"
+
+
+def _mem(nbytes) -> str:
+    if nbytes is None:
+        return "n/a"
+    return f"{nbytes / GIB:.1f} GiB" if nbytes >= GIB else f"{nbytes / (1 << 20):.1f} MiB"
+
+
+def format_table(records) -> str:
+    rows = [("backend", "first call ms", "median ms", "IQR/median", "GFLOP/s",
+             "peak mem GiB", "process peak GiB")]
+    for r in records:
+        process = r.get("peak_rss_bytes", r.get("peak_used_bytes"))
+        rows.append((r.get("implementation", r["backend"]), f"{r['first_call_ms']:.1f}",
+                     f"{r['median_ms']:.1f}",
+                     f"{100 * r['iqr_over_median']:.1f}%" if math.isfinite(r['iqr_over_median'])
+                     else "n/a", f"{r['gflop_per_s']:.1f}",
+                     "n/a" if r["peak_mem_bytes"] is None else f"{r['peak_mem_bytes'] / GIB:.3f}",
+                     "n/a" if process is None else f"{process / GIB:.3f}"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = []
+    for k, row in enumerate(rows):
+        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]
+        lines.append("  ".join(cells))
+        if k == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def summary_line(impl_name, dace, torch_rec, check_ok) -> str:
+    text = (f"stress: {impl_name} {_num(dace['median_ms'])} ms "
+            f"({_num(dace['gflop_per_s'])} GFLOP/s)")
+    if torch_rec is not None:
+        ratio = dace["median_ms"] / torch_rec["median_ms"]
+        text += (f" vs torch {_num(torch_rec['median_ms'])} ms "
+                 f"({_num(torch_rec['gflop_per_s'])} GFLOP/s), ratio {ratio:.1f}x, "
+                 f"peak mem dace {_mem(dace['peak_mem_bytes'])} / torch "
+                 f"{_mem(torch_rec['peak_mem_bytes'])}")
+    else:
+        text += f", torch skipped, peak mem dace {_mem(dace['peak_mem_bytes'])}"
+    check = {None: "check not run", True: "check passed", False: "check FAILED"}[check_ok]
+    return f"{text}, {check}"
+
+
+# ---------------------------------------------------------------------------------------------
+# main
+# ---------------------------------------------------------------------------------------------
+
+def _check_writable(path: Path) -> None:
+    """Fail now, not after a long run, if the result file cannot be written."""
+    if path.is_dir():
+        raise UsageError(f"--out: {path} is a directory")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"--out: cannot create {path.parent}: {err.strerror or err}") from None
+    if not os.access(path.parent, os.W_OK):
+        raise UsageError(f"--out: {path.parent} is not writable")
+
+
+def _setup(args):
+    """Layer, implementation, experiment and parameters, every input checked: a
+    UsageError before anything is built or allocated."""
+    from .. import registry, timing
+    from ..devices import set_threads
+    from ..devices import resolve_device
+    from ..experiment import Experiment, TimingOptions, resolve_implementations
+    from ..layouts import Pass
+    layer = _layer_of(args)
+    impl, = resolve_implementations([args.implementation or DEFAULT_IMPLEMENTATION])
+    if impl.pass_ != Pass.FWD:
+        forward = [i.name for i in resolve_implementations(None, Pass.FWD)]
+        raise UsageError(f"--implementation: {impl.name} computes {impl.pass_}; the stress test "
+                         f"runs forward implementations only ({', '.join(forward)})")
+    overrides = registry.parse_param_overrides(args.param)
+    threads = set_threads(args.threads)
+    device = resolve_device(args.device)
+    resolve_implementations([impl.name], Pass.FWD, device)  # a schedule for the device
+    exp = Experiment([impl], [layer], device, overrides=overrides, seed=args.seed,
+                     policy="rebuild" if args.rebuild else "reuse", cachedir=args.cachedir,
+                     verify=False, threads=threads, timing=TimingOptions(
+                         warmup=args.warmupiter, iterations=args.totaliter,
+                         flush=not args.no_flush))
+    params = exp.params(impl, layer)
+    reason = impl.unsupported_reason(layer, params)
+    if reason:
+        raise UsageError(f"{impl.name} does not support this layer ({layer.describe()}): {reason}")
+    # The timer's flush buffer, by size: the timer itself allocates it.
+    flush_bytes = 0 if args.no_flush else (
+        timing.GPU_FLUSH_BYTES if device == "gpu" else timing.cpu_flush_bytes())
+    return layer, impl, exp, params, flush_bytes
+
+
+def _main(argv, prog: str = PROG) -> int:
+    args = build_parser(prog).parse_args(argv)
+    _check_args(args)
+    warnings.simplefilter("ignore")
+    from .. import toolchain
+    layer, impl, exp, params, flush_bytes = _setup(args)
+    device = exp.device
+
+    # Memory, before building or allocating anything.
+    check_planes = args.check_planes if args.check else 0
+    estimate = memory_estimate(layer, device, flush_bytes, check_planes, args.skip_torch)
+    available, source = available_memory(device, args.memory_limit)
+    refuse_if_too_big(estimate, available, device, args, flush_bytes)
+    out = Path(args.out) if args.out else (toolchain.PROJECT_ROOT / "results" / device
+                                           / f"stress_{impl.name}_{args.size}.json")
+    _check_writable(out)
+
+    import torch
+
+    from .. import devices, results
+    gflop = layer.flops() / 1e9
+    print(f"stress test: {impl.name} ({impl.layout}) against torch conv3d on {device}: "
+          f"{devices.describe(device)}, threads {torch.get_num_threads()}")
+    print(f"layer {layer.describe()} -> output {'x'.join(map(str, layer.output_shape))}, "
+          f"{_num(gflop)} GFLOP per call, params {params or 'none'}")
+    print(f"memory estimate: torch phase {_mem(estimate['torch_phase_bytes'])}, DaCe phase "
+          f"{_mem(estimate['dace_phase_bytes'])}; {_mem(available)} available ({source})",
+          flush=True)
+
+    cachedir = Path(args.cachedir) if args.cachedir else toolchain.default_cachedir()
+    print(f"building {impl.name} for {device} (cache {cachedir}, {exp.policy}) ...", end=" ",
+          flush=True)
+    build = exp.build(impl, layer, params)
+    print(f"{build.origin} in {build.seconds:.1f} s", flush=True)
+    if build.sdfg is not None:
+        declared = program_transient_bytes(build.sdfg, torch.get_num_threads())
+        estimate = memory_estimate(layer, device, flush_bytes, check_planes, args.skip_torch,
+                                   dace_transients=declared)
+        print(f"  the program's transients: {_mem(declared)}; DaCe phase "
+              f"{_mem(estimate['dace_phase_bytes'])}", flush=True)
+        refuse_if_too_big(estimate, available_memory(device, args.memory_limit)[0], device,
+                          args, flush_bytes,
+                          when=f" (with the {_mem(declared)} of transients its SDFG declares)")
+
+    exp.timer.flush()  # allocate and touch the flush buffer now, so that no phase counts it
+    tdev = torch.device("cuda" if device == "gpu" else "cpu")
+    gen = torch.Generator(device=tdev).manual_seed(args.seed)
+    inputs = {"x": torch.empty(layer.input_shape, device=tdev).uniform_(-1, 1, generator=gen),
+              "w": torch.empty(layer.filter_shape, device=tdev).uniform_(-1, 1, generator=gen)}
+    torch_rec = None if args.skip_torch else run_torch(exp, layer, impl, inputs, args)
+    dace_rec, checks = run_dace(exp, layer, impl, build, inputs, args)
+    del inputs
+    _release(device)
+
+    check_ok = None if checks is None else all(c.ok for _, c in checks)
+    records = ([torch_rec] if torch_rec is not None else []) + [dace_rec]
+    print()
+    print(format_table(records))
+    print(f"peak mem: {dace_rec['method']}")
+    for (o0, o1), c in checks or []:
+        print(f"check planes {o0}..{o1 - 1}: {c.summary()}  {'PASS' if c.ok else 'FAIL'}")
+    summary = summary_line(impl.name, dace_rec, torch_rec, check_ok)
+
+    meta = results.run_metadata(toolchain.PROJECT_ROOT, device, exp.threads)
+    meta.update({
+        "script": prog, "implementation": impl.name, "pass": str(impl.pass_),
+        "layout": str(impl.layout), "params": params, "seed": args.seed,
+        "layer": {"geometry": layer.describe(), "key": layer.key(), "size": args.size,
+                  "input_shape": layer.input_shape, "filter_shape": layer.filter_shape,
+                  "output_shape": layer.output_shape, "flops": layer.flops(),
+                  "gflop": gflop},
+        "memory_estimate": estimate,
+        "memory_available": {"bytes": available, "source": source,
+                             "margin": MEMORY_MARGIN, "limit_gib": args.memory_limit},
+        "peak_memory_method": dace_rec["method"],
+        "timing": {"method": exp.timer.method, "first_call": "one untimed call per backend "
+                   "before the warm-up", "warmup": args.warmupiter,
+                   "iterations": args.totaliter, "flush_bytes": flush_bytes},
+        "build": {"origin": build.origin, "seconds": build.seconds, "cachedir": str(cachedir),
+                  "policy": exp.policy},
+        "check": None if checks is None else {
+            "ok": check_ok, "planes_per_end": args.check_planes,
+            "reference": "torch float64 on the matching input slab",
+            "regions": [{"planes": [o0, o1 - 1], **dataclasses.asdict(c)}
+                        for (o0, o1), c in checks]},
+        "summary": summary,
+    })
+    results.save_records(out, meta, records)
+    print(summary)
+    return 1 if check_ok is False else 0
+
+
+def main(argv=None, prog: str = PROG) -> int:
+    """The stress test on ``argv``; its exit status (2: bad input, 1: the check failed)."""
+    return run_main(prog, lambda a: _main(a, prog), argv)

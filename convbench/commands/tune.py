@@ -1,0 +1,144 @@
+"""Parameter search for a CPU implementation: the fastest tile sizes per layer.
+
+For every layer, every combination of ``--space`` is built (or loaded from the build
+cache), verified against float64 torch (a wrong configuration is never chosen), and
+timed: one warm-up call, then ``--samples`` calls with the caches flushed before each;
+the median decides.  With ``--store`` the winner per layer is written to the tuning
+file the harness reads (``tuning/cpu.json``, see :mod:`convbench.tuning`), where
+``profile_conv3d.py``, ``bench_cpu.py`` and ``cosmoflow_end2end.py`` find it;
+``--param`` still overrides it.  Every configuration's time goes to ``--out``.
+"""
+
+import dataclasses
+import itertools
+from pathlib import Path
+
+from .. import flags
+from ..errors import ArgumentParser, UsageError, check_at_least, run_main
+from ..toolchain import PROJECT_ROOT
+
+PROG = "tune_cpu.py"
+DEFAULT_IMPLEMENTATION = "directConvNDHWCblocked"
+DEFAULT_SETS = ["cosmoflow_mlperf", "cosmoflow"]
+#: The search space per implementation (``--space`` replaces it).
+DEFAULT_SPACES = {"directConvNDHWCblocked": "PIX=8,12,16,24;KOUTER=0,1",
+                  "directConvNDHWCdot": "PIX=2,4,6;KT=4,8;KOUTER=0,1"}
+
+
+def build_parser(prog: str = PROG):
+    p = ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    flags.add_implementation_flag(p, f"default: {DEFAULT_IMPLEMENTATION}")
+    flags.add_layer_flags(p, " and ".join(DEFAULT_SETS), many=True, batch_default=2,
+                          select=False)
+    flags.add_threads_flag(p, default=2)
+    p.add_argument("--space", default=None, metavar="P=a,b;Q=c",
+                   help="values to try per parameter (default per implementation: "
+                   + "; ".join(f"{k}: {v!r}" for k, v in DEFAULT_SPACES.items())
+                   + "); the other parameters keep their defaults")
+    p.add_argument("--samples", type=int, default=5, metavar="N",
+                   help="timed calls per configuration, after one warm-up call (default 5)")
+    p.add_argument("--store", action="store_true", help="write the winners to the tuning file")
+    flags.add_out_flag(p, "results/cpu/tuning_<impl>_b<B>.json")
+    flags.add_cachedir_flag(p)
+    return p
+
+
+def parse_space(text, impl):
+    """``"PIX=12,16;KOUTER=0,1"`` -> list of parameter dicts.  Every value must be valid
+    on its own (else a usage error); combinations the implementation refuses together
+    (too many accumulators, say) are left out, and at least one must remain."""
+    axes = []
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        name, sep, values = part.partition("=")
+        if not sep:
+            raise UsageError(f"--space: expected NAME=v1,v2 in {part!r}")
+        axis = [(name.strip(), v.strip()) for v in values.split(",") if v.strip()]
+        alone = dataclasses.replace(impl, check_params=None)  # each value on its own
+        for name_value in axis:
+            alone.resolve_params(dict([name_value]), source="--space")
+        axes.append(axis)
+    configs, refused = [], []
+    for combo in itertools.product(*axes):
+        try:
+            configs.append(impl.resolve_params(dict(combo), source="--space"))
+        except UsageError as err:
+            refused.append(str(err))
+    if not configs:
+        raise UsageError(f"--space: no valid combination ({refused[0]})")
+    return configs
+
+
+def main(argv=None, prog: str = PROG) -> int:
+    return run_main(prog, lambda a: _main(a, prog), argv)
+
+
+def _main(argv, prog: str) -> int:
+    args = build_parser(prog).parse_args(argv)
+    check_at_least(("--batch", args.batch, 1), ("--threads", args.threads, 1),
+                   ("--samples", args.samples, 1))
+    from ..cli import set_threads
+    from ..experiment import Experiment, TimingOptions, resolve_implementations
+    from ..layers import load_layers
+    impl, = resolve_implementations([args.implementation or DEFAULT_IMPLEMENTATION],
+                                    device="cpu", flag="--implementation")
+    space = args.space or DEFAULT_SPACES.get(impl.name)
+    if space is None:
+        raise UsageError(f"--space: give one for {impl.name} (no default space)")
+    configs = parse_space(space, impl)
+    sets = args.paramscsv or DEFAULT_SETS
+    layers = [(s, layer.with_batch(args.batch)) for s in sets for layer in load_layers(s)]
+    set_threads(args.threads)
+    exp = Experiment(impl, [layer for _, layer in layers], "cpu", policy="reuse",
+                     cachedir=args.cachedir, threads=args.threads,
+                     timing=TimingOptions(warmup=1, iterations=args.samples))
+    return tune(exp, args, space, configs, layers)
+
+
+def tune(exp, args, space, configs, layers) -> int:
+    """Build, verify and time every configuration on every layer; store the winners."""
+    import torch
+
+    from .. import tuning
+    from ..results import device_metadata, run_metadata, save_records
+    impl = exp.impls[0]
+    records, winners = [], {}
+    machine = {"cpu": device_metadata("cpu")["cpu"], "threads": torch.get_num_threads()}
+    for layer_set, layer in layers:
+        label = f"{Path(layer_set).stem}/{layer.name}"
+        print(f"{label}: {layer.describe()}", flush=True)
+        truth = exp.truth(impl.pass_, layer)
+        results = []
+        for params in configs:
+            if impl.unsupported_reason(layer, params):
+                continue
+            build = exp.build(impl, layer, params)
+            check = exp.check(build, truth)[0]
+            record = {"layer": label, "key": layer.key(), "params": params, "ok": check.ok,
+                      "build_s": round(build.seconds, 2)}
+            if check.ok:
+                (measured,), _ = exp.time({"dace": lambda: exp.call(build, truth.inputs)})
+                record.update(measured.timing.stats(), samples_ms=measured.timing.samples_ms)
+                results.append(record)
+            records.append(record)
+            shown = ",".join(f"{k}={v}" for k, v in params.items())
+            print(f"  {shown:30s} " + (f"{record['median_ms']:9.2f} ms" if check.ok else
+                                       f"WRONG {check.summary()}"), flush=True)
+        if not results:
+            print("  no valid configuration", flush=True)
+            continue
+        best = min(results, key=lambda r: r["median_ms"])
+        base = next((r for r in results if r["params"] == impl.resolve_params()), None)
+        gain = f", {base['median_ms'] / best['median_ms']:.2f}x the defaults" if base else ""
+        print(f"  best: {best['params']} {best['median_ms']:.2f} ms{gain}", flush=True)
+        winners[label] = best["params"]
+        if args.store:
+            tuning.store("cpu", impl.name, layer, best["params"], machine)
+    out = Path(args.out) if args.out else \
+        PROJECT_ROOT / "results" / "cpu" / f"tuning_{impl.name}_b{args.batch}.json"
+    meta = run_metadata(PROJECT_ROOT, "cpu", args.threads)
+    meta.update(implementation=impl.name, space=space, samples=args.samples,
+                timing=exp.timer.method, winners=winners)
+    save_records(out, meta, records)
+    if args.store:
+        print(f"stored {len(winners)} entries in {tuning.tuning_file('cpu')}")
+    return 0

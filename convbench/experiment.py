@@ -1,0 +1,362 @@
+"""The pipeline as a library: layers -> registry -> build (cached) -> run -> verify or time
+-> result records (and files).
+
+Every entry point drives this module: ``profile_conv3d.py`` and ``convbench verify|profile``
+(:mod:`convbench.cli`), the benchmark, tuning and stress scripts, and the end-to-end
+network (:mod:`convbench.network`).  Plain arguments go in, :class:`Record` objects come
+out; an :class:`Observer` sees each step as it happens (the command line prints from one).
+
+    from convbench.experiment import Experiment, TimingOptions
+    exp = Experiment(["implicitGemm"], load_layers("cosmoflow")[:2], device="cpu",
+                     verify=True, timing=TimingOptions(warmup=2, iterations=5))
+    for record in exp.run():
+        print(record.layer.name, record.status, record.median_ms())
+
+The steps are methods too, for tools that arrange them differently (``bench_cpu`` times
+every implementation of a layer in interleaved rounds; ``tune_cpu`` times many parameter
+sets): :meth:`Experiment.params`, :meth:`~Experiment.build`, :meth:`~Experiment.truth`,
+:meth:`~Experiment.check`, :meth:`~Experiment.call` and :meth:`~Experiment.time`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
+
+from . import cache, registry, toolchain, tuning
+from .errors import UsageError
+from .layers import Layer
+from .layouts import Pass
+from .references import ReferenceOptions
+
+#: Build policies (see :func:`convbench.cache.build`).
+POLICIES = cache.POLICIES
+
+
+@dataclasses.dataclass
+class TimingOptions:
+    """How each (layer, backend) is timed (see :mod:`convbench.timing`)."""
+
+    warmup: int = 10
+    iterations: int = 100
+    #: Stop sampling a backend on a layer after this many seconds, warm-up included.
+    time_limit: Optional[float] = None
+    #: Flush the caches before each timed call.
+    flush: bool = True
+    #: GPU only: ``torch`` or ``cupy`` CUDA events.
+    events: str = "torch"
+
+
+@dataclasses.dataclass
+class Record:
+    """What happened to one implementation on one layer."""
+
+    index: int
+    layer: Layer
+    implementation: str
+    pass_: Pass
+    device: str
+    params: Dict[str, int]
+    #: ``unsupported``, ``error``, ``built``, ``passed`` or ``failed`` (verification).
+    status: str = "pending"
+    reason: str = ""
+    build_origin: str = ""
+    build_seconds: float = 0.0
+    checks: List[Any] = dataclasses.field(default_factory=list)
+    check_seconds: float = 0.0
+    #: :class:`convbench.results.Measurement` per backend (DaCe first).
+    measurements: List[Any] = dataclasses.field(default_factory=list)
+    #: Summary rows written for this layer (with ratios), when timed.
+    rows: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
+    #: Per reference: what it chose (cuDNN's algorithm and how long Find took).
+    infos: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def verified(self) -> Optional[bool]:
+        return all(c.ok for c in self.checks) if self.checks else None
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("passed", "built")
+
+    def median_ms(self, backend: str = "dace") -> Optional[float]:
+        for m in self.measurements:
+            if m.backend == backend:
+                return m.timing.stats()["median_ms"]
+        return None
+
+
+class Observer:
+    """Told about each step; the default does nothing.  Override what you need."""
+
+    def started(self, exp: "Experiment") -> None: ...
+    def profiling(self, exp: "Experiment", outdir: Path, ceilings: Dict[str, Any]) -> None: ...
+    def layer(self, exp: "Experiment", record: Record) -> None: ...
+    def built(self, exp: "Experiment", record: Record, tuned: bool) -> None: ...
+    def checked(self, exp: "Experiment", record: Record) -> None: ...
+    def timing(self, exp: "Experiment", record: Record, total_calls: int) -> Any:
+        """A progress context (:class:`convbench.progress.Progress`) for the timing, or None."""
+        return None
+
+    def timed(self, exp: "Experiment", record: Record) -> None: ...
+    def finished(self, exp: "Experiment", record: Record) -> None: ...
+    def plotted(self, exp: "Experiment", paths: List[Path]) -> None: ...
+
+
+def resolve_implementations(names: Union[str, Sequence[str], None], pass_: Optional[Pass] = None,
+                            device: Optional[str] = None, flag: str = "--implementation"):
+    """Registered implementations by name (``None``: every one of ``pass_`` with a schedule
+    for ``device``), as a list; an unknown name, or one of another pass or without a
+    schedule for ``device``, is a :class:`UsageError` naming ``flag``."""
+    every = registry.all_implementations()
+    fits = {n: i for n, i in every.items()
+            if (pass_ is None or i.pass_ == Pass(pass_)) and (device is None or device in i.targets)}
+    if names is None:
+        return [fits[n] for n in sorted(fits)]
+    if isinstance(names, str):
+        names = [n.strip() for n in names.split(",") if n.strip()]
+    out = []
+    for name in names:
+        impl = registry.get(name)
+        if pass_ is not None and impl.pass_ != Pass(pass_):
+            same = [n for n, i in every.items() if i.pass_ == Pass(pass_)]
+            raise UsageError(f"{flag}: {name} computes {impl.pass_}, not {Pass(pass_)} "
+                             f"(implementations of {Pass(pass_)}: {', '.join(same) or 'none'})")
+        if device is not None and device not in impl.targets:
+            raise UsageError(f"{flag}: {name} has no schedule for {device} (targets: "
+                             f"{', '.join(impl.targets)})")
+        out.append(impl)
+    return out
+
+
+class Experiment:
+    """Implementations x layers on one device: build, then verify and/or time.
+
+    ``implementations``: names or :class:`~convbench.registry.Implementation` objects.
+    ``overrides``: parameter values (``{"PIX": 16}``) over each layer's tuned ones.
+    ``policy``: ``rebuild``, ``reuse`` or ``require`` (the build cache, in ``cachedir``).
+    ``verify``: check every output against the float64 ground truth (and, on the GPU,
+    torch float32 and cuDNN).  ``timing``: time DaCe and the references with these
+    options, writing ``samples.csv``, ``summary.csv`` and ``metadata.json`` into
+    ``outdir`` after every layer (None: do not time).  ``plots``: draw the plots from
+    those files at the end.  ``metadata`` is added to the run's metadata.
+    """
+
+    def __init__(self, implementations, layers: Sequence[Layer], device: str = "cpu", *,
+                 overrides: Optional[Mapping[str, Any]] = None, policy: str = "rebuild",
+                 cachedir=None, seed: int = 0, verify: bool = True,
+                 timing: Optional[TimingOptions] = None,
+                 references: Optional[ReferenceOptions] = None, outdir=None,
+                 plots: bool = False, threads: Optional[int] = None,
+                 metadata: Optional[Dict[str, Any]] = None, observer: Optional[Observer] = None):
+        if isinstance(implementations, (str, registry.Implementation)):
+            implementations = [implementations]
+        self.impls = [registry.get(i) if isinstance(i, str) else i for i in implementations]
+        if policy not in POLICIES:
+            raise UsageError(f"unknown build policy '{policy}' (choose from {', '.join(POLICIES)})")
+        self.layers, self.device, self.policy, self.cachedir = list(layers), device, policy, cachedir
+        self.overrides = dict(overrides or {})
+        self.seed, self.verify, self.timing, self.plots = seed, verify, timing, plots
+        self.ref_options = references or ReferenceOptions()
+        self.outdir = Path(outdir) if outdir is not None else None
+        self.threads, self.extra_metadata = threads, dict(metadata or {})
+        self.observer = observer or Observer()
+        self.records: List[Record] = []
+        self.writer = None
+        self._timer = self._refs = None
+
+    # -- the steps -------------------------------------------------------------------------
+    def params(self, impl, layer: Layer, overrides: Optional[Mapping[str, Any]] = None) -> Dict[str, int]:
+        """The implementation's defaults, updated by the tuned entry for the layer
+        (:mod:`convbench.tuning`), updated by the overrides."""
+        return tuning.tuned_params(impl, layer, self.device,
+                                   self.overrides if overrides is None else overrides)
+
+    def build(self, impl, layer: Layer, params: Optional[Mapping[str, int]] = None,
+              dtype: str = "float32"):
+        """The build of ``impl`` on ``layer`` from the cache, per the policy."""
+        params = self.params(impl, layer) if params is None else dict(params)
+        spec = toolchain.make_spec(impl, layer, dtype, self.device, params)
+        return cache.build(spec, self.cachedir, policy=self.policy)
+
+    def truth(self, pass_: Pass, layer: Layer, index: int = 0):
+        """Random inputs (seed + index) and their float64 ground truth."""
+        from .verify import make_truth
+        return make_truth(layer, pass_, seed=self.seed + index, device=self.device)
+
+    def check(self, build, truth) -> list:
+        """Run ``build`` on the ground truth's inputs and check its output."""
+        from .verify import verify_build
+        return verify_build(build, truth, self.device, cudnn_algo=self.ref_options.cudnn_algo)
+
+    def call(self, build, inputs) -> Callable[[], object]:
+        """A prepared no-argument call of ``build`` on ``inputs`` (logical layout): the
+        arrays converted once; its first (initialising) call has run (``call.first_ms``)."""
+        from .timing import prepared_call
+        from .verify import program_arrays
+        impl, layer = build.spec.impl, build.spec.layer
+        arrays = program_arrays(impl, layer, inputs, self.device, build.spec.dtype.torch, 0.0)
+        return prepared_call(build, arrays)
+
+    @property
+    def timer(self):
+        if self._timer is None:
+            from .timing import make_timer
+            t = self.timing or TimingOptions()
+            self._timer = make_timer(self.device, flush=t.flush, events=t.events)
+        return self._timer
+
+    @property
+    def reference_backends(self):
+        if self._refs is None:
+            from . import references
+            self._refs = references.available(self.device)
+        return self._refs
+
+    def time(self, calls: Mapping[str, Callable[[], Callable[[], object]]], progress=None):
+        """Time each backend in turn: ``calls`` maps a backend name to a function that
+        prepares its call (outside the timed region).  Returns ``(measurements, infos)``."""
+        from .results import Measurement
+        t = self.timing or TimingOptions()
+        per_backend = t.warmup + t.iterations
+        measurements, infos = [], {}
+        label = getattr(progress, "label", "")
+        for name, prepare in calls.items():
+            if progress is not None:
+                progress.label = f"{label} {name}"
+            fn = prepare()
+            if getattr(fn, "info", None):
+                infos[name] = fn.info
+            measurements.append(Measurement(name, self.timer.measure(
+                fn, t.warmup, t.iterations, t.time_limit, progress=progress)))
+            if progress is not None:
+                progress.done = per_backend * len(measurements)
+        return measurements, infos
+
+    # -- the whole pipeline ------------------------------------------------------------------
+    def run(self) -> List[Record]:
+        """Every implementation on every layer; the records, also in ``self.records``."""
+        self.observer.started(self)
+        if self.timing is not None:
+            self._start_results()
+        status = "interrupted"
+        try:
+            for impl in self.impls:
+                for i, layer in enumerate(self.layers):
+                    self.records.append(self.run_one(impl, i, layer))
+            status = "complete"
+        finally:
+            if self.writer is not None:
+                self.writer.finish(status)
+                if self.plots and self.writer.summary:
+                    from . import plots
+                    self.observer.plotted(self, plots.plot_run(self.writer.outdir))
+        return self.records
+
+    def run_one(self, impl, index: int, layer: Layer) -> Record:
+        """Build, then verify and/or time, one implementation on one layer."""
+        params = self.params(impl, layer)
+        record = Record(index, layer, impl.name, impl.pass_, self.device, params)
+        self.observer.layer(self, record)
+        reason = impl.unsupported_reason(layer, params)
+        if reason:
+            record.status, record.reason = "unsupported", reason
+            self.observer.finished(self, record)
+            return record
+        try:
+            build = self.build(impl, layer, params)
+            record.build_origin, record.build_seconds = build.origin, build.seconds
+            record.status = "built"
+            self.observer.built(self, record, params != self.params(impl, layer, {}) or
+                                bool(self.overrides))
+            truth = None
+            if self.verify:
+                t0 = time.perf_counter()
+                truth = self.truth(impl.pass_, layer, index)
+                record.checks = self.check(build, truth)
+                record.check_seconds = time.perf_counter() - t0
+                record.status = "passed" if record.verified else "failed"
+                self.observer.checked(self, record)
+            if self.timing is not None:
+                from .verify import make_inputs
+                inputs = truth.inputs if truth is not None else make_inputs(
+                    layer, impl.pass_, self.seed + index)
+                self._time_layer(record, build, inputs)
+        except UsageError:
+            raise
+        except Exception as err:  # a build or run failure fails this layer, not the run
+            record.status = "error"
+            record.reason = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"
+        self.observer.finished(self, record)
+        return record
+
+    def _time_layer(self, record: Record, build, inputs) -> None:
+        from .references import torch_device
+        impl, layer = build.spec.impl, record.layer
+        device_inputs = {r: t.to(torch_device(self.device)) for r, t in inputs.items()}
+        calls = {"dace": lambda: self.call(build, inputs)}
+        for ref in self.reference_backends:
+            calls[ref.name] = (lambda ref=ref: ref.prepare(
+                layer, impl.pass_, impl.layout, self.device, device_inputs, self.ref_options))
+        t = self.timing
+        progress = self.observer.timing(self, record, (t.warmup + t.iterations) * len(calls))
+        with progress if progress is not None else contextlib.nullcontext():
+            record.measurements, record.infos = self.time(calls, progress)
+        extra = {"build": record.build_origin, "build_seconds": round(record.build_seconds, 3),
+                 "params": record.params}
+        if self.verify:
+            extra["verified"] = bool(record.verified)
+        if record.infos:
+            extra["references"] = record.infos
+        record.rows = self.writer.add_layer(record.index, layer, impl.name, record.measurements,
+                                            extra)
+        self.observer.timed(self, record)
+
+    def _start_results(self) -> None:
+        from . import ceilings, results, timing
+        self.outdir = self.outdir or default_outdir(self.impls[0].name, self.layers, self.device)
+        ceil = ceilings.measure(self.device)
+        t = self.timing
+        refs = self.reference_backends
+        meta = results.run_metadata(toolchain.PROJECT_ROOT, self.device, self.threads)
+        impl = self.impls[0]
+        meta.update({
+            "implementation": impl.name if len(self.impls) == 1 else [i.name for i in self.impls],
+            "pass": str(impl.pass_), "layout": str(impl.layout),
+            "params": impl.resolve_params(self.overrides), "seed": self.seed,
+            "layers": [{"name": layer.name, "geometry": layer.describe(), "key": layer.key()}
+                       for layer in self.layers],
+            "references": [r.name for r in refs],
+            "reference_settings": {r.name: r.settings(self.device, self.ref_options)
+                                   for r in refs},
+            "timing": {"method": self.timer.method, "warmup": t.warmup,
+                       "iterations": t.iterations, "time_limit_s": t.time_limit,
+                       "flush_bytes": self.timer.flush_bytes,
+                       "noisy_if_iqr_over_median_above": timing.NOISY_IQR},
+            "ceilings": ceil,
+            "dace_config": {"flags": toolchain.toolchain_flags(self.device),
+                            "toolchain": toolchain.toolchain_versions(self.device)},
+            "cache": {"dir": str(self.cachedir or toolchain.default_cachedir()),
+                      "policy": self.policy},
+        })
+        meta.update(self.extra_metadata)
+        self.writer = results.RunWriter(self.outdir, meta, [r.name for r in refs])
+        self.observer.profiling(self, self.outdir, ceil)
+
+    # -- summary -----------------------------------------------------------------------------
+    def counts(self) -> Dict[str, int]:
+        out = {"passed": 0, "failed": 0, "unsupported": 0}
+        for r in self.records:
+            key = ("unsupported" if r.status == "unsupported" else
+                   "passed" if r.ok else "failed")
+            out[key] += 1
+        return out
+
+
+def default_outdir(impl_name: str, layers: Sequence[Layer], device: str) -> Path:
+    batches = {layer.batch for layer in layers}
+    batch = f"b{batches.pop()}" if len(batches) == 1 else "bcsv"
+    return Path("outputs") / f"{impl_name}_{batch}_{device}"

@@ -1,0 +1,68 @@
+"""``convbench``: one command line for everything the workbench does.
+
+    convbench verify  --implementation implicitGemm --paramscsv cosmoflow
+    convbench profile --implementation implicitGemm --enableplots
+    convbench list [--pass bwd_data]
+    convbench bench | tune | precompile | end2end | stress | plot | campaign ... [--help]
+
+Each subcommand is the library function behind one of the project's scripts, with the
+same flags (declared once, in :mod:`convbench.flags`) and exit codes: 0 done, 1 a check
+or build failed, 2 bad input (one line on stderr), 130 interrupted.  ``profile_conv3d.py``
+and the files in ``scripts/`` stay as they were, as thin fronts of the same functions.
+"""
+
+import importlib
+import sys
+from typing import List, Optional
+
+#: name -> (module, keyword arguments of its ``main``, one-line help)
+SUBCOMMANDS = {
+    "verify": ("convbench.cli", {"mode": "verify"},
+               "check implementations layer by layer against torch float64 (and cuDNN)"),
+    "profile": ("convbench.cli", {"mode": "profile"},
+                "time an implementation per layer next to torch/cuDNN; result files, plots"),
+    "list": ("convbench.cli", {"mode": "list"}, "list the registered implementations"),
+    "bench": ("convbench.commands.bench", {},
+              "CPU benchmark: every forward implementation against torch, per layer"),
+    "tune": ("convbench.commands.tune", {}, "parameter search for a CPU implementation"),
+    "precompile": ("convbench.commands.precompile", {}, "fill the build cache in parallel"),
+    "end2end": ("convbench.end2end", {},
+                "CosmoFlow networks with DaCe convolutions: check, train, time"),
+    "stress": ("convbench.commands.stress", {}, "one very large layer, DaCe against torch"),
+    "plot": ("convbench.commands.plot", {}, "redraw the plots of result folders"),
+    "campaign": ("convbench.campaign_cli", {},
+                 "the GPU campaign: pack, run, unpack (see README)"),
+    "validate-timing": ("convbench.commands.validate_timing", {},
+                        "the timer against DaCe's own instrumentation"),
+    "first-look": ("convbench.commands.first_look", {}, "quick CPU wall times per layer"),
+    "measure-builds": ("convbench.commands.measure_builds", {},
+                       "CPU and GPU build times per implementation"),
+}
+
+
+def usage() -> str:
+    width = max(map(len, SUBCOMMANDS))
+    lines = ["usage: convbench SUBCOMMAND [flags]   (convbench SUBCOMMAND --help for its flags)",
+             "", "subcommands:"]
+    lines += [f"  {name:<{width}}  {entry[2]}" for name, entry in SUBCOMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in SUBCOMMANDS:
+        print(f"convbench: error: unknown subcommand '{name}' (choose from "
+              f"{', '.join(SUBCOMMANDS)})", file=sys.stderr)
+        return 2
+    module, kwargs, _ = SUBCOMMANDS[name]
+    if kwargs.get("mode") == "list":
+        kwargs, rest = {}, ["--list"] + rest
+    return importlib.import_module(module).main(rest, prog=f"convbench {name}", **kwargs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

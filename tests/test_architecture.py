@@ -1,0 +1,54 @@
+"""The architecture rules that import-linter (``make test``) cannot state by itself."""
+
+import configparser
+import pkgutil
+import re
+from pathlib import Path
+
+import convbench
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _contracts():
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    return cfg
+
+
+def _lines(text):
+    return [line.strip() for line in text.strip().splitlines() if line.strip()]
+
+
+def test_no_file_edits_sys_path():
+    """The package is installed (``make setup``): no script or module patches sys.path."""
+    pattern = re.compile(r"sys\.path\.(insert|append|extend)|sys\.path\s*[+]?=")
+    offenders = []
+    for folder in ("convbench", "scripts", "impls", "cudnn_bindings", "tests"):
+        for path in (ROOT / folder).rglob("*.py"):
+            text = path.read_text()
+            if path.name == "test_architecture.py":
+                continue
+            if pattern.search(text):
+                offenders.append(str(path.relative_to(ROOT)))
+    offenders += [p for p in ("profile_conv3d.py",) if pattern.search((ROOT / p).read_text())]
+    assert offenders == []
+
+
+def test_impls_contract_forbids_every_harness_module_but_the_registry():
+    """A new harness module is forbidden to impls/ as soon as it exists: the forbidden
+    list must name every module of convbench except the registry and the DaCe library
+    environments (MKL, cuBLAS) that a program's library nodes use."""
+    forbidden = set(_lines(_contracts()["importlinter:contract:impls"]["forbidden_modules"]))
+    modules = {f"convbench.{m.name}" for m in pkgutil.iter_modules(convbench.__path__)}
+    allowed = {"convbench.registry", "convbench.environments"}
+    assert allowed <= modules
+    assert forbidden == modules - allowed
+
+
+def test_layers_contract_names_every_module_once():
+    layers = _lines(_contracts()["importlinter:contract:layers"]["layers"])
+    named = [n.strip("() ") for layer in layers for n in re.split(r"[|:]", layer)]
+    modules = {m.name for m in pkgutil.iter_modules(convbench.__path__)}
+    assert len(named) == len(set(named))
+    assert set(named) >= modules
