@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from conftest import ENV, PYTHON, ROOT, load_script
+from conftest import ENV, PYTHON, ROOT
 from convbench.commands import validate_timing
 from convbench.commands import precompile as precompile_command
 
