@@ -1,7 +1,8 @@
 """The build cache: compiled SDFGs stored per build, reloaded without parsing,
 transforming or compiling.
 
-Layout of a cache folder (``--cachedir``, ``$CONVBENCH_CACHE`` or ``.cache/builds``)::
+README.md, "Build cache and precompiled builds", describes the key, the stale and
+corrupt checks, the locks and why a cache folder can move between hosts.  An entry::
 
     <root>/<build name>/            DaCe's build folder of one BuildSpec
         program.sdfg                the scheduled SDFG (DaCe writes it when compiling)
@@ -10,21 +11,8 @@ Layout of a cache folder (``--cachedir``, ``$CONVBENCH_CACHE`` or ``.cache/build
         manifest.json               written last: the full key and the files' checksums
     <root>/.locks/<build name>.lock
 
-The build name (see :class:`~convbench.toolchain.BuildSpec`) names the implementation,
-layer geometry, batch, dtype, target and parameters.  The manifest's key adds what
-else decides the binary: a hash of the implementation's source files, the DaCe
-version and the toolchain flags (compilers, DaCe configuration, vendor BLAS, what
-``-march=native`` means here).  An entry is used only if its manifest's key equals
-the current one (otherwise it is *stale*) and every file has the recorded size and
-SHA-256 (otherwise it is *corrupt*, for example a truncated library).  Paths in the
-manifest are relative to the entry, and the key writes the project and Python
-folders as placeholders, so a cache folder can be copied to another host.  GPU
-builds' host code is compiled for a portable x86-64 baseline for that reason.
-
-Concurrency: building takes an exclusive ``flock`` on the entry's lock file,
-loading a shared one.  A builder removes the manifest before touching the entry and
-writes the new one atomically at the end, so a reader never trusts a half-built
-entry, and a second builder waiting for the lock finds the first one's result.
+A builder removes the manifest before touching the entry and writes the new one
+atomically at the end, so a reader never trusts a half-built entry.
 """
 
 import concurrent.futures as cf
@@ -225,11 +213,8 @@ class BuildCache:
 
 def build(spec: "toolchain.BuildSpec", cachedir: Optional[os.PathLike] = None, load: bool = True,
           policy: str = "rebuild") -> "toolchain.Build":
-    """The build of ``spec`` from the cache in ``cachedir``.
-
-    ``policy``: ``rebuild`` compiles afresh (and stores the result), ``reuse`` loads a
-    valid stored build and compiles on a miss, ``require`` fails on a miss.
-    """
+    """The build of ``spec`` from the cache in ``cachedir`` (``policy``: see
+    :meth:`BuildCache.get`)."""
     return BuildCache(cachedir).get(spec, policy=policy, load=load)
 
 

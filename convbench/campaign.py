@@ -1,33 +1,10 @@
 """The GPU campaign: from "a GPU for a few minutes" to a committed results folder.
 
-A campaign runs, in order, the phases of :data:`PHASES` into one folder:
-
-* ``identity``  what ran: ``nvidia-smi -q``, driver, CUDA, cuDNN, torch, DaCe, CuPy (or the
-  CPU's name on the CPU rehearsal);
-* ``ceilings``  FP32 SGEMM (TF32 off), TF32 and FP16 tensor GEMM, device-to-device copy;
-* ``builds``    every build the remaining cases need, in parallel (one process per core,
-  each in its own build folder of the campaign's cache);
-* ``cases``     each case (implementation x layer) verified against torch float64 (and
-  cuDNN on a GPU), then timed next to cuDNN (Find, IEEE FP32) and torch (TF32 off), in a
-  worker process with a time limit: a crash, a hang or a wrong result is recorded with
-  its log and the campaign goes on;
-* ``tests``     the ``gpu``-marked tests;
-* ``roofline``  Nsight Compute counters of cuDNN and the best DaCe kernel per layer
-  (:mod:`convbench.ncu`) on the measured ceilings;
-* ``table``     ``README.md``: per layer the best DaCe implementation, its time, cuDNN's,
-  the ratio, the % of FP32 peak, next to the original work's V100 ratios.
-
-Every result is written when it is known (a case's JSON when the case ends), so a run
-cut off at its time limit loses only what was in flight, and ``--resume`` skips what is
-already there.  A phase that cannot run on this device is recorded as "not measured"
-with the reason, never filled with a stand-in.
-
-Case workers.  A worker process imports torch and DaCe once (2-4 s) and runs cases sent
-to it one at a time, each with its output redirected to the case's log.  A worker that
-crashes or overruns a case's time limit is killed and the case recorded as ``crash`` or
-``timeout``; after any case that did not verify, the worker is replaced, so that a
-corrupted CUDA context cannot reach the next case.  ``--isolate`` gives every case a fresh
-process.
+Its phases, tiers, files and CPU rehearsal are described in README.md ("Running on an
+offline GPU node").  Every result is written when it is known, so that a run cut off at
+its time limit loses only what was in flight and ``--resume`` skips what is there.  A
+case worker that crashes, overruns or does not verify its case is replaced, so that a
+corrupted CUDA context cannot reach the next case.
 """
 
 from __future__ import annotations
@@ -36,37 +13,37 @@ import dataclasses
 import json
 import math
 import os
-import queue
+import select
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
-import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from . import tables
 from .errors import UsageError, check_at_least
-from .layers import Layer, load_layers
 from .files import write_atomic
+from .layers import Layer, load_layers
 
 TIERS = ("smoke", "core", "full")
 PHASES = ("identity", "ceilings", "builds", "cases", "tests", "roofline", "table")
 TARGETS = ("gpu", "cpu")
 PLANTED = ("crash", "hang", "wrong")
 
-#: The layer every implementation runs on in the smoke tier: 256 channels on 4^3 (one
-#: output tile), cheap on both targets.
+#: The smoke tier's layer: 256 channels on 4^3 (one output tile), cheap on both targets.
 SMOKE_LAYER = ("cosmoflow", "conv7", 1)
-#: The core tier's representative layers for every implementation x pass: the 4-channel,
-#: padded first layer of MLPerf CosmoFlow (the most pixels), and the smallest spatial size.
+#: The core tier's layers for every implementation x pass: MLPerf CosmoFlow's 4-channel,
+#: padded first layer (the most pixels), and the smallest spatial size.
 REPRESENTATIVE = (("cosmoflow_mlperf", "conv1", 2), ("cosmoflow", "conv7", 16))
-#: The batch sizes of the original work (V100): v1 at 16, MLPerf at 8.
+#: The batch sizes of the original work (V100).
 ORIGINAL_BATCH = {"cosmoflow": 16, "cosmoflow_mlperf": 8}
 #: The forward kernels the core tier runs on every CosmoFlow layer at the original batch;
 #: the best of them that verifies is "the best DaCe implementation" of the layer.
 BEST_OF = ("implicitGemmNCDHW", "implicitGemmWarpTiled", "implicitGemmsplitK")
-#: The implementation the planted cases use.
 PLANTED_IMPL = "implicitGemmNCDHW"
 #: A planted hang's time limit: long enough to start, short enough for a rehearsal.
 PLANTED_HANG_TIMEOUT_S = 8.0
@@ -75,9 +52,8 @@ PLANTED_HANG_TIMEOUT_S = 8.0
 #: "Optimizing GPU Convnets", DaCe 0.14): the range it reports per set and batch.
 V100_RATIOS = {"cosmoflow_mlperf": "2.2x-4.9x (batch 8)", "cosmoflow": "2.5x-48x (batch 16)"}
 
-#: Build seconds per build where no campaign or cache has measured them here: CPU builds
-#: 2.7-7 s and GPU builds about 50 s (parse, schedule, nvcc 21-29 s) on this project's
-#: 2-core development machine (README, "Measured here").
+#: Seconds per build where no cache has measured them: on this project's 2-core
+#: development machine (README, "Measured here").
 DEFAULT_BUILD_SECONDS = {"cpu": 5.0, "gpu": 50.0}
 #: Assumed rates for the run-time estimate (GFLOP/s): pessimistic for DaCe (the original
 #: work was up to 48x slower than cuDNN), the vendor libraries at a fraction of peak.
@@ -91,20 +67,41 @@ CALL_SETUP_S = 120.0
 #: One call's command limit, and the share of it the plan fills.
 CALL_LIMIT_S = 600.0
 CALL_FILL = 0.9
-#: Phases a tier leaves out: smoke is the quick check (at most 3 minutes on the host).
+#: Phases a tier leaves out: smoke is the quick check.
 TIER_SKIPS = {"smoke": ("tests", "roofline")}
 #: The whole campaign's device-time budget (core must fit it, set-up included).
 BUDGET_S = {"smoke": 10 * 60.0, "core": 20 * 60.0, "full": 30 * 60.0}
 
 
 @dataclasses.dataclass(frozen=True)
-class Case:
-    """One implementation on one layer (of a named set), and how to run it."""
+class LayerCase:
+    """One implementation on one layer of a named set: the base of the campaign's cases
+    and of the tests' (``tests/cases.py``), each with its own ``id`` and
+    ``resolved_params()``."""
 
     impl: str
     layer: Layer
     layer_set: str
     target: str = "gpu"
+
+    @property
+    def implementation(self):
+        from . import registry
+        return registry.get(self.impl)
+
+    @property
+    def pass_(self):
+        return self.implementation.pass_
+
+    def job(self):
+        from .cache import Job
+        return Job(self.impl, self.layer, self.target, self.resolved_params(), label=self.id)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case(LayerCase):
+    """A campaign's case: its group in the plan, and how to run it."""
+
     group: str = "every-impl"
     #: Time the references (cuDNN, torch) too: once per layer and pass.
     time_refs: bool = True
@@ -117,29 +114,27 @@ class Case:
         return text + (f".planted-{self.planted}" if self.planted else "")
 
     @property
-    def implementation(self):
-        from . import registry
-        return registry.get(self.impl)
+    def refs_key(self) -> tuple:
+        return self.layer_set, self.layer, self.pass_
 
-    def params(self) -> Dict[str, int]:
+    def resolved_params(self) -> Dict[str, int]:
         from . import tuning
         return tuning.tuned_params(self.implementation, self.layer, self.target, {})
-
-    def job(self):
-        from .cache import Job
-        return Job(self.impl, self.layer, self.target, self.params(), label=self.id)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_json(cls, data: dict) -> "Case":
-        data = dict(data)
-        data["layer"] = Layer(**data["layer"])
-        return cls(**data)
+        return cls(**dict(data, layer=Layer(**data["layer"])))
 
 
 # -- the plan -----------------------------------------------------------------------------------
+
+def _check_choice(flag: str, value: str, choices: Sequence[str], what: str) -> None:
+    if value not in choices:
+        raise UsageError(f"{flag}: unknown {what} '{value}' (choose from {', '.join(choices)})")
+
 
 def _layer(layer_set: str, name: str, batch: int) -> Layer:
     for layer in load_layers(layer_set):
@@ -151,8 +146,7 @@ def _layer(layer_set: str, name: str, batch: int) -> Layer:
 def plan_cases(tier: str, target: str, planted: bool) -> List[Case]:
     """The cases of ``tier`` on ``target`` (with the three planted ones if ``planted``)."""
     from . import registry
-    if tier not in TIERS:
-        raise UsageError(f"--tier: unknown tier '{tier}' (choose from {', '.join(TIERS)})")
+    _check_choice("--tier", tier, TIERS, "tier")
     impls = [n for n, i in registry.all_implementations().items() if target in i.targets]
     every = [SMOKE_LAYER] if tier == "smoke" else list(REPRESENTATIVE)
     pairs = [(impl, s, _layer(s, n, b), "every-impl") for s, n, b in every for impl in impls]
@@ -165,13 +159,11 @@ def plan_cases(tier: str, target: str, planted: bool) -> List[Case]:
         pairs += [(impl, s, layer, "every-layer") for s, layer in sets for impl in impls]
     cases, seen, timed = [], set(), set()
     for impl, layer_set, layer, group in pairs:
-        key = (impl, layer_set, layer)
-        if key in seen:
-            continue
-        seen.add(key)
-        refs_key = (layer_set, layer, registry.get(impl).pass_)
-        cases.append(Case(impl, layer, layer_set, target, group, refs_key not in timed))
-        timed.add(refs_key)
+        if (impl, layer_set, layer) not in seen:
+            seen.add((impl, layer_set, layer))
+            case = Case(impl, layer, layer_set, target, group)
+            cases.append(dataclasses.replace(case, time_refs=case.refs_key not in timed))
+            timed.add(case.refs_key)
     if planted:
         s, n, b = SMOKE_LAYER
         cases += [Case(PLANTED_IMPL, _layer(s, n, b), s, target, "planted", False, kind)
@@ -182,19 +174,12 @@ def plan_cases(tier: str, target: str, planted: bool) -> List[Case]:
 def measured_build_seconds(target: str, cachedir: Optional[os.PathLike]) -> Tuple[float, str]:
     """Median seconds per build of ``target`` in the manifests of ``cachedir`` (a build
     cache that has GPU builds in it, say), else :data:`DEFAULT_BUILD_SECONDS`."""
-    times = []
     root = Path(cachedir) if cachedir else None
-    if root is not None and root.is_dir():
-        for manifest in root.glob("*/manifest.json"):
-            try:
-                data = json.loads(manifest.read_text())
-            except (OSError, ValueError):
-                continue
-            if data.get("key", {}).get("target") == target:
-                times.append(sum(v for v in data.get("build_seconds", {}).values()
-                                 if isinstance(v, (int, float))))
+    manifests = (_load(m, {}) for m in (root.glob("*/manifest.json") if root else ()))
+    times = sorted(sum(v for v in m.get("build_seconds", {}).values()
+                       if isinstance(v, (int, float)))
+                   for m in manifests if m.get("key", {}).get("target") == target)
     if len(times) >= 3:
-        times.sort()
         return times[len(times) // 2], f"median of {len(times)} builds in {root}"
     return DEFAULT_BUILD_SECONDS[target], "this project's measured build time (README)"
 
@@ -220,11 +205,11 @@ class Estimate:
 def _case_seconds(case: Case, iterations: int, warmup: int, time_limit: float) -> float:
     rates = ESTIMATE_GFLOPS[case.target]
     gflop = case.layer.flops() / 1e9
-    backends = [rates["dace"]] + ([rates["ref"]] * (2 if case.target == "gpu" else 1)
-                                  if case.time_refs else [])
-    timed = sum(min(time_limit, (warmup + iterations) * gflop / r) for r in backends)
-    first = gflop / rates["dace"]  # the verification run
-    return CASE_OVERHEAD_S[case.target] + first + timed
+    refs = (2 if case.target == "gpu" else 1) if case.time_refs else 0
+    timed = sum(min(time_limit, (warmup + iterations) * gflop / r)
+                for r in [rates["dace"]] + [rates["ref"]] * refs)
+    verification = gflop / rates["dace"]
+    return CASE_OVERHEAD_S[case.target] + verification + timed
 
 
 def estimate(cases: Sequence[Case], target: str, cores: int, iterations: int, warmup: int,
@@ -234,28 +219,22 @@ def estimate(cases: Sequence[Case], target: str, cores: int, iterations: int, wa
     ``CALL_FILL * CALL_LIMIT_S`` (a later call builds again what its cases need)."""
     per_build, source = measured_build_seconds(target, cachedir)
     builds = len({c.job().spec().name for c in cases})  # planted cases share a build
-    waves = math.ceil(builds / max(1, cores))
-    phases = {"identity": 5.0, "ceilings": 20.0 if target == "gpu" else 8.0,
-              "builds": waves * per_build,
+    gpu = target == "gpu"
+    phases = {"identity": 5.0, "ceilings": 20.0 if gpu else 8.0,
+              "builds": math.ceil(builds / max(1, cores)) * per_build,
               "cases": WORKER_START_S + sum(_case_seconds(c, iterations, warmup, time_limit)
                                             for c in cases)
               + sum(WORKER_START_S for c in cases if c.planted)
               + sum(PLANTED_HANG_TIMEOUT_S for c in cases if c.planted == "hang"),
               # test_gpu.py: 13 implementations x 3 shapes of GPU builds, then the runs.
-              "tests": (math.ceil(39 / max(1, cores)) * per_build + 60.0)
-              if target == "gpu" else 0.0,
+              "tests": math.ceil(39 / max(1, cores)) * per_build + 60.0 if gpu else 0.0,
               # ncu: one profiled process, a few replays per kernel, two targets per layer.
-              "roofline": (30.0 + 2 * roofline_layers * 5.0) if target == "gpu" else 0.0,
+              "roofline": 30.0 + 2 * roofline_layers * 5.0 if gpu else 0.0,
               "table": 2.0}
-    for phase in skip:
-        phases[phase] = 0.0
+    phases.update(dict.fromkeys(skip, 0.0))
     calls, current, used = [], [], 0.0
-    limit = CALL_FILL * CALL_LIMIT_S
-    for phase in PHASES:
-        seconds = phases[phase]
-        if phase in skip:
-            continue
-        if current and used + seconds > limit:
+    for phase in (p for p in PHASES if p not in skip):
+        if current and used + phases[phase] > CALL_FILL * CALL_LIMIT_S:
             calls.append(current)
             current, used = [], 0.0
             # A fresh host keeps no builds: the cases' builds (those left) and the best
@@ -265,7 +244,7 @@ def estimate(cases: Sequence[Case], target: str, cores: int, iterations: int, wa
             elif phase == "roofline":
                 used += math.ceil(roofline_layers / max(1, cores)) * per_build
         current.append(phase)
-        used += seconds
+        used += phases[phase]
     calls.append(current)
     return Estimate(phases, calls, per_build, source, cores, builds)
 
@@ -280,15 +259,8 @@ class Folder:
         for sub in ("cases", "logs", "identity"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
 
-    @property
-    def state_path(self) -> Path:
-        return self.root / "state.json"
-
     def state(self) -> dict:
-        try:
-            return json.loads(self.state_path.read_text())
-        except (OSError, ValueError):
-            return {"phases": {}}
+        return self.read_json("state.json", {"phases": {}})
 
     def mark(self, phase: str, status: str, detail: str = "", seconds: float = 0.0) -> None:
         state = self.state()
@@ -305,14 +277,13 @@ class Folder:
     def log_path(self, case: Case) -> Path:
         return self.root / "logs" / f"{case.id}.log"
 
+    def save(self, case: Case, record: dict, **more) -> None:
+        record.update(id=case.id, case=case.to_json(), log=f"logs/{case.id}.log", **more)
+        self.write_json(f"cases/{case.id}.json", record)
+
     def records(self) -> List[dict]:
-        out = []
-        for path in sorted((self.root / "cases").glob("*.json")):
-            try:
-                out.append(json.loads(path.read_text()))
-            except (OSError, ValueError):
-                continue
-        return out
+        found = (_load(p) for p in sorted((self.root / "cases").glob("*.json")))
+        return [r for r in found if r is not None]
 
     def write_json(self, name: str, data) -> None:
         path = self.root / name
@@ -320,10 +291,7 @@ class Folder:
         write_atomic(path, json.dumps(data, indent=1, sort_keys=True, default=str) + "\n")
 
     def read_json(self, name: str, default=None):
-        try:
-            return json.loads((self.root / name).read_text())
-        except (OSError, ValueError):
-            return default
+        return _load(self.root / name, default)
 
     def archive(self, dest: Optional[os.PathLike]) -> None:
         """The folder as a .tar.gz at ``dest`` (written aside, then renamed)."""
@@ -337,8 +305,19 @@ class Folder:
         os.replace(tmp, dest)
 
 
+def _load(path: Path, default=None):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return default
+
+
 def _now() -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+
+
+def _not_measured(why: str) -> dict:
+    return {"status": "not measured", "detail": f"not measured: {why}"}
 
 
 # -- phases: identity and ceilings ---------------------------------------------------------------
@@ -359,10 +338,12 @@ def identity(folder: Folder, target: str) -> dict:
     import torch
 
     from . import devices, toolchain
+    from .results import git_commit
     info = {"target": target, "host": platform.node(), "python": platform.python_version(),
             "dace": dace.__version__, "numpy": numpy.__version__, "torch": torch.__version__,
             "torch_cuda": torch.version.cuda, "cpu": devices.describe("cpu"),
-            "git": _git_state(), "nvcc": _command(["nvcc", "--version"]).splitlines()[-1:],
+            "git": git_commit(toolchain.PROJECT_ROOT),
+            "nvcc": _command(["nvcc", "--version"]).splitlines()[-1:],
             "ncu": _command(["ncu", "--version"]).splitlines()[-1:]}
     try:
         import cupy
@@ -372,14 +353,13 @@ def identity(folder: Folder, target: str) -> dict:
     if target == "gpu":
         smi = _command(["nvidia-smi", "-q"])
         (folder.root / "identity" / "nvidia-smi.txt").write_text(smi + "\n")
-        info["gpu"] = devices.describe("gpu")
-        info["cudnn_torch"] = torch.backends.cudnn.version()
         props = torch.cuda.get_device_properties(0)
-        info["sm_count"] = props.multi_processor_count
-        info["memory_gib"] = round(props.total_memory / 2 ** 30, 1)
-        info["clocks"] = _command(["nvidia-smi", "--query-gpu=clocks.sm,clocks.max.sm,clocks.mem,"
-                                   "clocks.max.mem,power.draw,temperature.gpu,driver_version,compute_mode",
-                                   "--format=csv"])
+        info.update(gpu=devices.describe("gpu"), cudnn_torch=torch.backends.cudnn.version(),
+                    sm_count=props.multi_processor_count,
+                    memory_gib=round(props.total_memory / 2 ** 30, 1),
+                    clocks=_command(["nvidia-smi", "--query-gpu=clocks.sm,clocks.max.sm,"
+                                     "clocks.mem,clocks.max.mem,power.draw,temperature.gpu,"
+                                     "driver_version,compute_mode", "--format=csv"]))
         try:
             import cudnn_bindings
             lib = cudnn_bindings.load()
@@ -393,20 +373,12 @@ def identity(folder: Folder, target: str) -> dict:
     return info
 
 
-def _git_state() -> dict:
-    from .results import git_commit
-    from .toolchain import PROJECT_ROOT
-    return git_commit(PROJECT_ROOT)
-
-
 def measure_ceilings(folder: Folder, target: str) -> dict:
     from . import ceilings
     out = ceilings.measure(target)
-    if target == "gpu":
-        out.update(ceilings.tensor_core_peaks())
-    else:
-        reason = "not measured: tensor-core GEMM needs a GPU"
-        out.update({"tf32_gflops": None, "fp16_gflops": None, "tensor_method": reason})
+    out.update(ceilings.tensor_core_peaks() if target == "gpu" else
+               {"tf32_gflops": None, "fp16_gflops": None,
+                "tensor_method": "not measured: tensor-core GEMM needs a GPU"})
     folder.write_json("ceilings.json", out)
     if target == "gpu":
         import torch
@@ -420,26 +392,24 @@ def run_builds(folder: Folder, cases: Sequence[Case], cachedir, workers: int,
                say: Callable[[str], None]) -> Dict[str, str]:
     """Build what ``cases`` need; the failures by case id (their message)."""
     from . import cache
-    jobs, owners = {}, {}
+    jobs, owners, failed = {}, {}, {}
     for case in cases:
         job = case.job()
         name = job.spec().name
         jobs.setdefault(name, job)
         owners.setdefault(name, []).append(case.id)
-    failed: Dict[str, str] = {}
-    rows = folder.read_json("builds.json", {})
     if not jobs:
         return failed
+    rows = folder.read_json("builds.json", {})
     say(f"[builds] {len(jobs)} build(s) with {workers} process(es)")
-    t0, n = time.perf_counter(), 0
-    for job, outcome, seconds, message in cache.fill(jobs.values(), cachedir, workers):
-        n += 1
+    t0 = time.perf_counter()
+    for n, (job, outcome, seconds, message) in enumerate(
+            cache.fill(jobs.values(), cachedir, workers), 1):
         name = job.spec().name
         rows[name] = {"outcome": outcome, "seconds": round(seconds, 2), "message": message,
                       "cases": owners[name]}
         if outcome == "failed":
-            for cid in owners[name]:
-                failed[cid] = message
+            failed.update(dict.fromkeys(owners[name], message))
             say(f"[builds]   FAILED {job.describe()}: {message}")
         if n % 10 == 0 or n == len(jobs):
             say(f"[builds]   {n}/{len(jobs)} in {time.perf_counter() - t0:.0f}s")
@@ -459,48 +429,30 @@ class Worker:
         cmd = [sys.executable, "-m", "convbench.campaign", "worker", str(folder.root),
                json.dumps(options)]
         self.log = open(folder.root / "logs" / "workers.log", "ab")
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.log, cwd=str(_project_root()),
-                                     env=_worker_env(), start_new_session=True)
-        self.lines: "queue.Queue[Optional[str]]" = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
+        # Unbuffered pipes: what select() finds ready is all there is to read.
+        self.proc = _spawn(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
+                           bufsize=0)
         self.cases = 0
-
-    def _read(self) -> None:
-        for raw in self.proc.stdout:
-            self.lines.put(raw.decode(errors="replace").rstrip("\n"))
-        self.lines.put(None)  # end of file: the process is gone
 
     def wait_for(self, marker: str, timeout: float) -> str:
         """``ok`` when a line starting with ``marker`` arrives, ``crash`` at end of file,
         ``timeout`` after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return "timeout"
-            try:
-                line = self.lines.get(timeout=left)
-            except queue.Empty:
-                return "timeout"
-            if line is None:
+        while select.select([self.proc.stdout], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            line = self.proc.stdout.readline()
+            if not line:
                 return "crash"
-            if line.startswith(marker):
+            if line.startswith(marker.encode()):
                 return "ok"
+        return "timeout"
 
     def send(self, case: Case) -> None:
         self.proc.stdin.write((json.dumps(case.to_json()) + "\n").encode())
-        self.proc.stdin.flush()
         self.cases += 1
 
     def stop(self) -> Optional[int]:
-        import signal
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        code = self.proc.wait()
+        code = self.proc.poll()
+        code = _kill(self.proc) if code is None else code
         self.log.close()
         return code
 
@@ -510,25 +462,31 @@ def _project_root() -> Path:
     return PROJECT_ROOT
 
 
-def _worker_env() -> dict:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+def _spawn(cmd: List[str], **kwargs) -> subprocess.Popen:
+    """``cmd`` in the project root, importing this checkout, in a process group of its own
+    (so that :func:`_kill` ends what it started too: pytest's build workers, the process
+    ncu profiles)."""
     root = str(_project_root())
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    return env
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    return subprocess.Popen(cmd, cwd=root, start_new_session=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=path), **kwargs)
+
+
+def _kill(proc: subprocess.Popen) -> int:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return proc.wait()
 
 
 def _run_group(cmd: List[str], timeout: float, stdout, stderr) -> object:
-    """``cmd``'s exit status, or "timeout": on timeout its whole process group is killed
-    (pytest's build workers, the process ncu profiles), so nothing of it runs on into the
-    next phase."""
-    import signal
-    proc = subprocess.Popen(cmd, stdout=stdout, stderr=stderr, cwd=str(_project_root()),
-                            env=_worker_env(), start_new_session=True)
+    """``cmd``'s exit status, or "timeout" (its process group killed)."""
+    proc = _spawn(cmd, stdout=stdout, stderr=stderr)
     try:
         return proc.wait(timeout=max(1.0, timeout))
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        _kill(proc)
         return "timeout"
 
 
@@ -547,19 +505,17 @@ def run_cases(folder: Folder, cases: Sequence[Case], build_failures: Dict[str, s
     todo = [c for c in cases if not folder.case_path(c).exists()]
     # The references are timed with the first case of a layer and pass that verifies: a
     # case that is refused, wrong or lost does not take the layer's cuDNN time with it.
-    refs_done = {_refs_key(r["case"]) for r in folder.records()
+    refs_done = {Case.from_json(r["case"]).refs_key for r in folder.records()
                  if len(r.get("timings", {})) > 1}
     say(f"[cases] {len(todo)} to run ({len(cases) - len(todo)} recorded already)")
-    left = 0
     try:
         for i, case in enumerate(todo):
             if deadline is not None and time.monotonic() > deadline:
-                left = len(todo) - i
-                say(f"[cases] time budget spent: {left} case(s) left for --resume")
-                break
+                say(f"[cases] time budget spent: {len(todo) - i} case(s) left for --resume")
+                return len(todo) - i
             t0 = time.perf_counter()
             if not case.planted:
-                case = dataclasses.replace(case, time_refs=_refs_key(case.to_json()) not in refs_done)
+                case = dataclasses.replace(case, time_refs=case.refs_key not in refs_done)
             if case.id in build_failures:
                 record = {"status": "build-error", "detail": build_failures[case.id]}
             else:
@@ -574,52 +530,37 @@ def run_cases(folder: Folder, cases: Sequence[Case], build_failures: Dict[str, s
                     timeout = min(timeout, max(30.0, deadline + 60.0 - time.monotonic()))
                 worker.send(case)
                 outcome = worker.wait_for(DONE, timeout)
-                record = None
-                if outcome == "ok":
-                    record = folder.read_json(f"cases/{case.id}.json")
+                record = folder.read_json(f"cases/{case.id}.json") if outcome == "ok" else None
                 if record is None:
                     code = worker.stop()
                     worker = None
-                    detail = (f"no result within the {timeout:g} s limit; the worker was "
-                              "killed") if outcome == "timeout" else (
-                              f"the worker died with exit status {code}" +
-                              (f" (signal {-code})" if code is not None and code < 0 else ""))
-                    record = {"status": "timeout" if outcome == "timeout" else "crash",
-                              "detail": detail, "log_tail": _tail(folder.log_path(case))}
+                    if outcome == "timeout":
+                        record = {"status": "timeout", "detail": f"no result within the "
+                                  f"{timeout:g} s limit; the worker was killed"}
+                    else:
+                        signal_ = f" (signal {-code})" if code is not None and code < 0 else ""
+                        record = {"status": "crash",
+                                  "detail": f"the worker died with exit status {code}{signal_}"}
+                    record["log_tail"] = _tail(folder.log_path(case))
                 elif (record["status"] not in ("verified", "refused")
                       or worker.cases >= options["cases_per_worker"]):
                     worker.stop()  # a fresh process (and CUDA context) for the next case
                     worker = None
             if "case" not in record:
-                record.update({"id": case.id, "case": case.to_json(),
-                               "log": f"logs/{case.id}.log",
-                               "seconds": round(time.perf_counter() - t0, 2)})
-                folder.write_json(f"cases/{case.id}.json", record)
+                folder.save(case, record, seconds=round(time.perf_counter() - t0, 2))
             if len(record.get("timings", {})) > 1:
-                refs_done.add(_refs_key(case.to_json()))
-            say(f"[cases] {i + 1}/{len(todo)} {case.id}: {_case_line(record)}")
+                refs_done.add(case.refs_key)
+            if "dace" in record.get("timings", {}):
+                line = ", ".join(f"{k} {v['median_ms']:.3f} ms" if "median_ms" in v else
+                                 f"{k} {v.get('error')}" for k, v in record["timings"].items())
+            else:
+                line = ((record.get("detail") or "").splitlines() or [""])[0][:160]
+            say(f"[cases] {i + 1}/{len(todo)} {case.id}: {record['status']}  {line}")
             after_each()
     finally:
         if worker is not None:
             worker.stop()
-    return left
-
-
-def _refs_key(case: dict) -> tuple:
-    """(set, layer, pass) of a case in its JSON form: the references are timed once per key."""
-    from . import registry
-    return (case["layer_set"], Layer(**case["layer"]), registry.get(case["impl"]).pass_)
-
-
-def _case_line(record: dict) -> str:
-    status = record["status"]
-    t = record.get("timings", {})
-    if "dace" in t:
-        parts = [f"{k} {v['median_ms']:.3f} ms" if "median_ms" in v else f"{k} {v.get('error')}"
-                 for k, v in t.items()]
-        return f"{status}  " + ", ".join(parts)
-    detail = (record.get("detail") or "").splitlines()
-    return f"{status}  {detail[0][:160] if detail else ''}"
+    return 0
 
 
 # -- phase: cases (worker side) ----------------------------------------------------------------
@@ -638,16 +579,19 @@ def worker_main(root: str, options_json: str) -> int:
     from . import registry
     registry.load_implementations()
     proto.write(READY + "\n")
+
+    def point_output_to(out: int, err: int) -> None:  # Python's and native code's
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(out, 1)
+        os.dup2(err, 2)
     for line in sys.stdin:
         if not line.strip():
             continue
         case = Case.from_json(json.loads(line))
         log = os.open(folder.log_path(case), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         saved = os.dup(1), os.dup(2)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(log, 1)
-        os.dup2(log, 2)
+        point_output_to(log, log)
         try:
             record = run_case(case, options)
         except Exception as err:  # noqa: BLE001 - a launch or load error is a result
@@ -655,14 +599,10 @@ def worker_main(root: str, options_json: str) -> int:
             traceback.print_exc()
             record = {"status": "error", "detail": f"{type(err).__name__}: {err}".strip()}
         finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
+            point_output_to(*saved)
             for fd in (*saved, log):
                 os.close(fd)
-        record.update({"id": case.id, "case": case.to_json(), "log": f"logs/{case.id}.log"})
-        folder.write_json(f"cases/{case.id}.json", record)
+        folder.save(case, record)
         proto.write(f"{DONE} {case.id}\n")
     return 0
 
@@ -686,7 +626,7 @@ def run_case(case: Case, options: dict) -> dict:
         while True:
             time.sleep(60)
     impl, layer, device = case.implementation, case.layer, case.target
-    params = case.params()
+    params = case.resolved_params()
     reason = impl.unsupported_reason(layer, params)
     if reason:
         return {"status": "refused", "detail": reason, "params": params}
@@ -695,7 +635,6 @@ def run_case(case: Case, options: dict) -> dict:
                      seed=options["seed"], timing=TimingOptions(flush=True, events=events),
                      references=ReferenceOptions(allow_tf32=False, cudnn_algo="find"))
     build = exp.build(impl, layer, params)
-    spec = build.spec
     reference = exp.truth(impl.pass_, layer)
     out = verify.run_build(build, reference, device)
     if case.planted == "wrong":
@@ -703,7 +642,7 @@ def run_case(case: Case, options: dict) -> dict:
         out = out.contiguous()
         flat = out.view(-1)
         flat[flat.numel() // 2] = flat[flat.numel() // 2] * 2 + 1
-    checks = verify.check_output(out, reference, spec.dtype.unit_roundoff, device)
+    checks = verify.check_output(out, reference, build.spec.dtype.unit_roundoff, device)
     del out
     # The verdict is the float64 check's.  The float32 references (torch on the GPU, cuDNN)
     # are recorded beside it: an algorithm they pick (FFT, Winograd) may round worse.
@@ -711,16 +650,16 @@ def run_case(case: Case, options: dict) -> dict:
     record = {"status": "verified" if ok else "wrong", "params": params,
               "checks": [dataclasses.asdict(c) for c in checks],
               "detail": "; ".join(f"{c.reference}: {c.summary()}" for c in checks),
-              "gflop": layer.flops() / 1e9, "build": {"name": spec.name, "origin": build.origin}}
+              "gflop": layer.flops() / 1e9,
+              "build": {"name": build.spec.name, "origin": build.origin}}
     for c in checks:
         print(f"check {c.reference}: {c.summary()} -> {'ok' if c.ok else 'WRONG'}", flush=True)
     if not ok:
         return record
-    # Timing: DaCe (device arrays through CuPy where it runs), then the references.
     timer = exp.timer
-    arrays = verify.program_arrays(impl, layer, reference.inputs, device, spec.dtype.torch, 0.0)
+    arrays = verify.program_arrays(impl, layer, reference.inputs, device,
+                                   build.spec.dtype.torch, 0.0)
     del reference.ref, reference.absref
-    n, w, limit = options["iterations"], options["warmup"], options["time_limit"]
     array_library = "torch"
 
     def dace_call():
@@ -749,7 +688,8 @@ def run_case(case: Case, options: dict) -> dict:
             fn = prepare()
             if getattr(fn, "info", None):
                 infos[name] = fn.info
-            result = timer.measure(fn, w, n, limit)
+            result = timer.measure(fn, options["warmup"], options["iterations"],
+                                   options["time_limit"])
         except Exception as err:  # noqa: BLE001 - one backend's failure is its own result
             if name == "dace":
                 raise
@@ -761,8 +701,8 @@ def run_case(case: Case, options: dict) -> dict:
         print(f"timed {name}: median {timings[name]['median_ms']:.4f} ms over "
               f"{len(result.samples_ms)} samples", flush=True)
     record.update({"timings": timings, "reference_info": infos, "timer": timer.method,
-                   "array_library": array_library,
-                   "flush_bytes": timer.flush_bytes, "seconds": round(time.perf_counter() - t_start, 2),
+                   "array_library": array_library, "flush_bytes": timer.flush_bytes,
+                   "seconds": round(time.perf_counter() - t_start, 2),
                    "out_role": PASS_SIGNATURE[impl.pass_][1]})
     if device == "gpu":
         torch.cuda.synchronize()
@@ -779,22 +719,20 @@ def run_case(case: Case, options: dict) -> dict:
 
 def run_gpu_tests(folder: Folder, target: str, timeout: float, cores: int) -> dict:
     from . import devices
-    if target != "gpu" or devices.gpu_problem() is not None:
-        reason = ("not measured: the gpu tests need a GPU" if target != "gpu" else
-                  f"not measured: {devices.gpu_problem()}")
-        return {"status": "not measured", "detail": reason}
+    why = "the gpu tests need a GPU" if target != "gpu" else devices.gpu_problem()
+    if why is not None:
+        return _not_measured(why)
+    try:
+        import pytest  # noqa: F401
+    except ImportError:
+        return _not_measured("pytest is not installed")
     log = folder.root / "logs" / "pytest-gpu.log"
     cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider",
            f"--build-jobs={cores}", "--junitxml", str(folder.root / "tests-gpu.xml")]
     t0 = time.perf_counter()
-    try:
-        import pytest  # noqa: F401
-    except ImportError:
-        return {"status": "not measured", "detail": "not measured: pytest is not installed"}
     with open(log, "w") as f:
         code = _run_group(cmd, timeout, f, subprocess.STDOUT)
-    tail = _tail(log, 3)
-    summary = tail.splitlines()[-1] if tail else ""
+    summary = (_tail(log, 3).splitlines() or [""])[-1]
     folder.write_json("tests.json", {"exit": code, "summary": summary, "log": "logs/pytest-gpu.log",
                                      "seconds": round(time.perf_counter() - t0, 1)})
     return {"status": "done" if code == 0 else "failed",
@@ -812,94 +750,82 @@ def best_per_layer(records: Iterable[dict]) -> Dict[tuple, dict]:
         case = rec.get("case", {})
         if case.get("planted") or "timings" not in rec:
             continue
-        layer = case["layer"]
-        key = (case["layer_set"], layer["name"], layer["batch"],
+        key = (case["layer_set"], case["layer"]["name"], case["layer"]["batch"],
                str(registry.get(case["impl"]).pass_))
         row = rows.setdefault(key, {"best": None, "refs": {}, "gflop": rec.get("gflop")})
         t = rec["timings"]
-        for name, stats in t.items():
-            if name != "dace":
-                row["refs"][name] = stats["median_ms"]
+        row["refs"].update((name, stats["median_ms"]) for name, stats in t.items()
+                           if name != "dace")
         if row["best"] is None or t["dace"]["median_ms"] < row["best"]["timings"]["dace"]["median_ms"]:
             row["best"] = rec
     return rows
 
 
 def write_table(folder: Folder, target: str, meta: dict) -> Path:
+    """``README.md`` and ``summary.csv`` of the campaign folder, from what is recorded."""
     records = folder.records()
     ceilings = folder.read_json("ceilings.json", {}) or {}
-    state = folder.state()
     peak = ceilings.get("peak_gflops")
-    rows = best_per_layer(records)
-    device = meta.get("device", "?")
-    vendor = "cudnn" if target == "gpu" else "torch"
+    gpu = target == "gpu"
+    vendor = "cudnn" if gpu else "torch"
+    git = meta.get("git", {})
+    header = (["set", "layer", "batch", "pass", "best DaCe", "DaCe ms", f"{vendor} ms"]
+              + (["torch ms"] if gpu else []) + ["ratio", "% of FP32 peak",
+                                                 "V100 ratio (original)"])
+    best = []
+    for (lset, lname, batch, pass_), row in sorted(best_per_layer(records).items()):
+        d, v = row["best"]["timings"]["dace"]["median_ms"], row["refs"].get(vendor)
+        gfs = row["gflop"] / (d * 1e-3) if row["gflop"] else None
+        original = pass_ == "fwd" and batch == ORIGINAL_BATCH.get(lset)
+        best.append([lset, lname, batch, pass_, row["best"]["case"]["impl"], f"{d:.3f}",
+                     _fmt(v, ".3f")] + ([_fmt(row["refs"].get("torch"), ".3f")] if gpu else [])
+                    + [_fmt(d / v if v else None, ".2f") + ("x" if v else ""),
+                       _fmt(100 * gfs / peak if gfs and peak else None, ".1f"),
+                       V100_RATIOS.get(lset, "") if original else ""])
+    best = best or [["(no case was timed)"] + [""] * (len(header) - 1)]
+    state, phases = folder.state()["phases"], []
+    for p in PHASES:
+        s = state.get(p, {"status": "not run", "detail": "", "seconds": ""})
+        phases.append((p, s["status"], str(s["detail"]).replace("|", "/")[:200], s["seconds"]))
+    cases = [(r["id"], r["case"].get("group"), r["status"],
+              ((r.get("detail") or "").replace("|", "/").splitlines() or [""])[0][:140])
+             for r in records]
+    counts = Counter(r["status"] for r in records)
     lines = [f"# Campaign {folder.root.name}", "",
-             f"Tier `{meta.get('tier')}` on {device} (target `{target}`), commit "
-             f"{str(meta.get('git', {}).get('commit', '?'))[:10]}"
-             f"{' (dirty)' if meta.get('git', {}).get('dirty') else ''}, written {_now()}.", "",
+             f"Tier `{meta.get('tier')}` on {meta.get('device', '?')} (target `{target}`), "
+             f"commit {str(git.get('commit', '?'))[:10]}{' (dirty)' if git.get('dirty') else ''}"
+             f", written {_now()}.", "",
              "## Best DaCe implementation per layer", "",
              f"Medians of CUDA-event (GPU) or wall-clock (CPU) samples, caches flushed before "
              f"each call. Ratio = DaCe / {vendor} (below 1: DaCe is faster). % of peak: "
              f"GFLOP/s over the measured FP32 SGEMM ceiling ({_fmt(peak, '.0f')} GFLOP/s).", "",
-             f"| set | layer | batch | pass | best DaCe | DaCe ms | {vendor} ms | "
-             f"{'torch ms | ' if target == 'gpu' else ''}ratio | % of FP32 peak | V100 ratio (original) |",
-             "|---|---|---:|---|---|---:|---:|" + ("---:|" if target == "gpu" else "") + "---:|---:|---|"]
-    for (lset, lname, batch, pass_), row in sorted(rows.items()):
-        best, refs = row["best"], row["refs"]
-        d = best["timings"]["dace"]["median_ms"]
-        v = refs.get(vendor)
-        gfs = row["gflop"] / (d * 1e-3) if row["gflop"] else None
-        cells = [lset, lname, str(batch), pass_, best["case"]["impl"], f"{d:.3f}", _fmt(v, ".3f")]
-        if target == "gpu":
-            cells.append(_fmt(refs.get("torch"), ".3f"))
-        cells += [_fmt(d / v if v else None, ".2f") + ("x" if v else ""),
-                  _fmt(100 * gfs / peak if gfs and peak else None, ".1f"),
-                  V100_RATIOS.get(lset, "") if pass_ == "fwd" and batch == ORIGINAL_BATCH.get(lset)
-                  else ""]
-        lines.append("| " + " | ".join(cells) + " |")
-    if not rows:
-        lines.append("| (no case was timed) |" + " |" * (9 if target == "gpu" else 8))
-    counts: Dict[str, int] = {}
-    for rec in records:
-        counts[rec["status"]] = counts.get(rec["status"], 0) + 1
-    lines += ["", "## Cases", "",
-              "Totals: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), "",
-              "| case | group | status | detail |", "|---|---|---|---|"]
-    for rec in records:
-        detail = (rec.get("detail") or "").replace("|", "/").splitlines()
-        lines.append(f"| {rec['id']} | {rec['case'].get('group')} | {rec['status']} | "
-                     f"{detail[0][:140] if detail else ''} |")
-    lines += ["", "## Phases", "", "| phase | status | detail | seconds |", "|---|---|---|---:|"]
-    for phase in PHASES:
-        p = state["phases"].get(phase, {"status": "not run", "detail": "", "seconds": ""})
-        lines.append(f"| {phase} | {p['status']} | {str(p['detail']).replace('|', '/')[:200]} | "
-                     f"{p['seconds']} |")
-    lines += ["", "## Ceilings", ""]
-    for key in ("peak_gflops", "bandwidth_gbs", "tf32_gflops", "fp16_gflops",
-                "fma_peak_gflops"):
-        if key in ceilings:
-            lines.append(f"- {key}: {_fmt(ceilings[key], '.0f') if ceilings[key] else 'not measured'}")
+             tables.markdown(header, best, "llrll" + "r" * (len(header) - 6) + "l"), "",
+             "## Cases", "",
+             "Totals: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), "",
+             tables.markdown(["case", "group", "status", "detail"], cases, "llll"), "",
+             "## Phases", "",
+             tables.markdown(["phase", "status", "detail", "seconds"], phases, "lllr"), "",
+             "## Ceilings", ""]
+    lines += [f"- {key}: {_fmt(ceilings[key], '.0f') if ceilings[key] else 'not measured'}"
+              for key in ("peak_gflops", "bandwidth_gbs", "tf32_gflops", "fp16_gflops",
+                          "fma_peak_gflops") if key in ceilings]
     lines += ["", "Files: `campaign.json` (plan, options), `identity/`, `ceilings.json`, "
               "`builds.json`, `cases/<case>.json` (checks, every timing sample), "
               "`logs/<case>.log`, `summary.csv`, `roofline/` (GPU).", ""]
     path = folder.root / "README.md"
     write_atomic(path, "\n".join(lines))
-    _write_summary_csv(folder, records)
-    return path
-
-
-def _write_summary_csv(folder: Folder, records: List[dict]) -> None:
-    cols = ["id", "impl", "layer_set", "layer", "batch", "group", "planted", "status",
-            "dace_ms", "cudnn_ms", "torch_ms", "gflop", "detail"]
-    out = [",".join(cols)]
+    csv = ["id,impl,layer_set,layer,batch,group,planted,status,dace_ms,cudnn_ms,torch_ms,gflop,"
+           "detail"]
     for rec in records:
         c, t = rec["case"], rec.get("timings", {})
-        vals = [rec["id"], c["impl"], c["layer_set"], c["layer"]["name"], c["layer"]["batch"],
-                c["group"], c["planted"], rec["status"]] + [
-            f"{t[k]['median_ms']:.6f}" if k in t else "" for k in ("dace", "cudnn", "torch")] + [
-            rec.get("gflop", ""), '"' + (rec.get("detail") or "").replace('"', "'")[:300] + '"']
-        out.append(",".join(str(v) for v in vals))
-    write_atomic(folder.root / "summary.csv", "\n".join(out) + "\n")
+        detail = '"' + (rec.get("detail") or "").replace('"', "'")[:300] + '"'
+        csv.append(",".join(str(v) for v in [
+            rec["id"], c["impl"], c["layer_set"], c["layer"]["name"], c["layer"]["batch"],
+            c["group"], c["planted"], rec["status"]]
+            + [f"{t[k]['median_ms']:.6f}" if k in t else "" for k in ("dace", "cudnn", "torch")]
+            + [rec.get("gflop", ""), detail]))
+    write_atomic(folder.root / "summary.csv", "\n".join(csv) + "\n")
+    return path
 
 
 def _fmt(value, spec: str) -> str:
@@ -910,17 +836,16 @@ def update_index(results_dir: Path) -> Optional[Path]:
     """``results/gpu/README.md``: one line per campaign folder beside it."""
     if not results_dir.is_dir():
         return None
-    lines = ["# GPU campaigns", "",
-             "One folder per campaign (`scripts/gpu_campaign.py run`), named "
-             "`<date>_<device>`; each has its own README.md.", "",
-             "| campaign | tier | target | device | cases |", "|---|---|---|---|---|"]
+    rows = []
     for sub in sorted(p for p in results_dir.iterdir() if (p / "campaign.json").exists()):
         meta = json.loads((sub / "campaign.json").read_text())
-        n = len(list((sub / "cases").glob("*.json")))
-        lines.append(f"| [{sub.name}]({sub.name}/README.md) | {meta.get('tier')} | "
-                     f"{meta.get('target')} | {meta.get('device')} | {n} |")
+        rows.append([f"[{sub.name}]({sub.name}/README.md)", meta.get("tier"), meta.get("target"),
+                     meta.get("device"), len(list((sub / "cases").glob("*.json")))])
     path = results_dir / "README.md"
-    write_atomic(path, "\n".join(lines) + "\n")
+    write_atomic(path, "\n".join([
+        "# GPU campaigns", "", "One folder per campaign (`scripts/gpu_campaign.py run`), named "
+        "`<date>_<device>`; each has its own README.md.", "",
+        tables.markdown(["campaign", "tier", "target", "device", "cases"], rows, "lllll")]) + "\n")
     return path
 
 
@@ -936,7 +861,7 @@ def profile_call(target: dict) -> Callable[[], object]:
     inputs = verify.make_inputs(layer, impl.pass_, seed=0)
     if target["backend"] == "dace":
         exp = Experiment(impl, [layer], "gpu", policy="reuse", cachedir=target["cachedir"])
-        return exp.call(exp.build(impl, layer, case.params()), inputs)
+        return exp.call(exp.build(impl, layer, case.resolved_params()), inputs)
     ref = {r.name: r for r in references.REFERENCES}[target["backend"]]
     return ref.prepare(layer, impl.pass_, impl.layout, "gpu",
                        {r: t.cuda() for r, t in inputs.items()},
@@ -955,50 +880,45 @@ def run_roofline(folder: Folder, target: str, cachedir, workers: int, timeout: f
                  say: Callable[[str], None]) -> dict:
     """Nsight Compute counters of cuDNN and the best DaCe kernel per layer, and the plot."""
     from . import devices, ncu
-    if target != "gpu":
-        return {"status": "not measured", "detail": "not measured: Nsight Compute needs a GPU"}
-    if devices.gpu_problem() is not None or shutil.which("ncu") is None:
-        why = devices.gpu_problem() or "ncu is not on the PATH"
-        return {"status": "not measured", "detail": f"not measured: {why}"}
-    rows = roofline_rows(best_per_layer(folder.records()))
+    why = "Nsight Compute needs a GPU" if target != "gpu" else devices.gpu_problem()
+    if why is None and shutil.which("ncu") is None:
+        why = "ncu is not on the PATH"
+    if why is not None:
+        return _not_measured(why)
     targets, cases = [], []
-    for (lset, lname, batch, pass_), row in sorted(rows.items()):
+    for (lset, lname, batch, pass_), row in sorted(
+            roofline_rows(best_per_layer(folder.records())).items()):
         case = Case.from_json(row["best"]["case"])
         cases.append(case)
-        label = f"{lset}.{lname}.b{batch}.{pass_}"
-        targets.append({"label": f"{label}.dace", "backend": "dace", "case": case.to_json(),
-                        "cachedir": str(cachedir)})
-        if "cudnn" in row["refs"]:
-            targets.append({"label": f"{label}.cudnn", "backend": "cudnn",
-                            "case": case.to_json(), "cachedir": str(cachedir)})
+        targets += [{"label": f"{lset}.{lname}.b{batch}.{pass_}.{backend}", "backend": backend,
+                     "case": case.to_json(), "cachedir": str(cachedir)}
+                    for backend in ["dace"] + (["cudnn"] if "cudnn" in row["refs"] else [])]
     if not targets:
-        return {"status": "not measured", "detail": "not measured: no verified, timed case"}
+        return _not_measured("no verified, timed case")
     failed = run_builds(folder, cases, cachedir, workers, say)
     if failed:
         say(f"[roofline] {len(failed)} build(s) failed; their layers are left out")
         targets = [t for t in targets if Case.from_json(t["case"]).id not in failed]
     rdir = folder.root / "roofline"
     rdir.mkdir(exist_ok=True)
+    csv, labels, log = rdir / "ncu.csv", rdir / "labels.json", folder.root / "logs" / "ncu.log"
     (rdir / "targets.json").write_text(json.dumps(targets, indent=1))
     cmd = ncu.ncu_command() + [sys.executable, "-m", "convbench.ncu", str(rdir / "targets.json"),
-                               str(rdir / "labels.json")]
+                               str(labels)]
     say(f"[roofline] ncu on {len(targets)} target(s)")
-    with open(rdir / "ncu.csv", "w") as out, open(folder.root / "logs" / "ncu.log", "w") as err:
+    with open(csv, "w") as out, open(log, "w") as err:
         code = _run_group(cmd, timeout, out, err)
-    text = (rdir / "ncu.csv").read_text(errors="replace") + _tail(folder.root / "logs" / "ncu.log", 50)
-    if "ERR_NVGPUCTRPERM" in text:
-        return {"status": "not measured",
-                "detail": "not measured: ncu may not read the GPU's counters (ERR_NVGPUCTRPERM)"}
+    if "ERR_NVGPUCTRPERM" in csv.read_text(errors="replace") + _tail(log, 50):
+        return _not_measured("ncu may not read the GPU's counters (ERR_NVGPUCTRPERM)")
     if code == "timeout":
         return {"status": "failed", "detail": f"ncu ran past {timeout:g} s; see logs/ncu.log"}
-    if code != 0 or not (rdir / "labels.json").exists():
+    if code != 0 or not labels.exists():
         return {"status": "failed", "detail": f"ncu exit status {code}; see logs/ncu.log"}
-    labels = json.loads((rdir / "labels.json").read_text())
-    parts = ncu.segments(ncu.parse_csv((rdir / "ncu.csv").read_text()), labels)
+    parts = ncu.segments(ncu.parse_csv(csv.read_text()), json.loads(labels.read_text()))
     points = {label: ncu.summarize(kernels) for label, kernels in parts.items()}
     folder.write_json("roofline/roofline.json", points)
-    ceilings = folder.read_json("ceilings.json", {}) or {}
-    plotted = ncu.plot(points, ceilings, str(rdir / "roofline.png"))
+    plotted = ncu.plot(points, folder.read_json("ceilings.json", {}) or {},
+                       str(rdir / "roofline.png"))
     return {"status": "done", "detail": f"{len(points)} target(s)" +
             (", roofline/roofline.png" if plotted else ", no plot (matplotlib missing)")}
 
@@ -1041,24 +961,19 @@ class Options:
 
 def default_out(target: str) -> Path:
     from . import devices
-    name = devices.describe(target).split(" (")[0] if target == "cpu" else _gpu_name()
-    slug = "".join(ch if ch.isalnum() else "-" for ch in name).strip("-")
-    while "--" in slug:
-        slug = slug.replace("--", "-")
+    if target == "cpu":
+        name = devices.describe(target).split(" (")[0]
+    else:
+        import torch
+        name = torch.cuda.get_device_name()
+    slug = "-".join("".join(ch if ch.isalnum() else " " for ch in name).split())
     base = Path("results/gpu") if target == "gpu" else Path("outputs/campaign")
     return base / f"{time.strftime('%Y-%m-%d')}_{slug}"
 
 
-def _gpu_name() -> str:
-    import torch
-    return torch.cuda.get_device_name()
-
-
 def check_options(o: Options) -> None:
-    if o.target not in TARGETS:
-        raise UsageError(f"--target: unknown target '{o.target}' (choose from {', '.join(TARGETS)})")
-    if o.tier not in TIERS:
-        raise UsageError(f"--tier: unknown tier '{o.tier}' (choose from {', '.join(TIERS)})")
+    _check_choice("--target", o.target, TARGETS, "target")
+    _check_choice("--tier", o.tier, TIERS, "tier")
     bad = [p for p in o.skip if p not in PHASES]
     if bad:
         raise UsageError(f"--skip: unknown phase(s) {', '.join(bad)} (phases: {', '.join(PHASES)})")
@@ -1076,31 +991,25 @@ def format_plan(o: Options, cases: Sequence[Case]) -> str:
     """The dry run's text: cases, builds, estimated host minutes per phase and per call,
     and the device-time budget."""
     cores = o.workers or (16 if o.target == "gpu" else (os.cpu_count() or 1))
+    layers = {(c.layer_set, c.layer.name, c.layer.batch, str(c.pass_)): None
+              for c in cases if not c.planted}
     est = estimate(cases, o.target, cores, o.iterations, o.warmup, o.time_limit, o.cachedir,
-                   roofline_layers=len(roofline_rows({(c.layer_set, c.layer.name, c.layer.batch,
-                                                       str(c.implementation.pass_)): None
-                                                      for c in cases if not c.planted})),
+                   roofline_layers=len(roofline_rows(layers)),
                    skip=tuple(o.skip) + TIER_SKIPS.get(o.tier, ()))
-    groups: Dict[str, int] = {}
-    for c in cases:
-        groups[c.group] = groups.get(c.group, 0) + 1
-    builds = est.builds
+    groups = Counter(c.group for c in cases)
     budget = BUDGET_S[o.tier]
+    minutes = [(p, f"{est.phases[p] / 60:.1f}") for p in PHASES]
     lines = [f"Campaign plan: tier {o.tier}, target {o.target}, {len(cases)} cases ("
-             + ", ".join(f"{n} {g}" for g, n in groups.items()) + f"), {builds} builds.",
+             + ", ".join(f"{n} {g}" for g, n in groups.items()) + f"), {est.builds} builds.",
              f"Builds: {est.build_seconds:.0f} s each ({est.build_source}), {cores} at a time "
              f"on the host's {cores} cores.", "",
-             "| phase | estimated host minutes |", "|---|---:|"]
-    lines += [f"| {p} | {est.phases[p] / 60:.1f} |" for p in PHASES]
-    lines += [f"| **run** | **{est.run_s / 60:.1f}** |", ""]
-    for i, call in enumerate(est.calls, 1):
-        lines.append(f"call {i}: {', '.join(call)}")
-    total = est.total_s
+             tables.markdown(["phase", "estimated host minutes"],
+                             minutes + [("**run**", f"**{est.run_s / 60:.1f}**")]), ""]
+    lines += [f"call {i}: {', '.join(call)}" for i, call in enumerate(est.calls, 1)]
     lines += [f"device time: {len(est.calls)} call(s) x {CALL_SETUP_S / 60:.1f} min set-up "
               f"(machine start, wheel install) + {est.run_s / 60:.1f} min run = "
-              f"{total / 60:.1f} min; budget {budget / 60:.0f} min: "
-              + ("fits" if total <= budget else "DOES NOT FIT"), ""]
-    lines.append("Cases:")
+              f"{est.total_s / 60:.1f} min; budget {budget / 60:.0f} min: "
+              + ("fits" if est.total_s <= budget else "DOES NOT FIT"), "", "Cases:"]
     lines += [f"  {c.id}  [{c.group}]" for c in cases]
     return "\n".join(lines)
 
@@ -1115,25 +1024,21 @@ def run_campaign(o: Options, say: Callable[[str], None] = print) -> int:
         raise UsageError(f"--target gpu: {devices.gpu_problem()} (rehearse with --target cpu)")
     cases = plan_cases(o.tier, o.target, o.planted)
     out = Path(o.out) if o.out else default_out(o.target)
-    meta_path = out / "campaign.json"
-    if meta_path.exists() and not o.resume:
-        raise UsageError(f"--out {out}: a campaign is there already; add --resume to go on "
-                         "with it, or name another folder")
-    if meta_path.exists():
-        old = json.loads(meta_path.read_text())
+    if (out / "campaign.json").exists():
+        if not o.resume:
+            raise UsageError(f"--out {out}: a campaign is there already; add --resume to go on "
+                             "with it, or name another folder")
+        old = json.loads((out / "campaign.json").read_text())
         if (old.get("tier"), old.get("target")) != (o.tier, o.target):
             raise UsageError(f"--resume: {out} holds a {old.get('tier')} campaign on "
                              f"{old.get('target')}, not {o.tier} on {o.target}")
     folder = Folder(out)
-    start = time.monotonic()
-    deadline = start + o.time_budget if o.time_budget else None
-    opts = {"cachedir": o.cachedir, "iterations": o.iterations, "warmup": o.warmup,
-            "time_limit": o.time_limit, "case_timeout": o.case_timeout, "seed": o.seed,
-            "events": o.events, "threads": o.threads, "worker_start_timeout": 180.0,
-            "cases_per_worker": 1 if o.isolate else 1 << 30}
+    deadline = time.monotonic() + o.time_budget if o.time_budget else None
+    opts = dict(dataclasses.asdict(o), worker_start_timeout=180.0,
+                cases_per_worker=1 if o.isolate else 1 << 30)
     say(f"campaign: tier {o.tier}, target {o.target}, {len(cases)} cases -> {out}/")
-    info = identity(folder, o.target) if not (o.resume and folder.done("identity")) else \
-        folder.read_json("identity/versions.json", {})
+    info = (folder.read_json("identity/versions.json", {}) if o.resume and folder.done("identity")
+            else identity(folder, o.target))
     meta = folder.read_json("campaign.json") or {"tier": o.tier, "target": o.target,
                                                   "started": _now(), "runs": []}
     meta.update({"device": info.get("device"), "git": info.get("git"),
@@ -1142,6 +1047,12 @@ def run_campaign(o: Options, say: Callable[[str], None] = print) -> int:
     folder.write_json("campaign.json", meta)
     folder.mark("identity", "done", info.get("device", ""))
     folder.archive(o.archive)
+
+    def table() -> None:
+        try:
+            write_table(folder, o.target, meta)
+        except Exception as err:  # noqa: BLE001 - the results are on disk; say why not
+            say(f"[table] failed: {type(err).__name__}: {err}")
 
     def phase(name: str, body: Callable[[], dict]) -> None:
         if name in o.skip:
@@ -1166,14 +1077,7 @@ def run_campaign(o: Options, say: Callable[[str], None] = print) -> int:
         table()  # the table so far, so that a call cut off still brings one back
         folder.archive(o.archive)
 
-    def table() -> None:
-        try:
-            write_table(folder, o.target, meta)
-        except Exception as err:  # noqa: BLE001 - the results are on disk; say why not
-            say(f"[table] failed: {type(err).__name__}: {err}")
-
-    def left(default: float) -> float:
-        """A phase's time limit: ``default``, or less where the budget ends sooner."""
+    def limit(default: float) -> float:  # less where the budget ends sooner
         if deadline is None:
             return default
         return min(default, max(60.0, deadline + 60.0 - time.monotonic()))
@@ -1184,52 +1088,46 @@ def run_campaign(o: Options, say: Callable[[str], None] = print) -> int:
                 + (f", TF32 {c['tf32_gflops']:.0f}, FP16 {c['fp16_gflops']:.0f} GFLOP/s"
                    if c.get("tf32_gflops") else ", tensor cores: not measured")}
 
-    state = {"build_failures": {}, "left": 0}
-
-    def builds_phase():
-        todo = [c for c in cases if not folder.case_path(c).exists() and not c.planted]
-        planted = [c for c in cases if c.planted and not folder.case_path(c).exists()][:1]
-        state["build_failures"] = run_builds(folder, todo + planted, o.cachedir, o.workers, say)
-        for c in cases:  # a planted case shares its build with the first
-            if c.planted and planted and planted[0].id in state["build_failures"]:
-                state["build_failures"][c.id] = state["build_failures"][planted[0].id]
-        n = len(state["build_failures"])
-        return {"status": "done", "detail": f"{n} case(s) without a build" if n else "all built"}
-
     def cases_phase():
-        state["left"] = run_cases(folder, cases, state["build_failures"], opts, say, deadline,
-                                  lambda: folder.archive(o.archive))
-        counts: Dict[str, int] = {}
-        for rec in folder.records():
-            counts[rec["status"]] = counts.get(rec["status"], 0) + 1
+        left = run_cases(folder, cases, build_failures, opts, say, deadline,
+                         lambda: folder.archive(o.archive))
+        counts = Counter(rec["status"] for rec in folder.records())
         detail = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-        return {"status": "partial" if state["left"] else "done",
-                "detail": detail + (f"; {state['left']} left" if state["left"] else "")}
+        return {"status": "partial" if left else "done",
+                "detail": detail + (f"; {left} left" if left else "")}
 
     phase("ceilings", ceilings_phase)
-    # Builds are redone on every call (a fresh host keeps nothing); cases recorded are skipped.
+    # Builds are redone on every call, since a fresh host keeps nothing; not phase(), which
+    # would skip them on --resume.  Recorded cases need none.
+    build_failures: Dict[str, str] = {}
     if "builds" not in o.skip:
         t0 = time.perf_counter()
         say("[builds] ...")
         try:
-            builds_phase()
-            folder.mark("builds", "done", f"{len(state['build_failures'])} case(s) without a "
-                        "build", time.perf_counter() - t0)
+            todo = [c for c in cases if not folder.case_path(c).exists()]
+            planted = [c for c in todo if c.planted][:1]  # the planted cases share one build
+            build_failures = run_builds(folder, [c for c in todo if not c.planted] + planted,
+                                        o.cachedir, o.workers, say)
+            if planted and planted[0].id in build_failures:
+                build_failures.update(dict.fromkeys(
+                    [c.id for c in cases if c.planted], build_failures[planted[0].id]))
+            status, detail = "done", f"{len(build_failures)} case(s) without a build"
         except Exception as err:  # noqa: BLE001 - the workers build on a miss instead
-            folder.mark("builds", "failed", f"{type(err).__name__}: {err}".splitlines()[0],
-                        time.perf_counter() - t0)
+            status, detail = "failed", f"{type(err).__name__}: {err}".splitlines()[0]
             say(f"[builds] failed ({type(err).__name__}: {err}); cases build on a miss")
+        folder.mark("builds", status, detail, time.perf_counter() - t0)
     phase("cases", cases_phase)
-    phase("tests", lambda: run_gpu_tests(folder, o.target, left(540.0), o.workers))
+    phase("tests", lambda: run_gpu_tests(folder, o.target, limit(540.0), o.workers))
     phase("roofline", lambda: run_roofline(folder, o.target, o.cachedir, o.workers,
-                                           left(420.0), say))
+                                           limit(420.0), say))
     folder.mark("table", "done", "README.md, summary.csv")
     table()
     if out.parent.name == "gpu":
         update_index(out.parent)
     folder.archive(o.archive)
-    incomplete = [p for p in PHASES if p not in o.skip and not folder.done(p)
-                  and folder.state()["phases"].get(p, {}).get("status") != "failed"]
+    phases = folder.state()["phases"]
+    incomplete = [p for p in PHASES if p not in o.skip and phases.get(p, {}).get("status")
+                  not in ("done", "not measured", "failed")]
     say(f"campaign: {out}/README.md" + (f"; not finished: {', '.join(incomplete)} "
                                          "(run again with --resume)" if incomplete else ""))
     return 3 if incomplete else 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import os
 import shlex
 import shutil
@@ -40,7 +42,7 @@ def build_parser():
                     help=f"the Python 3.12 wheels to carry (default {DEFAULT_WHEELS})")
     pk.add_argument("--tier", default="core", choices=campaign.TIERS,
                     help="the tier the printed command runs (default core)")
-    pk.add_argument("--out", default=None, metavar="DIR",
+    pk.add_argument("--out", metavar="DIR",
                     help="the campaign folder the printed command writes (default "
                     "results/gpu/<date>_<device> on the host)")
 
@@ -56,18 +58,19 @@ def build_parser():
 
 
 def _run_flags(p, top: bool) -> None:
-    d = (lambda v: None) if top else (lambda v: v)  # top level: defaults come from `run`'s
-    p.add_argument("--tier", default=d("smoke"), choices=campaign.TIERS,
+    """``run``'s flags; at the top level (``--dry-run --tier T``) only those the dry run
+    passes on to ``run``, without defaults."""
+    p.add_argument("--tier", default=None if top else "smoke", choices=campaign.TIERS,
                    help="smoke: one layer per implementation; core: every implementation on "
                    "representative layers plus the best-of set on all 12 CosmoFlow layers; "
                    "full: everything (default smoke)")
     if top:
-        p.add_argument("--target", default=None, help=argparse_suppress())
+        p.add_argument("--target", help=argparse.SUPPRESS)
         return
     p.add_argument("--target", default="gpu", metavar="gpu|cpu",
                    help="gpu (default), or cpu: the rehearsal, with CPU builds and torch as "
                    "the reference, and three planted failures")
-    p.add_argument("--out", default=None, metavar="DIR",
+    p.add_argument("--out", metavar="DIR",
                    help="campaign folder (default results/gpu/<date>_<device>; on the CPU "
                    "outputs/campaign/<date>_<cpu>)")
     p.add_argument("--resume", action="store_true",
@@ -82,12 +85,12 @@ def _run_flags(p, top: bool) -> None:
     p.add_argument("--time-limit", type=float, default=2.0, metavar="S",
                    help="seconds of timing per backend and case, warm-up included (default 2)")
     p.add_argument("--case-timeout", type=float, default=0.0, metavar="S",
-                   help="a case's limit, verification and timing (default 300 on the GPU, "
+                   help="a case's limit, verification and timing (default 90 on the GPU, "
                    "120 on the CPU)")
-    p.add_argument("--time-budget", type=float, default=None, metavar="S",
+    p.add_argument("--time-budget", type=float, metavar="S",
                    help="start no case or phase after S seconds; what is left waits for "
                    "--resume (exit status 3)")
-    p.add_argument("--archive", default=None, metavar="FILE.tar.gz",
+    p.add_argument("--archive", metavar="FILE.tar.gz",
                    help="after every case, write the campaign folder as FILE.tar.gz (on the "
                    "device machine: $OUT/campaign.tar.gz, which comes back)")
     p.add_argument("--planted", dest="planted", action="store_true", default=None,
@@ -101,28 +104,13 @@ def _run_flags(p, top: bool) -> None:
                    "(default auto: CuPy where it runs)")
     p.add_argument("--skip", default="", metavar="PHASE,...",
                    help=f"phases to leave out ({', '.join(campaign.PHASES)})")
-    p.add_argument("--threads", type=int, default=None, metavar="N",
+    p.add_argument("--threads", type=int, metavar="N",
                    help="CPU threads for DaCe and torch in the case workers")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
 
 
-def argparse_suppress():
-    import argparse
-    return argparse.SUPPRESS
-
-
 def main(argv: Optional[List[str]] = None, prog: str = PROG) -> int:
     return run_main(prog, _main, argv)
-
-
-def _options(args) -> campaign.Options:
-    return campaign.Options(
-        tier=args.tier, target=args.target, out=args.out, resume=args.resume,
-        cachedir=args.cachedir, workers=args.workers, iterations=args.iterations,
-        warmup=args.warmup, time_limit=args.time_limit, case_timeout=args.case_timeout,
-        planted=args.planted, isolate=args.isolate, events=args.events,
-        skip=tuple(s for s in args.skip.split(",") if s), time_budget=args.time_budget,
-        archive=args.archive, threads=args.threads, seed=args.seed)
 
 
 def _main(argv) -> int:
@@ -138,16 +126,15 @@ def _main(argv) -> int:
         return pack(Path(args.wheels), args.tier, args.out)
     if args.command == "unpack":
         return unpack(Path(args.archive), Path(args.into))
-    if args.tier is None:
-        args.tier = "smoke"
-    options = _options(args)
+    options = campaign.Options(**{f.name: getattr(args, f.name)
+                                  for f in dataclasses.fields(campaign.Options)})
+    options.skip = tuple(s for s in args.skip.split(",") if s)
     campaign.check_options(options)
     if args.dry_run:
         print(campaign.format_plan(options, campaign.plan_cases(
             options.tier, options.target,
             options.target == "cpu" if options.planted is None else options.planted)))
-        print()
-        print(host_commands(options.tier, options.out))
+        print("\n" + host_commands(options.tier, options.out))
         return 0
     return campaign.run_campaign(options)
 
@@ -176,15 +163,13 @@ def _tree_bytes(root: Path) -> int:
                                check=True).stdout.split(b"\0")
     except (OSError, subprocess.CalledProcessError):
         raise UsageError("pack: run it inside the project's git checkout") from None
-    total = 0
-    for name in filter(None, names):
-        path = root / os.fsdecode(name)
-        if path.is_file() and not path.is_symlink():
-            total += path.stat().st_size
-    shared = root / "shared"
-    if shared.is_dir():
-        total += sum(p.stat().st_size for p in shared.rglob("*") if p.is_file())
-    return total
+    files = (root / os.fsdecode(name) for name in names if name)
+    return (sum(p.stat().st_size for p in files if p.is_file() and not p.is_symlink())
+            + _bytes_under(root / "shared"))
+
+
+def _bytes_under(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
 def pack(wheels: Path, tier: str, out: Optional[str]) -> int:
@@ -203,11 +188,9 @@ def pack(wheels: Path, tier: str, out: Optional[str]) -> int:
     dest.mkdir(parents=True)
     for w in found:
         shutil.copy2(w, dest / w.name)
-    ignored = subprocess.run(["git", "check-ignore", "-q", CARRY], cwd=root).returncode == 0
-    if not ignored:
+    if subprocess.run(["git", "check-ignore", "-q", CARRY], cwd=root).returncode != 0:
         raise UsageError(f"{CARRY}/ is not ignored by git here: add it to .gitignore")
-    carried = sum(p.stat().st_size for p in (root / CARRY).rglob("*") if p.is_file())
-    tree = _tree_bytes(root)
+    carried, tree = _bytes_under(root / CARRY), _tree_bytes(root)
     total = tree + carried
     print(f"packed {len(found)} wheels into {CARRY}/wheels ({carried / 2 ** 20:.1f} MiB); "
           f"working tree {tree / 2 ** 20:.1f} MiB; together {total / 2 ** 20:.1f} MiB of "
@@ -216,8 +199,7 @@ def pack(wheels: Path, tier: str, out: Optional[str]) -> int:
         print(f"{PROG}: error: {total / 2 ** 20:.1f} MiB is over the {CARRY_LIMIT >> 20} MiB "
               "limit of what travels; remove untracked files or carry fewer wheels")
         return 1
-    print()
-    print(host_commands(tier, out))
+    print("\n" + host_commands(tier, out))
     return 0
 
 

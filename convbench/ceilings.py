@@ -1,13 +1,10 @@
 """Measured ceilings for the roofline: compute peak from a large SGEMM and memory
 bandwidth from a large copy, on the device the run uses, with its thread count.
 
-CPU: ``torch.mm`` of 3072x3072 float32 matrices (oneDNN/MKL SGEMM) and a copy of
-256 MiB; also the FMA peak (:func:`cpu_fma_peak`), which a convolution can approach
-more closely than a library SGEMM of one size does.  GPU: ``torch.mm`` of 8192x8192
-float32 with TF32 off (IEEE FP32 on the CUDA cores), and a device-to-device copy of
-1 GiB, timed with CUDA events.  Each is the best of several repetitions after a
-warm-up: a ceiling is the most the device showed it can do, not its typical speed.
-A copy moves each byte twice (read and write), and is counted so.
+On the CPU also the FMA peak (:func:`cpu_fma_peak`), which a convolution can approach
+more closely than a library SGEMM of one size does.  Each ceiling is the best of
+several repetitions after a warm-up: the most the device showed it can do, not its
+typical speed.  A copy moves each byte twice (read and write), and is counted so.
 """
 
 import os

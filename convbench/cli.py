@@ -6,7 +6,6 @@ import argparse
 from typing import List, Optional
 
 from . import flags
-from .devices import set_threads  # noqa: F401 - part of this module's interface
 from .errors import ArgumentParser, UsageError, check_at_least, run_main
 from .experiment import Observer
 
@@ -118,7 +117,7 @@ def _main(argv, prog: str = PROG, mode: Optional[str] = None) -> int:
         print(registry.format_listing(impls))
         return 0
 
-    from .devices import resolve_device
+    from .devices import resolve_device, set_threads
     from .experiment import Experiment, TimingOptions
     from .references import ReferenceOptions
 
@@ -178,7 +177,7 @@ class Printer(Observer):
         print(f"[{record.index + 1}/{len(exp.layers)}] {layer.name:<8} {layer.describe():<34}",
               end=" ", flush=True)
 
-    def built(self, exp, record, tuned) -> None:
+    def built(self, exp, record) -> None:
         if record.params != exp.impls[0].resolve_params(exp.overrides):
             print(f"params {','.join(f'{k}={v}' for k, v in record.params.items())}", end=" ")
         print(f"{record.build_origin} {record.build_seconds:.1f}s", end=" ", flush=True)

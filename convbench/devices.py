@@ -28,6 +28,13 @@ def gpu_problem():
     return None
 
 
+def synchronize(device: str) -> None:
+    """Wait for the work queued on ``device`` (nothing to wait for on the CPU)."""
+    if device == "gpu":
+        import torch
+        torch.cuda.synchronize()
+
+
 def gpu_usable() -> bool:
     return gpu_problem() is None
 

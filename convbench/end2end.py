@@ -1,29 +1,10 @@
 """The command line of ``scripts/cosmoflow_end2end.py``: whole CosmoFlow networks with
 DaCe convolutions, against the same network with torch's.
 
-What a run does, in order (each part optional):
-
-1. builds (or loads from the build cache) the DaCe programs of every convolution
-   and pass the run needs (:func:`convbench.network.attach_backends`);
-2. ``--check``: one training step of the DaCe model, of the torch model in float32
-   and of the torch model in float64, on the same weights and inputs (dropout off).
-   Every DaCe convolution call is checked against float64 torch on its actual
-   inputs with the harness's tolerance (:func:`convbench.verify.compare`); then the
-   network's output, loss and every parameter gradient are compared with float64:
-   the DaCe model's relative error (max |error| / max |reference|) may be at most
-   ``TOL_FACTOR`` times torch-float32's, or ``TOL_FACTOR * sqrt(L) * u`` where that
-   is larger (``L`` the longest reduction in the network);
-3. ``--epochs E`` (with ``--train``): trains both models from the same initial
-   weights on a tiny synthetic data set (:mod:`convbench.synthetic`), loss per epoch
-   (printed, and written to ``training.csv``);
-4. timing (``--iters`` > 0): the forward pass (inference, no autograd) and, with
-   ``--train``, the training step (forward, MSE loss, backward, Adam step) of both
-   models, interleaved iteration by iteration, with every convolution call timed
-   as a span.  The result files hold one entry per phase and part:
-   ``forward.conv3.fwd``, ``train.conv3.bwd``, ``train.other`` (the step minus its
-   convolutions: activations, pooling, bias, dense head, loss, optimizer) and
-   ``train.total``; ``runtimebreakdown.png`` stacks them.
-
+A run builds (or loads from the build cache) the DaCe programs it needs, then, each
+optional: ``--check`` (:mod:`convbench.netcheck`), ``--epochs`` of training on synthetic
+data (:mod:`convbench.synthetic`), and timing, torch and DaCe interleaved iteration by
+iteration, every convolution call a span (README.md, "End to end", has the details).
 No caches are flushed between iterations: the network runs as it would in training.
 """
 
@@ -32,21 +13,22 @@ from __future__ import annotations
 import argparse
 import copy
 import math
+import statistics
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from .errors import ArgumentParser, UsageError, check_at_least, run_main
-from .flags import add_cachedir_flag, add_implementation_flag, add_outdir_flag, add_threads_flag
+from .flags import (add_cachedir_flag, add_device_flag, add_implementation_flag, add_outdir_flag,
+                    add_seed_flag, add_threads_flag)
 from .layouts import Pass
 
 PROG = "cosmoflow_end2end.py"
-PHASES = ("forward", "train")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     from .network import DEFAULT_DACE, MODELS, TORCH
-    p = ArgumentParser(prog=PROG, description="CosmoFlow end to end with DaCe convolutions: forward "
+    p = ArgumentParser(prog=prog, description="CosmoFlow end to end with DaCe convolutions: forward "
                 "pass and training step against torch, checked and timed per layer.")
     p.add_argument("--model", default="mlperf", metavar="|".join(MODELS),
                    help="mlperf (MLPerf HPC CosmoFlow, default) or v1 (the original work's "
@@ -54,11 +36,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--size", type=int, default=128, metavar="S",
                    help="input edge S (S^3 voxels; default 128; use 32 or 64 on a CPU)")
     p.add_argument("--batch", type=int, default=2, metavar="N", help="batch size (default 2)")
+    # Not flags.add_timing_flags: these count iterations of whole networks, never flushed.
     p.add_argument("--iters", type=int, default=5, metavar="N",
                    help="timed iterations per model and phase (default 5; 0: no timing)")
     p.add_argument("--warmup", type=int, default=1, metavar="N",
                    help="untimed iterations first (default 1)")
-    p.add_argument("--device", default="auto", metavar="cpu|gpu|auto")
+    add_device_flag(p)
     add_implementation_flag(p, f"forward implementation of every convolution (default "
                             f"{DEFAULT_DACE[Pass.FWD]}; '{TORCH}': torch's); backward passes "
                             f"use {DEFAULT_DACE[Pass.BWD_DATA]} and {DEFAULT_DACE[Pass.BWD_FILTER]}")
@@ -83,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-format", default="auto", metavar="auto|ncdhw|ndhwc",
                    help="activation memory format of both models (default auto: ndhwc when "
                    "every DaCe forward implementation is NDHWC, so no layout copies)")
-    p.add_argument("--seed", type=int, default=0)
+    add_seed_flag(p)
     add_threads_flag(p)
     add_outdir_flag(p, "outputs/end2end_<model>_s<S>_b<N>_<device>/")
     add_cachedir_flag(p)
@@ -93,10 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None, prog: str = PROG) -> int:
-    return run_main(prog, _main, argv)
+    return run_main(prog, lambda a: _main(a, prog), argv)
 
 
-def _check_args(args) -> None:
+def _main(argv, prog: str = PROG) -> int:
+    args = build_parser(prog).parse_args(argv)
     check_at_least(("--size", args.size, 1), ("--batch", args.batch, 1),
                    ("--iters", args.iters, 0), ("--warmup", args.warmup, 0),
                    ("--epochs", args.epochs, 0), ("--samples", args.samples, 1),
@@ -114,38 +98,28 @@ def _check_args(args) -> None:
                          "ncdhw, ndhwc)")
     if not (args.iters or args.check or args.epochs):
         raise UsageError("nothing to do: --iters 0 without --check or --epochs")
-
-
-def _parse_params(items) -> Dict[str, Dict[str, str]]:
-    """``IMPL:NAME=VALUE`` items -> {impl: {name: value}} (values validated later)."""
-    from . import registry
-    out: Dict[str, Dict[str, str]] = {}
-    for item in items:
-        impl, sep, rest = item.partition(":")
-        if not sep or not impl.strip():
-            raise UsageError(f"--param: expected IMPL:NAME=VALUE, got {item!r}")
-        registry.get(impl.strip())
-        out.setdefault(impl.strip(), {}).update(registry.parse_param_overrides([rest]))
-    return out
-
-
-def _main(argv) -> int:
-    args = build_parser().parse_args(argv)
-    _check_args(args)
     from . import network, registry
-    from .devices import set_threads
-    from .devices import resolve_device
+    from .devices import resolve_device, set_threads
 
-    spec = network.get_model_spec(args.model)
+    if args.model not in network.MODELS:
+        raise UsageError(f"--model: unknown model '{args.model}' (choose from "
+                         f"{', '.join(network.MODELS)})")
+    spec = network.MODELS[args.model]
     layers = network.conv_layers(spec, args.size, args.batch)
-    need_bwd = bool(args.train or args.check)
     if args.implementation is not None and args.implementation != network.TORCH:
         impl = registry.get(args.implementation)
         if impl.pass_ != Pass.FWD:
             raise UsageError(f"--impl: {args.implementation} computes {impl.pass_}; name a forward "
                              "implementation (backward ones go in --impl-map)")
-    choice = network.choose(layers, args.implementation, args.impl_map, need_bwd)
-    params = _parse_params(args.param)
+    choice = network.choose(layers, args.implementation, args.impl_map,
+                            need_backward=bool(args.train or args.check))
+    params: Dict[str, Dict[str, str]] = {}  # IMPL:NAME=VALUE -> {impl: {name: value}}
+    for item in args.param:
+        impl_name, sep, rest = item.partition(":")
+        if not sep or not impl_name.strip():
+            raise UsageError(f"--param: expected IMPL:NAME=VALUE, got {item!r}")
+        registry.get(impl_name.strip())
+        params.setdefault(impl_name.strip(), {}).update(registry.parse_param_overrides([rest]))
     for name, values in params.items():
         registry.get(name).resolve_params(values, source=f"--param {name}")
     device = resolve_device(args.device)
@@ -154,8 +128,13 @@ def _main(argv) -> int:
     return Run(args, spec, layers, choice, params, device).run()
 
 
-def default_outdir(args, device: str) -> Path:
-    return Path("outputs") / f"end2end_{args.model}_s{args.size}_b{args.batch}_{device}"
+def _train_step(model, opt, x, target):
+    import torch
+    opt.zero_grad(set_to_none=True)
+    loss = torch.nn.functional.mse_loss(model(x), target)
+    loss.backward()
+    opt.step()
+    return loss
 
 
 class Run:
@@ -164,52 +143,46 @@ class Run:
     def __init__(self, args, spec, layers, choice, params, device):
         self.args, self.spec, self.layers, self.choice = args, spec, layers, choice
         self.params, self.device = params, device
-        self.outdir = Path(args.outdir) if args.outdir else default_outdir(args, device)
+        self.outdir = Path(args.outdir or Path("outputs") / f"end2end_{args.model}_s{args.size}"
+                           f"_b{args.batch}_{device}")
         self.summary: Dict[str, Any] = {}
-
-    # -- set-up ---------------------------------------------------------------------------
-    def _memory_format(self):
-        import torch
-
-        from . import registry
-        from .layouts import Layout
-        fmt = self.args.memory_format
-        if fmt == "auto":
-            fwd = {per[Pass.FWD] for per in self.choice.values()} - {"torch"}
-            fmt = "ndhwc" if fwd and all(registry.get(n).layout == Layout.NDHWC for n in fwd) \
-                else "ncdhw"
-        self.format_name = fmt
-        return torch.channels_last_3d if fmt == "ndhwc" else torch.contiguous_format
 
     def _models(self):
         import torch
 
-        from . import network
-        torch.manual_seed(self.args.seed)
-        base = network.build_model(self.spec, self.args.size, self.args.batch,
-                                   dropout=self.args.dropout)
-        fmt = self._memory_format()
-        tdev = torch.device("cuda" if self.device == "gpu" else "cpu")
-        self.torch_model = base.to(tdev, memory_format=fmt)
+        from . import network, registry
+        from .layouts import Layout
+        a = self.args
+        torch.manual_seed(a.seed)
+        base = network.build_model(self.spec, a.size, a.batch, dropout=a.dropout)
+        self.format_name = a.memory_format
+        if self.format_name == "auto":
+            fwd = {per[Pass.FWD] for per in self.choice.values()} - {network.TORCH}
+            ndhwc = fwd and all(registry.get(n).layout == Layout.NDHWC for n in fwd)
+            self.format_name = "ndhwc" if ndhwc else "ncdhw"
+        self.fmt = (torch.channels_last_3d if self.format_name == "ndhwc"
+                    else torch.contiguous_format)
+        self.tdev = torch.device("cuda" if self.device == "gpu" else "cpu")
+        self.torch_model = base.to(self.tdev, memory_format=self.fmt)
         self.dace_model = copy.deepcopy(self.torch_model)
         self._initial_state = copy.deepcopy(self.torch_model.state_dict())
-        self.tdev, self.fmt = tdev, fmt
-        skip = [(self.layers[0].name, Pass.BWD_DATA)]  # the network's input needs no gradient
-        print(f"builds ({'required from' if self.args.require_precompiled else 'from'} the "
+        print(f"builds ({'required from' if a.require_precompiled else 'from'} the "
               f"cache; missing ones are compiled, ~5-60 s each):", flush=True)
         t0 = time.perf_counter()
-        network.attach_backends(self.dace_model, self.choice, self.device, self.args.cachedir,
-                                policy="require" if self.args.require_precompiled else "reuse",
-                                params=self.params, skip=skip)
+        network.attach_backends(self.dace_model, self.choice, self.device, a.cachedir,
+                                policy="require" if a.require_precompiled else "reuse",
+                                params=self.params,  # the network's input needs no gradient:
+                                skip=[(self.layers[0].name, Pass.BWD_DATA)])
         self.build_seconds = time.perf_counter() - t0
 
-    def _batch(self, seed: int):
-        """A synthetic batch (inputs and targets) on the device, in the models' format."""
-        from .synthetic import make_dataset
-        x, y = make_dataset(self.args.batch, self.args.size, self.spec.in_channels, seed=seed)
-        return (x.to(self.tdev).contiguous(memory_format=self.fmt), y.to(self.tdev))
+    def _to_device(self, x, y):
+        return x.to(self.tdev).contiguous(memory_format=self.fmt), y.to(self.tdev)
 
-    # -- the run --------------------------------------------------------------------------
+    def _batch(self, seed: int):
+        from .synthetic import make_dataset
+        return self._to_device(*make_dataset(self.args.batch, self.args.size,
+                                             self.spec.in_channels, seed=seed))
+
     def run(self) -> int:
         import torch
         a = self.args
@@ -217,15 +190,12 @@ class Run:
               f"{self.spec.in_channels}x{a.size}^3, batch {a.batch}, device {self.device}, "
               f"threads {torch.get_num_threads() if self.device == 'cpu' else '-'}")
         for layer in self.layers:
-            per = self.choice[layer.name]
             print(f"  {layer.name}: {layer.describe():40s} " +
-                  "  ".join(f"{p}={n}" for p, n in per.items()))
+                  "  ".join(f"{p}={n}" for p, n in self.choice[layer.name].items()))
         self._models()
         print(f"memory format: {self.format_name}; builds ready in {self.build_seconds:.1f} s",
               flush=True)
-        status = 0
-        if a.check:
-            status = self._check()
+        status = self._check() if a.check else 0
         if a.epochs:
             self._epochs()
         if a.iters:
@@ -233,39 +203,39 @@ class Run:
         print(self._last_line(status))
         return status
 
-    # -- check ----------------------------------------------------------------------------
     def _check(self) -> int:
         from .netcheck import check_networks
         x, target = self._batch(self.args.seed + 1)
         result = check_networks(self.torch_model, self.dace_model, x, target, self.device)
         self.summary["check"] = result
-        for call in result["calls"]:
+        calls, tensors = result["calls"], result["tensors"]
+        for call in calls:
             if not call["ok"]:
                 print(f"  FAIL call {call['layer']} {call['pass']} ({call['implementation']}): "
                       f"err/tol {call['worst_ratio']:.3g}")
-        worst_call = max((c["worst_ratio"] for c in result["calls"]), default=0.0)
-        print(f"check: {len(result['calls'])} DaCe convolution calls vs float64 torch, worst "
+        worst_call = max((c["worst_ratio"] for c in calls), default=0.0)
+        print(f"check: {len(calls)} DaCe convolution calls vs float64 torch, worst "
               f"err/tol {worst_call:.3g}; max-pooling choices that differ from torch-float32's: "
               f"{result['pool_flips']}")
-        for row in result["tensors"]:
-            flag = "ok  " if row["ok"] else "FAIL"
-            print(f"  {flag} {row['name']:28s} rel err dace {row['rel_dace']:.2e}  torch32 "
-                  f"{row['rel_torch32']:.2e}  bound {row['bound']:.2e}")
-        print(f"check {'passed' if result['ok'] else 'FAILED'}: {len(result['tensors'])} tensors "
-              f"(output, loss, {len(result['tensors']) - 2} parameter gradients), worst "
+        for row in tensors:
+            print(f"  {'ok  ' if row['ok'] else 'FAIL'} {row['name']:28s} rel err dace "
+                  f"{row['rel_dace']:.2e}  torch32 {row['rel_torch32']:.2e}  "
+                  f"bound {row['bound']:.2e}")
+        print(f"check {'passed' if result['ok'] else 'FAILED'}: {len(tensors)} tensors "
+              f"(output, loss, {len(tensors) - 2} parameter gradients), worst "
               f"error/bound {result['worst']:.3g}", flush=True)
         return 0 if result["ok"] else 1
 
-    # -- training on synthetic data --------------------------------------------------------
     def _epochs(self) -> None:
         import torch
 
+        from .files import write_atomic
         from .synthetic import make_dataset
         a = self.args
         x_all, y_all = make_dataset(a.samples, a.size, self.spec.in_channels, seed=a.seed + 7)
         nbatches = a.samples // a.batch
-        models = {"torch": copy.deepcopy(self.torch_model), "dace": self.dace_model}
         # The DaCe model trains from the same initial weights as the torch copy.
+        models = {"torch": copy.deepcopy(self.torch_model), "dace": self.dace_model}
         opts = {k: torch.optim.Adam(m.parameters(), lr=a.lr) for k, m in models.items()}
         history: List[Dict[str, Any]] = []
         print(f"training {a.epochs} epochs on {nbatches * a.batch} synthetic samples "
@@ -279,19 +249,13 @@ class Run:
                 total = 0.0
                 for b in range(nbatches):
                     idx = order[b * a.batch:(b + 1) * a.batch]
-                    x = x_all[idx].to(self.tdev).contiguous(memory_format=self.fmt)
-                    y = y_all[idx].to(self.tdev)
-                    opts[name].zero_grad(set_to_none=True)
-                    loss = torch.nn.functional.mse_loss(model(x), y)
-                    loss.backward()
-                    opts[name].step()
-                    total += loss.item()
+                    x, y = self._to_device(x_all[idx], y_all[idx])
+                    total += _train_step(model, opts[name], x, y).item()
                 row[f"loss_{name}"] = total / nbatches
             history.append(row)
             print(f"  epoch {epoch:3d}  mean loss  torch {row['loss_torch']:.4f}  dace "
                   f"{row['loss_dace']:.4f}  ({time.perf_counter() - t0:.0f} s)", flush=True)
         self.summary["training"] = history
-        from .files import write_atomic
         self.outdir.mkdir(parents=True, exist_ok=True)
         lines = ["epoch,loss_torch,loss_dace"] + [
             f"{r['epoch']},{r['loss_torch']:.6g},{r['loss_dace']:.6g}" for r in history]
@@ -300,12 +264,11 @@ class Run:
         # Timing below starts again from the common initial weights.
         self.dace_model.load_state_dict(self._initial_state)
 
-    # -- timing ---------------------------------------------------------------------------
     def _timing(self) -> None:
-        from .timing import Timing
+        from .plots import plot_breakdown
         from .results import Measurement, RunWriter, run_metadata
+        from .timing import Timing
         from .toolchain import PROJECT_ROOT
-        from .network import conv_backward_flops
         a = self.args
         phases = ["forward"] + (["train"] if a.train else [])
         samples = self._time_loop(phases)
@@ -317,42 +280,33 @@ class Run:
                     timing={"method": "perf_counter" if self.device == "cpu" else "cuda-events",
                             "warmup": a.warmup, "iterations": a.iters, "flush": False,
                             "interleaved": True},
-                    optimizer={"name": "Adam", "lr": a.lr}, loss="mse",
-                    **{k: v for k, v in self.summary.items()})
+                    optimizer={"name": "Adam", "lr": a.lr}, loss="mse", **self.summary)
         writer = RunWriter(self.outdir, meta, ["torch"])
         index = 0
         for phase in phases:
-            names = [f"{layer.name}.fwd" for layer in self.layers]
-            if phase == "train":
-                names += [f"{layer.name}.bwd" for layer in self.layers]
-            for part in names + ["other", "total"]:
-                flop, geometry, impl = None, "", "-"
-                if part not in ("other", "total"):
-                    lname, direction = part.split(".")
-                    layer = next(x for x in self.layers if x.name == lname)
-                    geometry = layer.describe()
-                    first = layer is self.layers[0]
-                    flop = layer.flops() if direction == "fwd" else \
-                        conv_backward_flops(layer, data=not first)
-                    per = self.choice[lname]
-                    impl = per[Pass.FWD] if direction == "fwd" else "+".join(
-                        per[p] for p in (Pass.BWD_DATA, Pass.BWD_FILTER)
-                        if p in per and not (first and p == Pass.BWD_DATA))
-                elif part == "total":
-                    flop = sum(x.flops() for x in self.layers)
-                    if phase == "train":
-                        flop += sum(conv_backward_flops(x, data=x is not self.layers[0])
-                                    for x in self.layers)
+            parts = {}  # part -> (implementation, geometry, flop)
+            for layer in self.layers:
+                parts[f"{layer.name}.fwd"] = (self.choice[layer.name][Pass.FWD],
+                                              layer.describe(), layer.flops())
+            for layer in self.layers if phase == "train" else ():
+                first, per = layer is self.layers[0], self.choice[layer.name]
+                # Backward filter, plus backward data but for the network's input.
+                impl = "+".join(per[p] for p in (Pass.BWD_DATA, Pass.BWD_FILTER)
+                                if p in per and not (first and p == Pass.BWD_DATA))
+                parts[f"{layer.name}.bwd"] = (impl, layer.describe(),
+                                              layer.flops() * (1 if first else 2))
+            parts["other"] = ("-", "", None)
+            parts["total"] = ("-", "", sum(flop for _, _, flop in parts.values() if flop))
+            for part, (impl, geometry, flop) in parts.items():
                 ms = [Measurement(b, Timing(samples[b][phase][part], a.warmup, "end2end"))
                       for b in ("torch", "dace")]
                 writer.add_entry(index, f"{phase}.{part}", impl, ms, geometry=geometry,
                                  batch=a.batch, flop=flop)
                 index += 1
         writer.finish()
-        self.medians = {b: {ph: _median(samples[b][ph]["total"]) for ph in phases}
+        self.medians = {b: {ph: statistics.median(samples[b][ph]["total"]) for ph in phases}
                         for b in ("torch", "dace")}
         self._report(samples, phases)
-        from .plots import plot_breakdown
         path = plot_breakdown(self.outdir, self.outdir / "runtimebreakdown.png")
         print(f"results: {self.outdir}/ (samples.csv, summary.csv, metadata.json, {path.name})")
 
@@ -384,10 +338,7 @@ class Run:
                         else:
                             model.train()
                             with rec.span("total"):
-                                opts[name].zero_grad(set_to_none=True)
-                                loss = torch.nn.functional.mse_loss(model(x), target)
-                                loss.backward()
-                                opts[name].step()
+                                _train_step(model, opts[name], x, target)
                     finally:
                         model.set_recorder(None)
                     spans = rec.collect()
@@ -402,24 +353,20 @@ class Run:
         return out
 
     def _report(self, samples, phases) -> None:
+        """Median ms per part; a layer's is its forward plus backward."""
+        def part_ms(per_part: Dict[str, List[float]], part: str) -> float:
+            if part in per_part:
+                return statistics.median(per_part[part])
+            return sum(statistics.median(v) for k, v in per_part.items() if k.split(".")[0] == part)
+
         print(f"\n{'part':16s} " + "".join(f"{ph + ' torch':>14s}{ph + ' dace':>13s}{'ratio':>7s}"
                                           for ph in phases))
-        parts = [f"{layer.name}" for layer in self.layers] + ["other", "total"]
-        for part in parts:
+        for part in [layer.name for layer in self.layers] + ["other", "total"]:
             cells = []
             for ph in phases:
-                t = self._part_ms(samples["torch"][ph], part)
-                d = self._part_ms(samples["dace"][ph], part)
-                ratio = d / t if t > 0 else math.nan
-                cells.append(f"{t:12.2f}ms{d:11.2f}ms{ratio:6.2f}x")
+                t, d = part_ms(samples["torch"][ph], part), part_ms(samples["dace"][ph], part)
+                cells.append(f"{t:12.2f}ms{d:11.2f}ms{d / t if t > 0 else math.nan:6.2f}x")
             print(f"{part:16s} " + "".join(cells))
-
-    @staticmethod
-    def _part_ms(per_part: Dict[str, List[float]], part: str) -> float:
-        """Median ms of a part; a layer's is its forward plus backward."""
-        if part in per_part:
-            return _median(per_part[part])
-        return sum(_median(v) for k, v in per_part.items() if k.split(".")[0] == part)
 
     def _last_line(self, status: int) -> str:
         a = self.args
@@ -437,8 +384,3 @@ class Run:
             bits.append("check " + ("passed" if status == 0 else "FAILED") +
                         f" (worst error/bound {self.summary['check']['worst']:.3g})")
         return "; ".join(bits)
-
-
-def _median(values: List[float]) -> float:
-    import statistics
-    return statistics.median(values) if values else math.nan

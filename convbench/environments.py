@@ -117,21 +117,26 @@ def cublas_paths() -> Tuple[List[str], List[str]]:
 # DaCe evaluates the cmake_* fields given as functions when it configures a build, so the
 # paths are looked up then (in the process that compiles), not when this module is imported.
 
-@dace.library.environment
-class ConvbenchMKL:
-    """Intel MKL's CBLAS (``libmkl_rt``) from ``$MKLROOT`` or the pip wheels."""
+class _Defaults:
+    """The environment fields both use as DaCe's defaults; libraries are linked by
+    absolute path, so CMake adds their folder to the RPATH (no link flags)."""
 
     cmake_minimum_version = None
-    cmake_packages = []
-    cmake_variables = {}
-    cmake_compile_flags = []
-    cmake_link_flags = []  # linked by absolute path: CMake adds its folder to the RPATH
-    cmake_files = []
+    cmake_packages: List[str] = []
+    cmake_variables: dict = {}
+    cmake_compile_flags: List[str] = []
+    cmake_link_flags: List[str] = []
+    cmake_files: List[str] = []
+    state_fields: List[str] = []
+    init_code = finalize_code = ""
+    dependencies: List[str] = []
+
+
+@dace.library.environment
+class ConvbenchMKL(_Defaults):
+    """Intel MKL's CBLAS (``libmkl_rt``) from ``$MKLROOT`` or the pip wheels."""
+
     headers = ["mkl.h", "dace_blas.h"]
-    state_fields = []
-    init_code = ""
-    finalize_code = ""
-    dependencies = []
 
     @staticmethod
     def cmake_includes() -> List[str]:
@@ -149,21 +154,12 @@ class ConvbenchMKL:
 
 
 @dace.library.environment
-class ConvbenchCuBLAS:
+class ConvbenchCuBLAS(_Defaults):
     """cuBLAS from the CUDA toolkit, or from the ``nvidia-cublas`` wheel where it has none.
     Headers, state (one cuBLAS handle per device) and call set-up are DaCe's ``cuBLAS``."""
 
-    cmake_minimum_version = None
-    cmake_packages = []
-    cmake_variables = {}
-    cmake_compile_flags = []
-    cmake_link_flags = []  # linked by absolute path: CMake adds its folder to the RPATH
-    cmake_files = []
     headers = {"frame": ["dace_cublas.h"], "cuda": ["dace_cublas.h"]}
     state_fields = list(cuBLAS.state_fields)
-    init_code = ""
-    finalize_code = ""
-    dependencies = []
 
     @staticmethod
     def cmake_includes() -> List[str]:

@@ -24,16 +24,13 @@ import contextlib
 import dataclasses
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from . import cache, registry, toolchain, tuning
 from .errors import UsageError
 from .layers import Layer
 from .layouts import Pass
 from .references import ReferenceOptions
-
-#: Build policies (see :func:`convbench.cache.build`).
-POLICIES = cache.POLICIES
 
 
 @dataclasses.dataclass
@@ -95,7 +92,7 @@ class Observer:
     def started(self, exp: "Experiment") -> None: ...
     def profiling(self, exp: "Experiment", outdir: Path, ceilings: Dict[str, Any]) -> None: ...
     def layer(self, exp: "Experiment", record: Record) -> None: ...
-    def built(self, exp: "Experiment", record: Record, tuned: bool) -> None: ...
+    def built(self, exp: "Experiment", record: Record) -> None: ...
     def checked(self, exp: "Experiment", record: Record) -> None: ...
     def timing(self, exp: "Experiment", record: Record, total_calls: int) -> Any:
         """A progress context (:class:`convbench.progress.Progress`) for the timing, or None."""
@@ -106,7 +103,7 @@ class Observer:
     def plotted(self, exp: "Experiment", paths: List[Path]) -> None: ...
 
 
-def resolve_implementations(names: Union[str, Sequence[str], None], pass_: Optional[Pass] = None,
+def resolve_implementations(names: Optional[Sequence[str]], pass_: Optional[Pass] = None,
                             device: Optional[str] = None, flag: str = "--implementation"):
     """Registered implementations by name (``None``: every one of ``pass_`` with a schedule
     for ``device``), as a list; an unknown name, or one of another pass or without a
@@ -116,8 +113,6 @@ def resolve_implementations(names: Union[str, Sequence[str], None], pass_: Optio
             if (pass_ is None or i.pass_ == Pass(pass_)) and (device is None or device in i.targets)}
     if names is None:
         return [fits[n] for n in sorted(fits)]
-    if isinstance(names, str):
-        names = [n.strip() for n in names.split(",") if n.strip()]
     out = []
     for name in names:
         impl = registry.get(name)
@@ -155,8 +150,9 @@ class Experiment:
         if isinstance(implementations, (str, registry.Implementation)):
             implementations = [implementations]
         self.impls = [registry.get(i) if isinstance(i, str) else i for i in implementations]
-        if policy not in POLICIES:
-            raise UsageError(f"unknown build policy '{policy}' (choose from {', '.join(POLICIES)})")
+        if policy not in cache.POLICIES:
+            raise UsageError(f"unknown build policy '{policy}' (choose from "
+                             f"{', '.join(cache.POLICIES)})")
         self.layers, self.device, self.policy, self.cachedir = list(layers), device, policy, cachedir
         self.overrides = dict(overrides or {})
         self.seed, self.verify, self.timing, self.plots = seed, verify, timing, plots
@@ -192,13 +188,14 @@ class Experiment:
         from .verify import verify_build
         return verify_build(build, truth, self.device, cudnn_algo=self.ref_options.cudnn_algo)
 
-    def call(self, build, inputs) -> Callable[[], object]:
+    def call(self, build, inputs, fill: float = 0.0) -> Callable[[], object]:
         """A prepared no-argument call of ``build`` on ``inputs`` (logical layout): the
-        arrays converted once; its first (initialising) call has run (``call.first_ms``)."""
+        arrays converted once, the output filled with ``fill``; its first (initialising)
+        call has run (``call.first_ms``), its arrays are ``call.keepalive``."""
         from .timing import prepared_call
         from .verify import program_arrays
         impl, layer = build.spec.impl, build.spec.layer
-        arrays = program_arrays(impl, layer, inputs, self.device, build.spec.dtype.torch, 0.0)
+        arrays = program_arrays(impl, layer, inputs, self.device, build.spec.dtype.torch, fill)
         return prepared_call(build, arrays)
 
     @property
@@ -241,7 +238,7 @@ class Experiment:
         """Every implementation on every layer; the records, also in ``self.records``."""
         self.observer.started(self)
         if self.timing is not None:
-            self._start_results()
+            self.start_results()
         status = "interrupted"
         try:
             for impl in self.impls:
@@ -270,8 +267,7 @@ class Experiment:
             build = self.build(impl, layer, params)
             record.build_origin, record.build_seconds = build.origin, build.seconds
             record.status = "built"
-            self.observer.built(self, record, params != self.params(impl, layer, {}) or
-                                bool(self.overrides))
+            self.observer.built(self, record)
             truth = None
             if self.verify:
                 t0 = time.perf_counter()
@@ -315,7 +311,9 @@ class Experiment:
                                             extra)
         self.observer.timed(self, record)
 
-    def _start_results(self) -> None:
+    def start_results(self):
+        """Measure the ceilings, write the run's metadata into ``outdir`` and return the
+        :class:`~convbench.results.RunWriter` (``self.writer``) that rows are added to."""
         from . import ceilings, results, timing
         self.outdir = self.outdir or default_outdir(self.impls[0].name, self.layers, self.device)
         ceil = ceilings.measure(self.device)
@@ -326,7 +324,8 @@ class Experiment:
         meta.update({
             "implementation": impl.name if len(self.impls) == 1 else [i.name for i in self.impls],
             "pass": str(impl.pass_), "layout": str(impl.layout),
-            "params": impl.resolve_params(self.overrides), "seed": self.seed,
+            "params": impl.resolve_params(self.overrides) if len(self.impls) == 1 else
+            {i.name: i.resolve_params(self.overrides) for i in self.impls}, "seed": self.seed,
             "layers": [{"name": layer.name, "geometry": layer.describe(), "key": layer.key()}
                        for layer in self.layers],
             "references": [r.name for r in refs],
@@ -345,6 +344,7 @@ class Experiment:
         meta.update(self.extra_metadata)
         self.writer = results.RunWriter(self.outdir, meta, [r.name for r in refs])
         self.observer.profiling(self, self.outdir, ceil)
+        return self.writer
 
     # -- summary -----------------------------------------------------------------------------
     def counts(self) -> Dict[str, int]:

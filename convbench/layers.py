@@ -1,20 +1,8 @@
 """The layer model and the layer-set CSV reader.
 
-A layer set is a CSV file in ``convparams/`` with the canonical header::
-
-    layer,batch,in_channels,out_channels,in_d,in_h,in_w,k_d,k_h,k_w,stride,pad
-
-``stride`` and ``pad`` apply to all three spatial dimensions.  The legacy
-header of the original work is read as well::
-
-    InChannel,InputDepth,InputHeight,InputWidth,KernelDepth,KernelHeight,
-    KernelWidth,OutputChannel,OutputDepth,OutputHeight,OutputWidth
-
-Legacy rows have no batch (it defaults to :data:`LEGACY_BATCH`), stride 1 and
-pad 0; their output sizes are checked against the computed ones.
-
-Every problem is raised as :class:`~convbench.errors.LayerFileError`, naming the
-file, the line and the field.
+README.md, "Layer CSV format", describes the canonical and the legacy format.  Every
+problem is raised as :class:`~convbench.errors.LayerFileError`, naming the file, the
+line and the field.
 """
 
 from __future__ import annotations
@@ -173,9 +161,7 @@ class Layer:
                 f"{self.in_w}_f{self.k_d}x{self.k_h}x{self.k_w}_s{self.stride}_p{self._pad_text('x')}")
 
 
-# ---------------------------------------------------------------------------------------------
-# CSV reading
-# ---------------------------------------------------------------------------------------------
+# -- CSV reading ---------------------------------------------------------------------------
 
 def _int_field(path, lineno, field, text):
     text = (text or "").strip()

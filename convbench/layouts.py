@@ -1,18 +1,9 @@
 """Data layouts and convolution passes: what tensors a program takes, in what order.
 
-Every implementation declares one :class:`Layout` and one :class:`Pass`.  The
-harness keeps its tensors in torch's logical NCDHW/KCTRS form and converts them
-here, in one place, to and from what the DaCe program expects:
-
-=========  ==========================  ==========================
-layout     activations (x, y)          filter (w)
-=========  ==========================  ==========================
-NCDHW      N, C, D, H, W               K, C, Kd, Kh, Kw  (KCTRS)
-NDHWC      N, D, H, W, C               K, Kd, Kh, Kw, C  (KTRSC)
-=========  ==========================  ==========================
-
-NDHWC with a KTRSC filter is torch's ``channels_last_3d`` and cuDNN's NHWC
-convention.
+The harness keeps its tensors in torch's logical NCDHW/KCTRS form and converts them
+here, in one place, to and from the layout a program declares (README.md, "Adding an
+implementation"): NCDHW, with the filter K, C, Kd, Kh, Kw (KCTRS), or NDHWC, with the
+filter K, Kd, Kh, Kw, C (KTRSC: torch's ``channels_last_3d``, cuDNN's NHWC).
 """
 
 from __future__ import annotations

@@ -34,7 +34,6 @@ SUBCOMMANDS = {
                  "the GPU campaign: pack, run, unpack (see README)"),
     "validate-timing": ("convbench.commands.validate_timing", {},
                         "the timer against DaCe's own instrumentation"),
-    "first-look": ("convbench.commands.first_look", {}, "quick CPU wall times per layer"),
     "measure-builds": ("convbench.commands.measure_builds", {},
                        "CPU and GPU build times per implementation"),
 }

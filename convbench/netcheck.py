@@ -1,40 +1,25 @@
 """Checking a whole network with DaCe convolutions against torch (``--check``).
 
-Two levels, both must pass:
-
-* **calls**: every DaCe convolution call of one training step (forward, backward
-  data, backward filter of every layer) against torch in float64 on the very inputs
-  it got, element by element, with the harness's tolerance
-  (:func:`convbench.verify.compare`);
-* **network**: the output, the loss and every parameter gradient of the DaCe model
-  against the same network in float64 (same weights and inputs, dropout off).  An
-  element-wise bound does not exist through pooling and activations, so the bound
-  is relative, with torch's own float32 network as the yardstick.  Each float32
-  model is compared with a float64 run that is forced to take the same max-pooling
-  decisions (a near-tie decided differently in float32 would otherwise move a whole
-  gradient entry and look like a bug).  The DaCe model's
-  ``max |error| / max |reference|`` may be at most ``TOL_FACTOR`` times torch-float32's,
-  or ``TOL_FACTOR * sqrt(L) * u`` where that is larger (``L``: the network's longest
-  reduction, ``u``: float32's unit roundoff).
+Two levels, both must pass (README.md, "End to end"): every DaCe convolution call
+against float64 torch on the inputs it got, with the harness's tolerance
+(:func:`convbench.verify.compare`); and the output, loss and parameter gradients of the
+network against float64.  An element-wise bound does not exist through pooling and
+activations, so the second bound is relative, with torch's own float32 network as the
+yardstick: the DaCe model's ``max |error| / max |reference|`` may be at most
+``TOL_FACTOR`` times torch-float32's, or ``TOL_FACTOR * sqrt(L) * u`` where that is
+larger (``L``: the network's longest reduction, ``u``: float32's unit roundoff).
 """
 
 from __future__ import annotations
 
 import copy
 import math
+import re
 from typing import Any, Dict
 
 from .verify import TOL_FACTOR, reduction_length
 
 UNIT_ROUNDOFF = 2.0 ** -24
-
-
-def _readable(name: str) -> str:
-    """``convs.2.weight`` -> ``conv3.weight``."""
-    parts = name.split(".")
-    if len(parts) == 3 and parts[0] == "convs":
-        return f"conv{int(parts[1]) + 1}.{parts[2]}"
-    return name
 
 
 def network_step(model, x, target, replay=None) -> Dict[str, Any]:
@@ -56,8 +41,9 @@ def network_step(model, x, target, replay=None) -> Dict[str, Any]:
     loss = torch.nn.functional.mse_loss(out, target)
     loss.backward()
     result = {"output": out.detach(), "loss": loss.detach()}
-    for name, p in model.named_parameters():
-        result[f"grad {_readable(name)}"] = p.grad.detach() if p.grad is not None else None
+    for name, p in model.named_parameters():  # convs.2.weight -> conv3.weight
+        name = re.sub(r"^convs\.(\d+)\.(\w+)$", lambda m: f"conv{int(m[1]) + 1}.{m[2]}", name)
+        result[f"grad {name}"] = p.grad.detach() if p.grad is not None else None
     return result, pool
 
 
@@ -90,12 +76,9 @@ def compare_steps(ref_dace, ref_torch32, torch32, dace, floor: float):
 
 
 def check_networks(torch_model, dace_model, x, target, device: str = "cpu") -> Dict[str, Any]:
-    """Both levels of the module docstring for one training step on ``x``/``target``.
-
-    ``torch_model`` must have torch convolutions and the same weights as ``dace_model``.
-    Neither model's weights change.  Returns ``ok``, ``worst`` (the largest
-    error/bound over tensors and err/tol over calls), ``calls`` and ``tensors``.
-    """
+    """Both levels for one training step on ``x``/``target``; ``torch_model`` has torch
+    convolutions and the same weights as ``dace_model`` (neither model's weights change).
+    ``worst``: the largest error/bound over tensors and err/tol over calls."""
     import torch
 
     from .network import PASSES, Recorder

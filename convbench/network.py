@@ -1,49 +1,32 @@
 """CosmoFlow networks whose convolutions are torch's or DaCe implementations.
 
-Two models (:data:`MODELS`):
+The two models of :data:`MODELS` are described in README.md ("End to end").  At S = 128
+``v1``'s convolutions are exactly the layers of ``convparams/cosmoflow.csv`` (which lists
+the zero-padded inputs, 130^3 ... 4^3, with pad 0).
 
-``mlperf``
-    The MLPerf HPC CosmoFlow network: 4 x S^3 input; five blocks of conv3d 3x3x3
-    (pad 1) -> LeakyReLU(0.3) -> MaxPool3d(2) with 32, 64, 128, 256, 512 filters;
-    flatten; dense 128 and dense 64 (LeakyReLU, dropout 0.5 each); dense 4; tanh x 1.2.
-``v1``
-    The network of the original work's layer set (``convparams/cosmoflow.csv``):
-    1 x S^3 input; seven conv3d 3x3x3 (pad 1) with 16, 32, 64, 128, 256, 256, 256
-    filters, LeakyReLU after each, MaxPool3d(2) between them (six); the same head.
-    At S = 128 its convolutions are exactly the layers of the CSV (which lists the
-    zero-padded inputs, 130^3 ... 4^3, with pad 0).
-
-Every convolution of a :class:`CosmoFlow` model is a :class:`Conv` module holding
-torch's parameters (weight, bias) and a *backend*: :class:`TorchConv` or
-:class:`DaceConv`.  Both run inside one ``torch.autograd.Function``
-(:class:`_ConvFunction`), so that the torch model and the DaCe model have the same
-structure and are timed the same way:
-
-* forward: ``y = conv(x, w)``; the bias is added outside, by torch, in both models;
-* backward: ``dx = bwd_data(dy, w)`` (skipped where ``x`` needs no gradient, as for
-  the network's input) and ``dw = bwd_filter(x, dy)``.
-
-A :class:`DaceConv` runs three compiled builds of the layer (forward, backward data,
-backward filter), taken from the build cache.  Tensors cross into the programs in
-their stored layout (:mod:`convbench.layouts`); with NDHWC programs and a model in
-``channels_last_3d`` memory format, the crossing copies nothing.
-
-A :class:`Recorder` attached to a model times every convolution call (a span per
-layer and direction: CUDA events on the GPU, ``perf_counter`` on the CPU) and can
-check every DaCe call against torch in float64 with the harness's tolerance rule
-(:func:`convbench.verify.compare`).
+Every convolution of a model is a module holding torch's parameters and a *backend*,
+:class:`TorchConv` or :class:`DaceConv`, both run inside one ``torch.autograd.Function``
+so that the torch and DaCe models have the same structure and are timed the same way.
+The bias is added outside, by torch, in both.  Tensors cross into the DaCe programs in
+their stored layout (:mod:`convbench.layouts`): with NDHWC programs and a model in
+``channels_last_3d``, the crossing copies nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import csv
 import dataclasses
 import functools
+import io
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from . import registry
+from .devices import synchronize
 from .errors import UsageError
 from .layers import Layer
 from .layouts import PASS_SIGNATURE, Pass, from_layout, stored_shape, to_layout
@@ -70,17 +53,6 @@ class ModelSpec:
     dropout: float = 0.5
     description: str = ""
 
-    @property
-    def size_multiple(self) -> int:
-        return 2 ** self.pools
-
-    def size_problem(self, size: int) -> Optional[str]:
-        m = self.size_multiple
-        if size < m or size % m:
-            return (f"the {self.name} model pools {self.pools} times: the size must be a "
-                    f"positive multiple of {m}, got {size}")
-        return None
-
 
 MODELS: Dict[str, ModelSpec] = {
     "mlperf": ModelSpec("mlperf", 4, (32, 64, 128, 256, 512), pools=5,
@@ -90,43 +62,22 @@ MODELS: Dict[str, ModelSpec] = {
 }
 
 
-def get_model_spec(name: str) -> ModelSpec:
-    if name not in MODELS:
-        raise UsageError(f"--model: unknown model '{name}' (choose from {', '.join(MODELS)})")
-    return MODELS[name]
-
-
 def conv_layers(spec: ModelSpec, size: int, batch: int) -> List[Layer]:
     """The convolutions of ``spec`` at input size ``size``^3 and ``batch``, named conv1..."""
-    problem = spec.size_problem(size)
-    if problem:
-        raise UsageError(f"--size: {problem}")
-    layers, channels, edge = [], spec.in_channels, size
-    for i, filters in enumerate(spec.filters):
-        layers.append(Layer(f"conv{i + 1}", batch, channels, filters, edge, edge, edge,
-                            KERNEL, KERNEL, KERNEL, stride=1, pad=1))
-        channels = filters
-        if i < spec.pools:
-            edge //= 2
-    return layers
+    multiple = 2 ** spec.pools
+    if size < multiple or size % multiple:
+        raise UsageError(f"--size: the {spec.name} model pools {spec.pools} times: the size "
+                         f"must be a positive multiple of {multiple}, got {size}")
+    channels = (spec.in_channels,) + spec.filters
+    edges = [size >> min(i, spec.pools) for i in range(len(spec.filters))]
+    return [Layer(f"conv{i + 1}", batch, channels[i], channels[i + 1], e, e, e,
+                  KERNEL, KERNEL, KERNEL, stride=1, pad=1) for i, e in enumerate(edges)]
 
-
-def conv_backward_flops(layer: Layer, data: bool = True) -> int:
-    """FLOPs of a convolution's backward pass: backward filter, plus backward data."""
-    return layer.flops() * (2 if data else 1)
-
-
-# ---------------------------------------------------------------------------------------------
-# Recording: per-call spans and per-call checks
-# ---------------------------------------------------------------------------------------------
 
 class Recorder:
-    """Times convolution calls (spans named ``conv3.fwd``, ``conv3.bwd``) and optionally
-    checks DaCe calls against float64 torch.
-
-    On the GPU spans are CUDA-event pairs on the current stream (no synchronisation
-    until :meth:`collect`); on the CPU, ``perf_counter`` readings.
-    """
+    """Times convolution calls (spans named ``conv3.fwd``, ``conv3.bwd``: CUDA-event pairs
+    on the GPU, not synchronised until :meth:`collect`) and optionally checks DaCe calls
+    against float64 torch (``checks``)."""
 
     def __init__(self, device: str = "cpu", check: bool = False):
         self.device = device
@@ -152,9 +103,7 @@ class Recorder:
 
     def collect(self) -> Dict[str, float]:
         """Milliseconds per span name since the last collect (summed over repeats)."""
-        if self.device == "gpu":
-            import torch
-            torch.cuda.synchronize()
+        synchronize(self.device)
         out: Dict[str, float] = {}
         for name, start, end in self._open:
             ms = start.elapsed_time(end) if self.device == "gpu" else (end - start) * 1e3
@@ -163,14 +112,8 @@ class Recorder:
         return out
 
 
-# ---------------------------------------------------------------------------------------------
-# Backends
-# ---------------------------------------------------------------------------------------------
-
 class TorchConv:
     """torch's convolution (oneDNN on the CPU, cuDNN on the GPU) for one layer."""
-
-    name = TORCH
 
     def __init__(self, layer: Layer):
         self.layer = layer
@@ -191,12 +134,8 @@ class TorchConv:
 
 
 class DaceConv:
-    """One layer's three DaCe builds: forward, backward data and backward filter.
-
-    ``builds`` maps each pass to a loaded :class:`convbench.toolchain.Build` (or None
-    for a pass that is never needed, such as backward data of the first layer)."""
-
-    name = "dace"
+    """One layer's DaCe builds (:class:`convbench.toolchain.Build`) per pass; None for a
+    pass that is never run, such as backward data of the first layer."""
 
     def __init__(self, layer: Layer, builds: Mapping[Pass, Any], device: str = "cpu"):
         self.layer = layer
@@ -227,8 +166,13 @@ class DaceConv:
         build(**args, **{out_role: out})
         result = from_layout(out, impl.layout, out_role)
         if recorder is not None and recorder.check:
-            recorder.checks.append(_check_call(self.layer, pass_, impl.name, inputs, result,
-                                               build.spec.dtype.unit_roundoff))
+            from .verify import compare, truth_for
+            reference = truth_for(self.layer, pass_, {r: inputs[r].float() for r in roles})
+            check = compare(result, reference, build.spec.dtype.unit_roundoff)
+            recorder.checks.append({
+                "layer": self.layer.name, "pass": str(pass_), "implementation": impl.name,
+                "ok": check.ok, "worst_ratio": check.worst_ratio, "max_abs": check.max_abs,
+                "nonfinite": check.nonfinite})
         return result
 
     def forward(self, x, w, recorder=None):
@@ -240,53 +184,30 @@ class DaceConv:
         return gx, gw
 
 
-def _check_call(layer: Layer, pass_: Pass, impl_name: str, inputs, out, unit_roundoff):
-    """One DaCe call checked against float64 torch on the same inputs (harness rule)."""
-    from .verify import compare, truth_for
-    roles = PASS_SIGNATURE[pass_][0]
-    reference = truth_for(layer, pass_, {r: inputs[r].float() for r in roles})
-    check = compare(out, reference, unit_roundoff)
-    return {"layer": layer.name, "pass": str(pass_), "implementation": impl_name,
-            "ok": check.ok, "worst_ratio": check.worst_ratio, "max_abs": check.max_abs,
-            "nonfinite": check.nonfinite}
-
-
-class _ConvFunction:
-    """Factory of the autograd Function (torch is imported lazily)."""
-
-    _cls = None
-
-    @classmethod
-    def get(cls):
-        if cls._cls is None:
-            import torch
-
-            class ConvFunction(torch.autograd.Function):
-                @staticmethod
-                def forward(ctx, x, w, conv):
-                    ctx.conv = conv
-                    ctx.save_for_backward(x, w)
-                    rec = conv.recorder
-                    with rec.span(f"{conv.layer.name}.fwd") if rec else contextlib.nullcontext():
-                        return conv.backend.forward(x, w, rec)
-
-                @staticmethod
-                def backward(ctx, gy):
-                    x, w = ctx.saved_tensors
-                    conv = ctx.conv
-                    rec = conv.recorder
-                    need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-                    with rec.span(f"{conv.layer.name}.bwd") if rec else contextlib.nullcontext():
-                        gx, gw = conv.backend.backward(x, w, gy, need_x, need_w, rec)
-                    return gx, gw, None
-
-            cls._cls = ConvFunction
-        return cls._cls
-
-
 @functools.lru_cache(maxsize=None)
 def _conv_module_class():
     import torch
+
+    def span(conv, direction: str):
+        rec = conv.recorder
+        return rec.span(f"{conv.layer.name}.{direction}") if rec else contextlib.nullcontext()
+
+    class ConvFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w, conv):
+            ctx.conv = conv
+            ctx.save_for_backward(x, w)
+            with span(conv, "fwd"):
+                return conv.backend.forward(x, w, conv.recorder)
+
+        @staticmethod
+        def backward(ctx, gy):
+            x, w = ctx.saved_tensors
+            conv = ctx.conv
+            need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+            with span(conv, "bwd"):
+                gx, gw = conv.backend.backward(x, w, gy, need_x, need_w, conv.recorder)
+            return gx, gw, None
 
     class ConvModule(torch.nn.Module):
         """A 3D convolution with torch's parameters and a pluggable backend."""
@@ -301,7 +222,7 @@ def _conv_module_class():
             self.recorder: Optional[Recorder] = None
 
         def forward(self, x):
-            y = _ConvFunction.get().apply(x, self.weight, self)
+            y = ConvFunction.apply(x, self.weight, self)
             return y + self.bias.view(1, -1, 1, 1, 1)
 
         def extra_repr(self):
@@ -341,8 +262,8 @@ def _pool_module_class():
 
 
 def build_model(spec: ModelSpec, size: int, batch: int, dropout: Optional[float] = None):
-    """A :class:`CosmoFlow` torch module with torch convolutions (swap them with
-    :func:`set_backends`).  ``batch`` fixes the geometry of the DaCe builds."""
+    """A CosmoFlow torch module with torch convolutions (:func:`attach_backends` swaps
+    them); ``batch`` fixes the geometry of the DaCe builds."""
     import torch
     from torch import nn
 
@@ -352,13 +273,11 @@ def build_model(spec: ModelSpec, size: int, batch: int, dropout: Optional[float]
     class CosmoFlow(nn.Module):
         def __init__(self):
             super().__init__()
-            self.spec = spec
-            self.size = size
+            self.spec, self.size = spec, size
             self.convs = nn.ModuleList(ConvModule(layer) for layer in layers)
             self.act = nn.LeakyReLU(LEAKY_SLOPE)
             self.pool = _pool_module_class()()
-            edge = size // spec.size_multiple
-            features = spec.filters[-1] * edge ** 3
+            features = spec.filters[-1] * (size >> spec.pools) ** 3
             head: List[nn.Module] = [nn.Flatten()]
             p = spec.dropout if dropout is None else dropout
             for width in spec.dense:
@@ -385,98 +304,78 @@ def build_model(spec: ModelSpec, size: int, batch: int, dropout: Optional[float]
     return CosmoFlow()
 
 
-# ---------------------------------------------------------------------------------------------
-# Choosing implementations: --impl and --impl-map
-# ---------------------------------------------------------------------------------------------
-
 Choice = Dict[str, Dict[Pass, str]]  # layer name -> pass -> implementation name (or torch)
 
 
 def choose(layers: Sequence[Layer], impl: Optional[str], maps: Sequence[str] = (),
            need_backward: bool = True) -> Choice:
-    """The implementation of each layer and pass.
-
-    ``impl`` (``--impl``) names the forward implementation of every layer (``torch`` for
-    torch's); the backward passes get :data:`DEFAULT_DACE` then, or torch's for a torch
-    layer.  Files in ``maps`` (``--impl-map``, see :func:`read_impl_maps`) override that
-    per layer and pass; their ``*`` entry applies to the layers they do not name.
-    """
-    base = impl or DEFAULT_DACE[Pass.FWD]
-    chosen: Choice = {}
+    """The implementation of each layer and pass: ``impl`` (``--impl``) forward, the
+    :data:`DEFAULT_DACE` backward passes (torch's for a torch layer), overridden by the
+    ``--impl-map`` files in ``maps``, whose ``*`` entry applies to the layers they do not
+    name."""
     override = read_impl_maps(maps, [layer.name for layer in layers])
+    every = override.get("*", {})
+    chosen: Choice = {}
     for layer in layers:
-        entry = dict(override.get(layer.name, {}))
-        fwd = entry.get(Pass.FWD, override.get("*", {}).get(Pass.FWD, base))
-        per = {Pass.FWD: fwd}
-        for p in (Pass.BWD_DATA, Pass.BWD_FILTER):
-            fallback = TORCH if fwd == TORCH else DEFAULT_DACE[p]
-            per[p] = entry.get(p, override.get("*", {}).get(p, fallback))
-        chosen[layer.name] = per if need_backward else {Pass.FWD: fwd}
+        entry = override.get(layer.name, {})
+        fwd = entry.get(Pass.FWD, every.get(Pass.FWD, impl or DEFAULT_DACE[Pass.FWD]))
+        chosen[layer.name] = per = {Pass.FWD: fwd}
+        if need_backward:
+            for p in (Pass.BWD_DATA, Pass.BWD_FILTER):
+                per[p] = entry.get(p, every.get(p, TORCH if fwd == TORCH else DEFAULT_DACE[p]))
     return chosen
 
 
+def _parse_pass(text: str, message: str) -> Pass:
+    try:
+        return Pass(text)
+    except ValueError:
+        raise UsageError(message) from None
+
+
 def read_impl_maps(paths: Sequence[str], layer_names: Sequence[str]) -> Dict[str, Dict[Pass, str]]:
-    """Per-layer choices from ``--impl-map`` files (JSON or CSV).
+    """Per-layer choices from ``--impl-map`` files, JSON or CSV (README.md, "End to end").
 
-    JSON: ``{"conv1": "implicitGemmNCDHW", "conv2": {"fwd": ..., "bwd_data": ...,
-    "bwd_filter": ...}, "*": ...}`` (``*``: every layer not named).
-
-    CSV: columns ``layer`` and ``implementation``, optionally ``pass`` (default: the
-    implementation's own pass) and a time column (``median_ms``).  Where several rows
-    name the same layer and pass, the fastest wins, so the ``summary.csv`` files of
-    several ``--compareprof`` runs, given together, pick the best implementation per
-    layer (rows whose ``backend`` is not ``dace`` are skipped).
+    A CSV row's pass defaults to its implementation's own.  Where CSV rows name the same
+    layer and pass, the fastest (``median_ms``) wins, so the ``summary.csv`` files of
+    several ``--compareprof`` runs, given together, pick the best implementation per layer
+    (rows whose ``backend`` is not ``dace`` are skipped).  JSON entries always win.
     """
-    from . import registry
     picked: Dict[str, Dict[Pass, Tuple[float, str]]] = {}
     for path in paths:
         file = Path(path)
         if not file.is_file():
             raise UsageError(f"--impl-map: no such file: {path}")
-        text = file.read_text()
-        if file.suffix.lower() == ".json":
-            try:
-                data = json.loads(text)
-            except json.JSONDecodeError as err:
-                raise UsageError(f"--impl-map: {path}: not valid JSON ({err})") from None
-            if not isinstance(data, dict):
-                raise UsageError(f"--impl-map: {path}: expected an object of layer -> "
-                                 "implementation")
-            for layer, value in data.items():
-                if isinstance(value, str):
-                    pass_ = Pass.FWD if value == TORCH else registry.get(value).pass_
-                    items = {pass_: value}
-                    if value == TORCH:
-                        items.update({Pass.BWD_DATA: TORCH, Pass.BWD_FILTER: TORCH})
-                elif isinstance(value, dict):
-                    items = {}
-                    for key, name in value.items():
-                        try:
-                            items[Pass(key)] = str(name)
-                        except ValueError:
-                            raise UsageError(f"--impl-map: {path}: {layer}: unknown pass "
-                                             f"'{key}' (fwd, bwd_data, bwd_filter)") from None
-                else:
-                    raise UsageError(f"--impl-map: {path}: {layer}: expected a name or an "
-                                     "object of pass -> name")
-                for p, name in items.items():
-                    picked.setdefault(layer, {})[p] = (0.0, name)
-        else:
-            _read_csv_map(path, text, picked)
-    known = set(layer_names) | {"*"}
+        if file.suffix.lower() != ".json":
+            _read_csv_map(path, file.read_text(), picked)
+            continue
+        try:
+            data = json.loads(file.read_text())
+        except json.JSONDecodeError as err:
+            raise UsageError(f"--impl-map: {path}: not valid JSON ({err})") from None
+        if not isinstance(data, dict):
+            raise UsageError(f"--impl-map: {path}: expected an object of layer -> implementation")
+        for layer, value in data.items():
+            if isinstance(value, str):
+                items = (dict.fromkeys(PASSES, TORCH) if value == TORCH
+                         else {registry.get(value).pass_: value})
+            elif isinstance(value, dict):
+                items = {_parse_pass(key, f"--impl-map: {path}: {layer}: unknown pass '{key}' "
+                                     "(fwd, bwd_data, bwd_filter)"): str(name)
+                         for key, name in value.items()}
+            else:
+                raise UsageError(f"--impl-map: {path}: {layer}: expected a name or an object "
+                                 "of pass -> name")
+            for p, name in items.items():
+                picked.setdefault(layer, {})[p] = (0.0, name)
     for layer in picked:
-        if layer not in known:
+        if layer not in layer_names and layer != "*":
             raise UsageError(f"--impl-map: unknown layer '{layer}' (the model's layers: "
                              f"{', '.join(layer_names)})")
     return {layer: {p: name for p, (_, name) in per.items()} for layer, per in picked.items()}
 
 
 def _read_csv_map(path: str, text: str, picked) -> None:
-    import csv
-    import io
-    import math
-
-    from . import registry
     rows = list(csv.DictReader(io.StringIO(text)))
     if not rows or not {"layer", "implementation"} <= set(rows[0]):
         raise UsageError(f"--impl-map: {path}: a CSV map needs the columns 'layer' and "
@@ -489,11 +388,8 @@ def _read_csv_map(path: str, text: str, picked) -> None:
         if not name or not layer:
             raise UsageError(f"--impl-map: {path}:{lineno}: empty layer or implementation")
         if row.get("pass"):
-            try:
-                pass_ = Pass(row["pass"].strip())
-            except ValueError:
-                raise UsageError(f"--impl-map: {path}:{lineno}: unknown pass "
-                                 f"'{row['pass']}'") from None
+            pass_ = _parse_pass(row["pass"].strip(),
+                                f"--impl-map: {path}:{lineno}: unknown pass '{row['pass']}'")
         else:
             pass_ = Pass.FWD if name == TORCH else registry.get(name).pass_
         try:
@@ -508,7 +404,6 @@ def _read_csv_map(path: str, text: str, picked) -> None:
 def validate_choice(choice: Choice, layers: Sequence[Layer], device: str) -> None:
     """Every named implementation exists, computes its pass, has a schedule for
     ``device`` and supports its layer; else a UsageError naming the layer."""
-    from . import registry
     by_name = {layer.name: layer for layer in layers}
     for layer_name, per in choice.items():
         layer = by_name[layer_name]
@@ -530,32 +425,28 @@ def validate_choice(choice: Choice, layers: Sequence[Layer], device: str) -> Non
 def attach_backends(model, choice: Choice, device: str, cachedir=None, policy: str = "reuse",
                     params: Optional[Mapping[str, Mapping[str, Any]]] = None,
                     log: Callable[[str], None] = print, skip: Sequence[Tuple[str, Pass]] = ()):
-    """Give each convolution of ``model`` its backend: torch where every pass is torch's,
-    else a :class:`DaceConv` built (or loaded) from the cache.  Mixed layers (some
-    passes torch) are not supported.  ``skip``: (layer, pass) pairs never run (no build).
-    """
-    from . import registry
+    """Give each convolution of ``model`` its backend: torch's where every pass is torch's,
+    else a :class:`DaceConv` from the build cache (layers mixing torch and DaCe passes are
+    refused).  ``skip``: (layer, pass) pairs never run, so not built."""
     from .experiment import Experiment
     exp = Experiment([], [], device, policy=policy, cachedir=cachedir, verify=False)
     for conv in model.convs:
         layer, per = conv.layer, choice[conv.layer.name]
-        names = set(per.values())
-        if names == {TORCH}:
+        if set(per.values()) == {TORCH}:
             conv.backend = TorchConv(layer)
             continue
-        if TORCH in names:
+        if TORCH in per.values():
             raise UsageError(f"{layer.name}: mixing torch and DaCe passes in one layer is not "
                              f"supported ({', '.join(f'{p}={n}' for p, n in per.items())})")
         builds = {}
         for pass_, name in per.items():
+            builds[pass_] = None
             if (layer.name, pass_) in skip:
-                builds[pass_] = None
                 continue
             impl = registry.get(name)
             tuned = exp.params(impl, layer, (params or {}).get(name))
             t0 = time.perf_counter()
-            build = exp.build(impl, layer, tuned)
-            log(f"  {layer.name} {str(pass_):10s} {name:28s} {build.origin} "
+            builds[pass_] = exp.build(impl, layer, tuned)
+            log(f"  {layer.name} {str(pass_):10s} {name:28s} {builds[pass_].origin} "
                 f"{time.perf_counter() - t0:6.1f}s")
-            builds[pass_] = build
         conv.backend = DaceConv(layer, builds, device)

@@ -1,18 +1,11 @@
 """Reference backends: what a DaCe result is checked against and timed next to.
 
-Every reference has one interface (:class:`Reference`): a name, whether it can run on
-a device (:meth:`~Reference.problem`), a prepared call for timing
-(:meth:`~Reference.prepare`, outside the timed region: cuDNN's Find runs there) and a
-one-off computation for checking (:meth:`~Reference.compute`).  The instances:
-
-* :data:`TORCH_FP64`: torch's convolution in float64 (on the CPU, or on the GPU for
-  large layers), the ground truth of :mod:`convbench.verify`;
-* :data:`TORCH`: torch's convolution in the inputs' precision on the device: the timing
-  reference on both targets (CPU: in the implementation's memory format, with the same
-  thread count; GPU: ``cudnn.benchmark`` on, TF32 off unless asked for), and on the GPU
-  also a second check;
-* :data:`CUDNN`: cuDNN through this project's ctypes bindings (GPU only), a timing
-  reference and a third check.
+Every reference has one interface, :class:`Reference` (README.md, "Adding a
+reference"); :meth:`~Reference.prepare` runs outside the timed region, so cuDNN's Find
+runs there.  The instances: :data:`TORCH_FP64`, the ground truth of
+:mod:`convbench.verify` (on the GPU for large layers); :data:`TORCH`, the timing
+reference on both targets and a second check on the GPU; :data:`CUDNN` (GPU only), a
+timing reference and a third check.  README.md, "Profiling", gives their settings.
 """
 
 import dataclasses

@@ -1,18 +1,8 @@
 """The implementation registry.
 
-An implementation is an *algorithm* (a function returning a ``@dace.program``
-for one layer, with every size a compile-time constant) plus one *schedule* per
-target (a function that transforms the SDFG in place: map schedules, storage
-types, tiling, auto-optimize).  Modules in the top-level ``impls`` package
-register themselves on import::
-
-    register(Implementation(
-        name="implicitGemm", summary="...", layout=Layout.NDHWC, pass_=Pass.FWD,
-        algorithm=algorithm, schedules={"cpu": cpu_schedule, "gpu": gpu_schedule},
-        params=(Param("CTAtileM", 64, "rows of a thread-block tile"),),
-        supports=lambda layer, params: None, constraints="every layer"))
-
-The harness looks implementations up by the name users type.
+README.md, "Adding an implementation", describes what an implementation is (an
+algorithm plus one schedule per target) and how a module in ``impls/`` registers
+itself on import.  The harness looks implementations up by the name users type.
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
 """Result files of a profiling run, written into one folder.
 
-The files and their columns are declared in :mod:`convbench.schema`:
-
-* ``samples.csv``: one row per timed sample.
-* ``summary.csv``: one row per layer and backend: the statistics of
-  :func:`convbench.timing.summarize`, GFLOP/s, the compulsory traffic (inputs read
-  once, output written once) with the bandwidth and arithmetic intensity it
-  implies, and ``ratio_vs_<reference>``: this row's median over the reference's on
-  the same layer (above 1: slower than the reference).
-* ``metadata.json``: what ran where and how (see :func:`run_metadata`), with
-  ``status`` (``running``, ``complete`` or ``interrupted``) and the layers done.
-
-All three files are rewritten atomically after every layer, so an interrupted run
-keeps every layer it finished and no reader sees a half-written file.
+README.md, "Result files", describes the three files; :mod:`convbench.schema` declares
+their columns.  All three are rewritten atomically after every layer, so an
+interrupted run keeps every layer it finished and no reader sees a half-written file.
 """
 
 import csv

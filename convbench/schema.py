@@ -1,16 +1,10 @@
 """The result files of a run folder, declared once for their writer
 (:mod:`convbench.results`) and their readers (:mod:`convbench.plots`).
 
-* ``samples.csv`` (:data:`SAMPLES`): one row per timed sample, :data:`SAMPLE_COLUMNS`.
-* ``summary.csv`` (:data:`SUMMARY`): one row per layer and backend,
-  :data:`SUMMARY_COLUMNS` and then one :func:`ratio_column` per reference: this row's
-  median over the reference's on the same layer (above 1: slower than the reference).
-* ``metadata.json`` (:data:`METADATA`): a JSON object; its ``status`` is
-  :data:`RUNNING`, :data:`COMPLETE` or :data:`INTERRUPTED`.
-
-``backend`` is :data:`DACE` for the implementation under test (named in
-``implementation``) and the reference's name otherwise.  End-to-end runs name their
-rows ``<phase>.<part>`` in the ``layer`` column (``train.conv2.bwd``, ``forward.total``).
+README.md, "Result files", describes the files and their columns.  ``backend`` is
+:data:`DACE` for the implementation under test (named in ``implementation``) and the
+reference's name otherwise.  End-to-end runs name their rows ``<phase>.<part>`` in the
+``layer`` column (``train.conv2.bwd``, ``forward.total``).
 
 This module imports nothing: both sides can use it without pulling in the other.
 """

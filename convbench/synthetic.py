@@ -80,22 +80,7 @@ def _check_int(name: str, value, minimum: int) -> int:
     return number
 
 
-def _check_theta(theta) -> Tuple[float, float, float, float]:
-    """The 4 targets as floats, each finite and in [-1, 1]."""
-    try:
-        values = [float(v) for v in (theta.tolist() if hasattr(theta, "tolist") else theta)]
-    except (TypeError, ValueError):
-        raise ValueError(f"theta must be {NUM_TARGETS} numbers, got {theta!r}") from None
-    if len(values) != NUM_TARGETS:
-        raise ValueError(f"theta must have {NUM_TARGETS} entries, got {len(values)}")
-    for i, v in enumerate(values):
-        if not (-1.0 <= v <= 1.0):  # also rejects NaN
-            raise ValueError(f"theta[{i}] must lie in [-1, 1], got {v}")
-    return values[0], values[1], values[2], values[3]
-
-
-def _lerp(bounds: Tuple[float, float], t: float) -> float:
-    """Map ``t`` in [-1, 1] linearly onto ``bounds``."""
+def _lerp(bounds: Tuple[float, float], t: float) -> float:  # [-1, 1] -> bounds
     lo, hi = bounds
     return lo + (t + 1.0) * 0.5 * (hi - lo)
 
@@ -114,12 +99,18 @@ def _as_generator(generator: GeneratorLike) -> "torch.Generator":
 
 
 def physical_params(theta: Sequence[float]) -> Tuple[float, float, float, float]:
-    """The physical parameters ``(sigma, n, k_c, b)`` that the targets ``theta`` stand for.
-
-    ``sigma`` is log-uniform in :data:`SIGMA_RANGE`; ``n``, ``k_c`` (a fraction of
-    the Nyquist frequency) and ``b`` are linear in their ranges.
-    """
-    t0, t1, t2, t3 = _check_theta(theta)
+    """The physical parameters ``(sigma, n, k_c, b)`` that the targets ``theta`` stand for
+    (the module docstring's table)."""
+    try:
+        values = [float(v) for v in (theta.tolist() if hasattr(theta, "tolist") else theta)]
+    except (TypeError, ValueError):
+        raise ValueError(f"theta must be {NUM_TARGETS} numbers, got {theta!r}") from None
+    if len(values) != NUM_TARGETS:
+        raise ValueError(f"theta must have {NUM_TARGETS} entries, got {len(values)}")
+    for i, v in enumerate(values):
+        if not (-1.0 <= v <= 1.0):  # also rejects NaN
+            raise ValueError(f"theta[{i}] must lie in [-1, 1], got {v}")
+    t0, t1, t2, t3 = values
     lo, hi = SIGMA_RANGE
     sigma = math.exp(_lerp((math.log(lo), math.log(hi)), t0))
     return sigma, _lerp(INDEX_RANGE, t1), _lerp(CUTOFF_RANGE, t2), _lerp(NONLINEARITY_RANGE, t3)

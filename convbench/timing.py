@@ -1,19 +1,10 @@
 """Timing: warm-up, then one sample per call, with the caches flushed before each.
 
-* CPU: ``time.perf_counter_ns`` around the call alone.  DaCe programs are called
-  through :func:`prepared_call`, which converts the arguments once, so the samples
-  hold the compiled code plus a few microseconds of ctypes overhead.
-* GPU: a pair of CUDA events per sample, recorded on torch's current stream, which
-  must be the legacy default stream: GPU builds launch on it
-  (``compiler.cuda.max_concurrent_streams = -1``, see :mod:`convbench.toolchain`), so
-  the events bracket exactly the kernels of the call.  The host synchronises only
-  after the last sample.
-* Flushing: before every sample (outside the timed region) a buffer much larger
-  than the last-level cache is overwritten, so no call finds its operands in a
-  cache warmed by the previous one: 256 MiB on the GPU (H100/H200 L2 is 50 MB), and
-  on the CPU four times the L3 size, at least 64 MiB.
-* Statistics: median and interquartile range; a measurement whose IQR exceeds
-  :data:`NOISY_IQR` of its median is flagged as noisy.
+README.md, "Profiling: ``--compareprof``" ("Method", "Statistics"), describes the
+timers, the flush and the statistics.  The GPU timers need torch's current stream to
+be the legacy default stream because GPU builds launch there
+(``compiler.cuda.max_concurrent_streams = -1``, see :mod:`convbench.toolchain`): only
+then do the events bracket exactly the kernels of the call.
 """
 
 import dataclasses
@@ -101,7 +92,32 @@ class _Timer:
         it (one call at least) and sampling once it is spent (``MIN_SAMPLES`` at least).
         ``progress`` (a :class:`~convbench.progress.Progress`) advances per call.
         """
-        raise NotImplementedError
+        self._check_stream()
+        start = time.perf_counter()
+        warmed = self._warm(fn, warmup, time_limit, progress, start)
+        self._synchronize()
+        marks, limited = self._sample(fn, iterations, time_limit, progress, start, self._record)
+        self._synchronize()
+        return Timing([self._elapsed_ms(m) for m in marks], warmed, self.method, limited)
+
+    # The protocol, for the CPU: a wall-clock sample per call, read at once.  The GPU
+    # timers record a pair of CUDA events per call and read them after the last one.
+    def _check_stream(self) -> None:
+        pass
+
+    def _synchronize(self) -> None:
+        pass
+
+    @staticmethod
+    def _record(fn):
+        """Call ``fn``; what :meth:`_elapsed_ms` reads its time from."""
+        t0 = time.perf_counter_ns()
+        fn()
+        return (time.perf_counter_ns() - t0) * 1e-6
+
+    @staticmethod
+    def _elapsed_ms(mark) -> float:
+        return mark
 
     def _warm(self, fn, warmup, time_limit, progress, start):
         done = 0
@@ -141,22 +157,10 @@ class CpuTimer(_Timer):
         else:
             self.flush_bytes = 0
 
-    @staticmethod
-    def _timed(fn) -> float:
-        t0 = time.perf_counter_ns()
-        fn()
-        return (time.perf_counter_ns() - t0) * 1e-6
-
-    def measure(self, fn, warmup=10, iterations=100, time_limit=None, progress=None) -> Timing:
-        start = time.perf_counter()
-        warmed = self._warm(fn, warmup, time_limit, progress, start)
-        samples, limited = self._sample(fn, iterations, time_limit, progress, start, self._timed)
-        return Timing(samples, warmed, self.method, limited)
-
     def once(self, fn) -> float:
         """One call after a flush; its time in milliseconds."""
         self.flush()
-        return self._timed(fn)
+        return self._record(fn)
 
     def interleaved(self, calls: Dict[str, Callable[[], object]], rounds: int) -> Dict[str, list]:
         """``rounds`` rounds in which every call of ``calls`` runs once (flushed before
@@ -169,34 +173,7 @@ class CpuTimer(_Timer):
         return samples
 
 
-class _EventTimer(_Timer):
-    """A pair of CUDA events per sample on the stream DaCe's GPU builds launch on (the
-    legacy default stream), read after the last sample; subclasses supply the events."""
-
-    def _check_stream(self) -> None:
-        pass
-
-    def _synchronize(self) -> None:
-        raise NotImplementedError
-
-    def _record(self, fn):
-        """Call ``fn`` between two recorded events; the pair."""
-        raise NotImplementedError
-
-    def _elapsed_ms(self, pair) -> float:
-        raise NotImplementedError
-
-    def measure(self, fn, warmup=10, iterations=100, time_limit=None, progress=None) -> Timing:
-        self._check_stream()
-        start = time.perf_counter()
-        warmed = self._warm(fn, warmup, time_limit, progress, start)
-        self._synchronize()
-        pairs, limited = self._sample(fn, iterations, time_limit, progress, start, self._record)
-        self._synchronize()
-        return Timing([self._elapsed_ms(p) for p in pairs], warmed, self.method, limited)
-
-
-class CudaEventTimer(_EventTimer):
+class CudaEventTimer(_Timer):
     method = ("CUDA events on the default stream around each call, L2 flushed before each "
               "(256 MiB write)")
 
@@ -230,7 +207,7 @@ class CudaEventTimer(_EventTimer):
         return pair[0].elapsed_time(pair[1])
 
 
-class CupyEventTimer(_EventTimer):
+class CupyEventTimer(_Timer):
     """CUDA events through CuPy on the legacy default stream (``cupy.cuda.Stream.null``),
     where DaCe's GPU builds and torch's default stream launch; the flush buffer is a CuPy
     array.  The same protocol as :class:`CudaEventTimer`, without torch on the timing path."""

@@ -1,27 +1,9 @@
 """The DaCe toolchain: SDFG generation, scheduling and compilation, for CPU and CUDA.
 
-* Every build gets a unique SDFG name and build folder per (implementation,
-  layer geometry, dtype, target, parameters): DaCe's default cache is keyed by
-  the SDFG name alone, so equal names would overwrite each other.
-* Builds go under the project cache directory (``--cachedir``, the environment
-  variable ``CONVBENCH_CACHE``, or ``<project>/.cache/builds``).
-* CUDA builds work with nvcc 13 and DaCe 1.0.2 through four settings applied
-  only for the duration of a GPU build (each is explained where
-  :func:`dace_settings` sets it):
-
-  1. DaCe's CMakeLists forces CUDA C++14 while CUDA 13's CCCL needs C++17; a
-     CMake rules override (``cuda_compat/cuda_cxx17.cmake``) maps the C++14
-     option to ``-std=c++17``.
-  2. DaCe's runtime headers use CUB APIs that CUB 3 removed; a compatibility
-     header (``cuda_compat/cub3_compat.cuh``) is force-included with
-     ``nvcc -include``.
-  3. ``compiler.cuda.cuda_arch`` is 90 (H100/H200): nvcc 13 rejects DaCe's
-     default 60.
-  4. The GPU backend is ``cuda``, not auto-detected, so GPU builds compile the
-     same on hosts without a GPU.
-* BLAS library nodes link Intel MKL (CPU) and cuBLAS (GPU) from their pip wheels
-  when nothing else provides them, through the project's DaCe library environments
-  (:mod:`convbench.environments`); the cache key records what they resolve to.
+README.md describes the build names and folders ("Build cache and precompiled
+builds"), the vendor BLAS ("Three commands") and the settings that make DaCe 1.0.2
+build CUDA with nvcc 13 ("The toolchain, and CUDA 13").  Those settings apply only for
+the duration of a GPU build; :func:`dace_settings` explains each where it sets it.
 """
 
 from __future__ import annotations
@@ -86,9 +68,7 @@ def default_cachedir() -> Path:
     return Path(env) if env else PROJECT_ROOT / ".cache" / "builds"
 
 
-# ---------------------------------------------------------------------------------------------
-# DaCe configuration
-# ---------------------------------------------------------------------------------------------
+# -- DaCe configuration --------------------------------------------------------------------
 
 #: ``-march`` of the host code of GPU builds.  GPU builds must load on other x86-64 hosts
 #: with the same GPU architecture (see :mod:`convbench.cache`), so their host code avoids
@@ -156,14 +136,9 @@ _RELEVANT_CONFIG = {
 def toolchain_flags(target: str) -> Dict[str, Any]:
     """The toolchain settings that decide a ``target`` build (part of cache keys).
 
-    The DaCe version, the DaCe configuration entries a build uses, what
-    ``-march=native`` resolves to on this host (when CPU code is compiled with it), the
-    CUDA compatibility files (GPU builds) and the vendor BLAS that GEMM library nodes
-    are compiled and linked against (see :func:`_blas_flags`).  The project's and the
-    environment's folders are written as ``<project>`` and ``<prefix>``, so the same
-    checkout elsewhere gets the same flags.  Compiler versions, which legitimately
-    differ between the host that builds and the host that loads, are in
-    :func:`toolchain_versions` instead.
+    Folders are written as ``<project>`` and ``<prefix>``, so the same checkout elsewhere
+    gets the same flags.  Compiler versions, which legitimately differ between the host
+    that builds and the host that loads, are in :func:`toolchain_versions` instead.
     """
     import dace
     keys = _RELEVANT_CONFIG["cpu"] + (_RELEVANT_CONFIG["gpu"] if target == "gpu" else [])
@@ -245,9 +220,7 @@ def dace_config(target: str, build_root: Path) -> Iterator[None]:
         yield
 
 
-# ---------------------------------------------------------------------------------------------
-# Builds
-# ---------------------------------------------------------------------------------------------
+# -- Builds --------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
 class BuildSpec:
@@ -336,7 +309,7 @@ def compile_spec(spec: BuildSpec, folder: Path,
     example to add instrumentation); such builds do not belong in the cache.
 
     Returns the scheduled SDFG, the shared library and the seconds per phase.  GPU
-    builds compile on a machine without a GPU; loading one needs a GPU.
+    builds compile, and load, on a machine without a GPU; running one needs a GPU.
     """
     from dace.codegen import compiler
 

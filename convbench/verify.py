@@ -1,22 +1,14 @@
 """Verification against torch in float64.
 
-The ground truth is ``torch.nn.functional.conv3d`` in float64 on the CPU, fed
-with the same float32 inputs upcast exactly.  On a GPU the result is also
-compared with torch's float32 convolution on the GPU with TF32 off.
-
-Tolerance.  A float32 sum of L products, each term ``x_i * w_i``, is off from
-the exact sum by roundings whose size follows the partial sums; for any
-summation order the error is well within ``sqrt(L) * u * sum_i |x_i * w_i|`` for
-random data (``u`` the unit roundoff), whereas the worst-case bound
-``L * u * sum|x_i w_i|`` is too loose to notice a skipped term.  So each output
-element i must satisfy::
+README.md, "Verification", describes the ground truth, the inputs, the NaN poison and
+the tolerance: each output element i must satisfy::
 
     |out_i - ref_i| <= TOL_FACTOR * sqrt(L) * u * absref_i
 
-where ``absref`` is the same convolution of ``|x|`` and ``|w|`` in float64 and
-L the reduction length.  A missing or doubled reduction term, a wrong tap, or
-an unwritten element (outputs are poisoned with NaN before each run) fails.
-Inputs are fresh uniform(-1, 1) random numbers, never zeros.
+where ``absref`` is the same pass on ``|x|`` and ``|w|`` in float64, L the reduction
+length (:func:`reduction_length`) and u the unit roundoff.  Why sqrt(L): float32
+rounding of a random sum stays well within it for any summation order, whereas the
+worst-case bound ``L * u * sum|x_i w_i|`` is too loose to notice a skipped term.
 """
 
 from __future__ import annotations

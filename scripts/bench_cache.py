@@ -5,15 +5,10 @@
                                   [--batch N] [--target cpu|gpu ...] [--cold K] [--warm K]
                                   [--out results/cpu/bench_cache.json]
 
-* cold: parse, schedule, generate code and compile into an empty cache folder
-  (``--cold`` times, each in a fresh folder, in this process);
-* warm: load the stored build in a *fresh process* (``--warm`` times): the time of the
-  cache lookup (key, checksums), reading ``program.sdfg`` and ``dlopen``, measured in
-  that process, and the whole process's wall time (interpreter and imports included).
-
-GPU builds compile here without a GPU, and their libraries load (dlopen) without one
-too; nothing is run.  The ratio is cold median / warm median.  Not a test: numbers
-depend on the machine and its load.
+README.md, "Build cache and precompiled builds", describes what is measured.  Cold
+builds run in this process, each into a fresh folder; each warm load runs in a fresh
+process, which reports the load and its own wall time.  No GPU is needed (nothing
+runs).  Not a test: numbers depend on the machine and its load.
 """
 
 import argparse

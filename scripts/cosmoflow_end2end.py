@@ -2,10 +2,8 @@
 """CosmoFlow end to end with DaCe convolutions: forward pass and training step against
 torch, checked (``--check``) and timed per layer (``runtimebreakdown.png``).
 
-    python scripts/cosmoflow_end2end.py --device cpu --size 32 --batch 2 --iters 1 --train --check
-    python scripts/cosmoflow_end2end.py --model v1 --size 64 --train --impl-map best.json
-
-A thin wrapper: the logic lives in :mod:`convbench.end2end`.  Run with ``--help``.
+The tool is :mod:`convbench.end2end` (also ``convbench end2end``); see ``--help`` and
+README.md, "End to end: CosmoFlow with DaCe convolutions".
 """
 
 import sys

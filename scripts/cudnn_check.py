@@ -7,11 +7,9 @@ algorithm table that Find measured per layer and pass.
                                   [--batch N] [--dtype float32 --dtype float16]
                                   [--out results/gpu/<date>_<gpu>/cudnn_check.json]
 
-Per layer, pass and dtype: the algorithm Find chose, the seconds Find took, the
-maximum error relative to the largest reference value, and Find's whole table.
-Passes if every error is below 1e-4 (float32) or 1e-2 (float16); exit status 1
-otherwise, 2 without a usable GPU.  The reference for fp16 is computed from the same
-fp16 inputs in float64.
+The error is max |out - ref| / max |ref|; it must be below :data:`TOL` of its dtype
+(exit status 1 otherwise, 2 without a usable GPU).  The fp16 reference is computed in
+float64 from the same fp16 inputs.
 """
 
 import argparse

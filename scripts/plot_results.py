@@ -1,14 +1,10 @@
 #!/usr/bin/env python3
 """Regenerate the plots of profiler run directories from their files.
 
-    python scripts/plot_results.py RUN_DIR [RUN_DIR ...] [--outdir DIR]
-
-Each RUN_DIR holds ``samples.csv``, ``summary.csv`` and ``metadata.json``; the script
-writes ``violin.png``, ``medians.png`` and ``roofline.png`` into RUN_DIR (or into DIR
-with ``--outdir``; into DIR/<name of RUN_DIR> when several run directories are given)
-and prints the paths written.  All run directories are read before anything is drawn:
-bad input gets one line on stderr and exit status 2, and no plot is written.
-The same as ``convbench plot``; the logic lives in :mod:`convbench.commands.plot`.
+The tool is :mod:`convbench.commands.plot` (also ``convbench plot``); see ``--help``.
+With ``--outdir DIR`` and several run directories, each one's plots go to
+DIR/<name of RUN_DIR>.  All run directories are read before anything is drawn, so bad
+input writes no plot.
 """
 
 import sys

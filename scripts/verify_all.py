@@ -3,7 +3,7 @@
 and keep each run's output.
 
     python scripts/verify_all.py [--device cpu|gpu] [--batch N] [--paramscsv SET ...]
-                                 [--implementation NAME ...] [--out DIR]
+                                 [--implementation NAME ...] [--outdir DIR]
 
 One CLI run per (implementation, layer set), in a subprocess, with its output saved to
 ``DIR/<impl>_<set>.log`` (default ``outputs/verify/<device>``); ``DIR/summary.txt`` has the
@@ -30,11 +30,12 @@ def main(argv=None):
     p.add_argument("--batch", type=int, default=None, help="override the sets' batch")
     p.add_argument("--paramscsv", action="append", default=None)
     p.add_argument("--implementation", action="append", default=None)
-    p.add_argument("--out", default=None, help="log folder (default outputs/verify/<device>)")
+    p.add_argument("--outdir", "--out", default=None, metavar="DIR",
+                   help="log folder (default outputs/verify/<device>)")
     args = p.parse_args(argv)
     sets = args.paramscsv or ["cosmoflow", "cosmoflow_mlperf"]
     names = args.implementation or list(registry.all_implementations())
-    out = Path(args.out or ROOT / "outputs" / "verify" / args.device)
+    out = Path(args.outdir or ROOT / "outputs" / "verify" / args.device)
     out.mkdir(parents=True, exist_ok=True)
     (out / "device.txt").write_text(devices.describe(args.device) + "\n")
     summary, failed = [], 0

@@ -14,48 +14,33 @@ layer of both sets at batch 1 and 2 for every pass, and every odd shape.
 """
 
 import dataclasses
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Iterable, List, Sequence, Tuple
 
 import pytest
 
-from convbench import registry, toolchain, verify
-from convbench.cache import Job
+from convbench import registry, verify
+from convbench.campaign import LayerCase
 from convbench.layers import Layer, load_layers
 from convbench.layouts import Pass
 
 
 @dataclasses.dataclass(frozen=True)
-class Case:
+class Case(LayerCase):
     """One build to verify: ``impl`` on ``layer`` (a member of ``layer_set``)."""
 
-    impl: str
-    layer: Layer
-    layer_set: str
     target: str = "cpu"
     #: Parameter overrides as sorted (name, value) pairs (hashable); empty: the defaults.
     params: Tuple[Tuple[str, int], ...] = ()
 
-    @property
-    def implementation(self):
-        return registry.get(self.impl)
-
-    @property
-    def pass_(self) -> Pass:
-        return self.implementation.pass_
-
     def resolved_params(self):
         return self.implementation.resolve_params(dict(self.params))
 
-    def refused(self) -> Optional[str]:
+    def refused(self):
         """Why the implementation does not handle this layer, or None."""
         return self.implementation.unsupported_reason(self.layer, self.resolved_params())
 
     def spec(self):
-        return toolchain.make_spec(self.implementation, self.layer, "float32", self.target,
-                                   self.resolved_params())
-
-    def job(self) -> Job:
-        return Job(self.impl, self.layer, self.target, self.resolved_params(), label=self.id)
+        return self.job().spec()
 
     @property
     def id(self) -> str:

@@ -245,7 +245,7 @@ def test_fma_peak_probe(monkeypatch):
 
 
 @pytest.mark.parametrize("args,words", [(["--samples", "3"], "--samples: must be an integer >= 5"),
-                                        (["--impls", "implicitGemmBwdData"], "not a forward"),
+                                        (["--impls", "implicitGemmBwdData"], "computes bwd_data, not fwd"),
                                         (["--batch", "0"], "--batch")])
 def test_bench_cpu_bad_input(args, words, capsys):
     assert bench.main(args) == 2

@@ -1,26 +1,11 @@
 """CPU benchmark: torch's conv3d against every DaCe forward implementation, per layer.
 
-Per layer, in one process and with one thread count for all:
-
-* torch's conv3d in both memory formats (NCDHW and channels_last_3d); the faster
-  (by median) is "torch";
-* every forward implementation with a CPU schedule, with its tuned parameters
-  (``tuning/cpu.json``, see :mod:`convbench.tuning`), built through the cache;
-* torch's first call, and each DaCe build's initialising call, screen: an implementation
-  whose first call takes more than ``--skip-slower`` times torch's is not sampled (its
-  time is recorded in the metadata); the others are verified against float64 torch (a
-  wrong kernel's time is not reported) and get ``--warmup`` untimed calls in all;
-* then ``--samples`` rounds, interleaved: in each round every backend is called once,
-  with the caches flushed before each call (as ``--compareprof``).
-
-The table gives, per layer, torch's median (and layout), the best DaCe-generated
-implementation and its median, their ratio, and the percentages of the SGEMM peak
-and of the FMA peak measured at start (:mod:`convbench.ceilings`; GFLOP/s count every
-tap, so a kernel that skips the zero border taps of a padded layer can pass them).
-``im2colGemm`` (which calls MKL's SGEMM) has its own column and is not counted as
-DaCe-generated.  The last line is ``max best/torch ratio: R``.  Result
-files (``samples.csv``, ``summary.csv``, ``metadata.json``, plus ``table.md``) go to
-``--outdir`` (default ``results/cpu/bench_cpu_<sets>_b<B>/``).
+README.md, "CPU performance" ("Benchmark"), describes the method, the ceilings and the
+table.  Not there: the screening first call counts as one of the ``--warmup`` calls; an
+implementation screened out by ``--skip-slower`` has its first-call time in the
+metadata; a wrong kernel's time is not reported; ``im2colGemm`` (MKL's SGEMM) has its
+own column and never counts as DaCe-generated (:data:`VENDOR`).  Besides the usual
+result files, ``table.md`` holds the printed table.
 """
 
 import math
@@ -66,23 +51,19 @@ def _main(argv, prog: str) -> int:
                    ("--warmup", args.warmupiter, 1), ("--threads", args.threads, 1))
     if not args.skip_slower > 1:
         raise UsageError(f"--skip-slower: must be > 1, got {args.skip_slower}")
-    from ..cli import set_threads
+    from ..devices import set_threads
     from ..experiment import Experiment, TimingOptions, resolve_implementations
     from ..layers import load_layers
     from ..layouts import Pass
 
     sets = args.paramscsv or DEFAULT_SETS
     layers = [(s, layer.with_batch(args.batch)) for s in sets for layer in load_layers(s)]
-    forward = {i.name: i for i in resolve_implementations(None, Pass.FWD, "cpu")}
-    names = flags.implementation_names(args.implementation) or sorted(forward)
-    for name in names:
-        if name not in forward:
-            raise UsageError(f"--implementation: '{name}' is not a forward implementation with "
-                             f"a CPU schedule (those: {', '.join(sorted(forward))})")
+    impls = resolve_implementations(flags.implementation_names(args.implementation),
+                                    Pass.FWD, "cpu")
     set_threads(args.threads)
     outdir = Path(args.outdir) if args.outdir else PROJECT_ROOT / "results" / "cpu" / \
         f"bench_cpu_{'+'.join(Path(s).stem for s in sets)}_b{args.batch}"
-    exp = Experiment([forward[n] for n in names], [layer for _, layer in layers], "cpu",
+    exp = Experiment(impls, [layer for _, layer in layers], "cpu",
                      policy="reuse", cachedir=args.cachedir, outdir=outdir, threads=args.threads,
                      timing=TimingOptions(args.warmupiter, args.totaliter,
                                           flush=not args.no_flush))
@@ -98,22 +79,18 @@ class Bench:
     def run(self) -> int:
         import torch
 
-        from .. import ceilings
-        from ..results import RunWriter, run_metadata
         a, exp, timer = self.args, self.exp, self.exp.timer
         print(f"measuring the CPU ceilings ({torch.get_num_threads()} threads) ...", flush=True)
-        ceil = ceilings.measure("cpu")
+        exp.extra_metadata.update(
+            kind="bench_cpu", batch=a.batch, vendor=sorted(VENDOR), skip_slower=a.skip_slower,
+            layers={}, timing={"method": timer.method, "warmup": a.warmupiter,
+                               "samples": a.totaliter, "interleaved": True,
+                               "flush_bytes": timer.flush_bytes})
+        writer = exp.start_results()
+        ceil = writer.metadata["ceilings"]
         peak, fma = ceil.get("peak_gflops"), ceil.get("fma_peak_gflops") or math.nan
         print(f"SGEMM peak {peak:.1f} GFLOP/s, FMA peak {fma:.1f} GFLOP/s, copy "
               f"{ceil.get('bandwidth_gbs', math.nan):.1f} GB/s", flush=True)
-        meta = run_metadata(PROJECT_ROOT, "cpu", a.threads)
-        meta.update(kind="bench_cpu", batch=a.batch, ceilings=ceil, references=["torch"],
-                    timing={"method": timer.method, "warmup": a.warmupiter,
-                            "samples": a.totaliter, "interleaved": True,
-                            "flush_bytes": timer.flush_bytes},
-                    implementations=[i.name for i in exp.impls], vendor=sorted(VENDOR),
-                    skip_slower=a.skip_slower, layers={})
-        writer = RunWriter(exp.outdir, meta, ["torch"])
         status = schema.INTERRUPTED
         try:
             rows = [self._layer(i, s, layer, writer) for i, (s, layer) in enumerate(self.layers)]

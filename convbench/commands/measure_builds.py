@@ -1,9 +1,8 @@
 """Measure build times: CPU (g++/OpenMP) and GPU (nvcc, sm_90, compile only), per
 implementation, for one layer of a layer set.
 
-Each build goes through :func:`convbench.cache.build` into an empty cache folder
-(nothing cached), with the implementation's default parameters.  Prints one line per
-build and a summary table; GPU builds are skipped when nvcc is missing.
+Each build starts in an empty cache folder, with the implementation's default
+parameters (not the tuned ones).
 """
 
 import shutil

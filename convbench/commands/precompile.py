@@ -1,17 +1,11 @@
 """Fill the build cache: implementations x layers x batches x targets, in parallel.
 
-Defaults: every implementation, the CosmoFlow sets (``cosmoflow_mlperf`` and
-``cosmoflow``) at their CSV batch, the CPU target, one job per core.  Parameters are
-the tuned ones (``tuning/<target>.json``, see ``convbench.tuning``) updated by
-``--param``, as every other entry point builds them (:meth:`Experiment.params
-<convbench.experiment.Experiment.params>`).  Builds that are already valid in the cache
-are skipped (``--force`` rebuilds them), layers an implementation does not support are
-counted and skipped.  GPU builds compile without a GPU.  Every worker process builds
-with the cache's lock, so several precompile runs (or a profiler) can share one cache
-folder.
-
-Afterwards ``profile_conv3d.py --loadprecompiled`` (or ``--require-precompiled``)
-loads these builds without compiling.  Exit status 1 if any build failed, 2 on bad input.
+README.md, "Build cache and precompiled builds", describes the cache and how the
+profiler loads these builds.  Parameters are the tuned ones updated by ``--param``,
+exactly as every other entry point builds them (:meth:`Experiment.params
+<convbench.experiment.Experiment.params>`), so the entries are the ones they look up.
+Valid entries are skipped unless ``--force``; unsupported layers are counted and
+skipped.  Workers build under the cache's locks, so several runs can share a folder.
 """
 
 import os

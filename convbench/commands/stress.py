@@ -1,45 +1,14 @@
 """Stress test: one very large convolution layer, a DaCe implementation against torch.
 
-The layer is ``batch x in_channels`` -> ``out_channels`` with a cubic kernel, sized so
-that its output is ``size^3`` (the default, 16 -> 32 channels, 3x3x3, stride 1, pad 1,
-is 256^3 in and out: 1 GiB of input, 2 GiB of output, about 464 GFLOP).  The
-implementation is built (or loaded from the build cache) with the tuned parameters
-updated by ``--param``, as :class:`convbench.experiment.Experiment` builds it; then
-torch's conv3d and the DaCe program run one after the other, each with its own arrays,
-which are freed in between.  Each backend gets one untimed first call (DaCe:
-initialisation through its checked call path; torch: oneDNN primitive creation, cuDNN
-autotuning), then ``--warmup`` untimed calls and ``--iters`` timed ones, with the
-experiment's timer (:mod:`convbench.timing`).  Reported per backend: the median time,
-GFLOP/s, and the peak memory of its phase.
-
-Memory.  Before anything is built or allocated, the script estimates what each phase
-needs (see :func:`memory_estimate`) and refuses, with one line and exit status 2, a
-layer whose larger phase would take more than 90% of the memory available on the
-device: ``MemAvailable`` of /proc/meminfo on the CPU, the free memory that
-``cudaMemGetInfo`` reports on the GPU.  ``--memory-limit`` pretends the device has at
-most that much.  Once the program is built, the estimate is redone with the sizes of
-the program's own transients, read from its SDFG (im2col's column buffer, for one,
-is far larger than the generic allowance), and checked again.
-
-Peak memory of a phase.  CPU: the process's peak RSS (VmHWM), reset before the phase
-by writing 5 to /proc/self/clear_refs (else ``ru_maxrss``, which cannot be reset);
-reported as the increase over the RSS before the phase, and as the process's peak.
-GPU: torch's allocator statistics miss DaCe's own cudaMalloc, so the driver's used
-memory (``cudaMemGetInfo``) is sampled every 2 ms in a background thread; reported as
-the most used minus the use before the phase.
-
-``--check`` verifies the DaCe output against torch in float64 with the tolerance
-rule of :mod:`convbench.verify`, on a sub-volume only (a float64 reference of the
-whole layer would need several times its memory): the first and the last
-``--check-planes`` output depth planes, over every batch element, channel, row and
-column, each computed from the matching input slab.  The far end is where an index
-that overflows or a tail that is dropped shows.  The output is poisoned with NaN after
-the first call, so an element the timed calls leave unwritten fails the check.  Exit
-status 1 if the check fails.
-
-Results go to ``--out`` (default ``results/<cpu|gpu>/stress_<impl>_<size>.json``):
-``{"meta": ..., "records": [one per backend]}``.  While a backend runs, a progress line
-goes to standard error now and then (a bar on a terminal).
+The layer's output is ``size^3`` (default: batch 1, 16 -> 32 channels, 3x3x3, 256^3,
+about 464 GFLOP).  torch and the DaCe build run one after the other, each with its own
+arrays, a first untimed call, ``--warmup`` and ``--iters`` timed calls with the
+experiment's timer.  Reported per backend: median time, GFLOP/s and the peak memory of
+its phase.  A layer whose estimated need exceeds 90% of the available memory is refused
+with exit status 2, before the build and again with the SDFG's own transients.
+``--check`` verifies the first and last output depth planes against torch float64 (the
+output is poisoned with NaN first); exit status 1 if it fails.  The README's "Stress
+test" section has the details.
 """
 
 import dataclasses
@@ -53,7 +22,8 @@ import time
 import warnings
 from pathlib import Path
 
-from .. import flags
+from .. import flags, tables
+from ..devices import synchronize
 from ..errors import ArgumentParser, UsageError, check_at_least, run_main
 
 PROG = "stress_test.py"
@@ -138,9 +108,7 @@ def _layer_of(args, size=None):
                       args.batch, args.kernel, args.stride, args.pad)
 
 
-# ---------------------------------------------------------------------------------------------
-# Memory: estimate, availability, peaks
-# ---------------------------------------------------------------------------------------------
+# -- Memory: estimate, availability, peaks -------------------------------------------------
 
 def check_regions(out_d: int, planes: int):
     """Output depth ranges ``[o0, o1)`` the sub-volume check covers: the first and the
@@ -354,7 +322,7 @@ class PeakMemory:
 
     def __exit__(self, *exc):
         if self.device == "gpu":
-            _sync("gpu")
+            synchronize("gpu")
             self._stop.set()
             self._thread.join()
             self.peak = max(self.peak, _gpu_used())
@@ -376,9 +344,7 @@ class PeakMemory:
                 "method": self.method}
 
 
-# ---------------------------------------------------------------------------------------------
-# The sub-volume check
-# ---------------------------------------------------------------------------------------------
+# -- The sub-volume check ------------------------------------------------------------------
 
 def input_slab(layer, x, o0: int, o1: int):
     """The sub-layer that computes output planes ``o0 .. o1-1`` of ``layer``, and its input:
@@ -418,15 +384,7 @@ def check_subvolume(layer, x, w, y, planes: int = 2, unit_roundoff: float = 2.0 
     return results
 
 
-# ---------------------------------------------------------------------------------------------
-# Phases
-# ---------------------------------------------------------------------------------------------
-
-def _sync(device):
-    if device == "gpu":
-        import torch
-        torch.cuda.synchronize()
-
+# -- Phases --------------------------------------------------------------------------------
 
 def _release(device):
     gc.collect()
@@ -435,86 +393,75 @@ def _release(device):
         torch.cuda.empty_cache()
 
 
-def _measure(exp, name, call, args):
-    """Warm-up and timed calls of ``call`` with the experiment's timer, a progress line
-    now and then."""
+def _phase(exp, label, what, start, args):
+    """One backend's phase: ``start()`` returns its prepared call and first-call time;
+    then the warm-up and timed calls, a progress line now and then.  Returns the call,
+    its record and the phase's memory."""
     from ..progress import Progress
-    total = args.warmupiter + args.totaliter
-    with Progress(total, label=f"  {name}", heartbeat=PROGRESS_HEARTBEAT_S) as progress:
-        timing = exp.timer.measure(call, args.warmupiter, args.totaliter, progress=progress)
-    _sync(exp.device)
-    return timing
-
-
-def _record(backend, timing, first_ms, memory, layer, extra=None) -> dict:
-    stats = timing.stats()
-    return {"backend": backend, **(extra or {}), "first_call_ms": first_ms,
-            "warmup": timing.warmup, "samples_ms": timing.samples_ms, **stats,
-            "gflop_per_s": layer.flops() / (stats["median_ms"] * 1e-3) / 1e9,
-            **memory.result()}
-
-
-def _announce(what, args):
     print(f"running {what}: 1 first call, {args.warmupiter} warm-up, {args.totaliter} timed",
           flush=True)
+    with PeakMemory(exp.device) as memory:
+        call, first = start()
+        print(f"  {label}: first call {first:.1f} ms", flush=True)
+        with Progress(args.warmupiter + args.totaliter, label=f"  {label}",
+                      heartbeat=PROGRESS_HEARTBEAT_S) as progress:
+            timing = exp.timer.measure(call, args.warmupiter, args.totaliter, progress=progress)
+        synchronize(exp.device)
+    stats = timing.stats()
+    return call, {"first_call_ms": first, "warmup": timing.warmup,
+                  "samples_ms": timing.samples_ms, **stats,
+                  "gflop_per_s": exp.layers[0].flops() / (stats["median_ms"] * 1e-3) / 1e9,
+                  **memory.result()}
 
 
 def run_torch(exp, layer, impl, inputs, args) -> dict:
     from ..layouts import Pass
     from ..references import TORCH
-    device = exp.device
-    _announce(f"torch conv3d ({'channels_last_3d' if str(impl.layout) == 'NDHWC' else 'NCDHW'})",
-              args)
-    with PeakMemory(device) as memory:
-        call = TORCH.prepare(layer, Pass.FWD, impl.layout, device, inputs, exp.ref_options)
-        _sync(device)
+
+    def start():
+        call = TORCH.prepare(layer, Pass.FWD, impl.layout, exp.device, inputs, exp.ref_options)
+        synchronize(exp.device)
         t0 = time.perf_counter()
         call()
-        _sync(device)
-        first = (time.perf_counter() - t0) * 1e3
-        print(f"  torch: first call {first:.1f} ms", flush=True)
-        timing = _measure(exp, "torch", call, args)
-        del call
-    _release(device)
-    return _record("torch", timing, first, memory, layer)
+        synchronize(exp.device)
+        return call, (time.perf_counter() - t0) * 1e3
+    fmt = "channels_last_3d" if str(impl.layout) == "NDHWC" else "NCDHW"
+    call, record = _phase(exp, "torch", f"torch conv3d ({fmt})", start, args)
+    del call
+    _release(exp.device)
+    return {"backend": "torch", **record}
 
 
 def run_dace(exp, layer, impl, build, inputs, args):
-    """Time the build; return its record and the check results (or None)."""
+    """Time the build; return its record and the check results (or None).  With
+    ``--check`` the output starts as NaN, so what the calls leave unwritten fails."""
     from ..layouts import PASS_SIGNATURE, from_layout
-    device = exp.device
-    _announce(f"{impl.name} (DaCe, {impl.layout})", args)
-    out_role = PASS_SIGNATURE[impl.pass_][1]
-    with PeakMemory(device) as memory:
-        call = exp.call(build, inputs)  # converts the arrays, makes the first (checked) call
-        _sync(device)
-        first = call.first_ms
-        out = call.keepalive[out_role]
-        if args.check:  # poison: what the timed calls leave unwritten fails the check
-            out.fill_(math.nan)
-        print(f"  {impl.name}: first call {first:.1f} ms", flush=True)
-        timing = _measure(exp, impl.name, call, args)
-    record = _record("dace", timing, first, memory, layer, {"implementation": impl.name})
+
+    def start():
+        call = exp.call(build, inputs, fill=math.nan if args.check else 0.0)
+        synchronize(exp.device)
+        return call, call.first_ms
+    call, record = _phase(exp, impl.name, f"{impl.name} (DaCe, {impl.layout})", start, args)
+    record = {"backend": "dace", "implementation": impl.name, **record}
     checks = None
     if args.check:
+        out_role = PASS_SIGNATURE[impl.pass_][1]
         regions = check_regions(layer.out_d, args.check_planes)
         print(f"checking {impl.name} against torch float64 on output depth planes "
               f"{', '.join(f'{a}..{b - 1}' for a, b in regions)} ...", flush=True)
         t0 = time.perf_counter()
         with PeakMemory("cpu") as check_memory:
             checks = check_subvolume(layer, inputs["x"], inputs["w"],
-                                     from_layout(out, impl.layout, out_role),
+                                     from_layout(call.keepalive[out_role], impl.layout, out_role),
                                      args.check_planes, build.spec.dtype.unit_roundoff)
         record["check_seconds"] = time.perf_counter() - t0
         record["check_peak_mem_bytes"] = check_memory.result()["peak_mem_bytes"]
-    del call, out
-    _release(device)
+    del call
+    _release(exp.device)
     return record, checks
 
 
-# ---------------------------------------------------------------------------------------------
-# Reporting
-# ---------------------------------------------------------------------------------------------
+# -- Reporting -----------------------------------------------------------------------------
 
 def _num(value: float) -> str:
     if value is None or not math.isfinite(value):
@@ -529,24 +476,16 @@ def _mem(nbytes) -> str:
 
 
 def format_table(records) -> str:
-    rows = [("backend", "first call ms", "median ms", "IQR/median", "GFLOP/s",
-             "peak mem GiB", "process peak GiB")]
-    for r in records:
-        process = r.get("peak_rss_bytes", r.get("peak_used_bytes"))
-        rows.append((r.get("implementation", r["backend"]), f"{r['first_call_ms']:.1f}",
-                     f"{r['median_ms']:.1f}",
-                     f"{100 * r['iqr_over_median']:.1f}%" if math.isfinite(r['iqr_over_median'])
-                     else "n/a", f"{r['gflop_per_s']:.1f}",
-                     "n/a" if r["peak_mem_bytes"] is None else f"{r['peak_mem_bytes'] / GIB:.3f}",
-                     "n/a" if process is None else f"{process / GIB:.3f}"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = []
-    for k, row in enumerate(rows):
-        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]
-        lines.append("  ".join(cells))
-        if k == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    def gib(n):
+        return "n/a" if n is None else f"{n / GIB:.3f}"
+    return tables.aligned(
+        ("backend", "first call ms", "median ms", "IQR/median", "GFLOP/s", "peak mem GiB",
+         "process peak GiB"),
+        [(r.get("implementation", r["backend"]), f"{r['first_call_ms']:.1f}",
+          f"{r['median_ms']:.1f}", f"{100 * r['iqr_over_median']:.1f}%"
+          if math.isfinite(r["iqr_over_median"]) else "n/a", f"{r['gflop_per_s']:.1f}",
+          gib(r["peak_mem_bytes"]), gib(r.get("peak_rss_bytes", r.get("peak_used_bytes"))))
+         for r in records])
 
 
 def summary_line(impl_name, dace, torch_rec, check_ok) -> str:
@@ -564,9 +503,7 @@ def summary_line(impl_name, dace, torch_rec, check_ok) -> str:
     return f"{text}, {check}"
 
 
-# ---------------------------------------------------------------------------------------------
-# main
-# ---------------------------------------------------------------------------------------------
+# -- main ----------------------------------------------------------------------------------
 
 def _check_writable(path: Path) -> None:
     """Fail now, not after a long run, if the result file cannot be written."""
@@ -584,8 +521,7 @@ def _setup(args):
     """Layer, implementation, experiment and parameters, every input checked: a
     UsageError before anything is built or allocated."""
     from .. import registry, timing
-    from ..devices import set_threads
-    from ..devices import resolve_device
+    from ..devices import resolve_device, set_threads
     from ..experiment import Experiment, TimingOptions, resolve_implementations
     from ..layouts import Pass
     layer = _layer_of(args)

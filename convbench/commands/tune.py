@@ -1,12 +1,9 @@
 """Parameter search for a CPU implementation: the fastest tile sizes per layer.
 
-For every layer, every combination of ``--space`` is built (or loaded from the build
-cache), verified against float64 torch (a wrong configuration is never chosen), and
-timed: one warm-up call, then ``--samples`` calls with the caches flushed before each;
-the median decides.  With ``--store`` the winner per layer is written to the tuning
-file the harness reads (``tuning/cpu.json``, see :mod:`convbench.tuning`), where
-``profile_conv3d.py``, ``bench_cpu.py`` and ``cosmoflow_end2end.py`` find it;
-``--param`` still overrides it.  Every configuration's time goes to ``--out``.
+README.md, "CPU performance" ("Tuning"), describes the search and where the winners
+that ``--store`` writes are used.  Each configuration gets one warm-up call before its
+flushed samples, and one that fails verification is never chosen.  Every
+configuration's time goes to ``--out``.
 """
 
 import dataclasses
@@ -76,7 +73,7 @@ def _main(argv, prog: str) -> int:
     args = build_parser(prog).parse_args(argv)
     check_at_least(("--batch", args.batch, 1), ("--threads", args.threads, 1),
                    ("--samples", args.samples, 1))
-    from ..cli import set_threads
+    from ..devices import set_threads
     from ..experiment import Experiment, TimingOptions, resolve_implementations
     from ..layers import load_layers
     impl, = resolve_implementations([args.implementation or DEFAULT_IMPLEMENTATION],

@@ -1,17 +1,9 @@
 """Validate the profiler's timer against DaCe's own instrumentation, and measure the
 spread of medians across repeated rounds.
 
-For each layer, the implementation is built once more with DaCe instrumentation on
-the whole SDFG (``Timer``: C++ ``chrono`` inside the compiled code on the CPU;
-``GPU_Events``: CUDA events that DaCe records itself on the GPU), outside the
-cache.  Then ``R`` rounds of the profiler's own measurement (the
-:class:`~convbench.experiment.Experiment`'s timer, flush and prepared call, as
-``--compareprof`` uses them) run on that build.  Every timed call is thus measured
-twice: by the profiler from outside, and by DaCe from inside.  The tool reports
-
-* the per-call difference, profiler minus DaCe (the profiler's overhead: the Python
-  call, ctypes, on the GPU event placement), as a median and a range;
-* the median of each round and their spread, (max - min) / median.
+README.md, "How the timer was validated", describes the method and its results.  The
+instrumented build (DaCe's ``Timer`` or ``GPU_Events`` on the whole SDFG) is made in a
+temporary folder, outside the build cache, which holds only uninstrumented builds.
 """
 
 import os

@@ -1,15 +1,10 @@
 """Plots of run folders (files: :mod:`convbench.schema`).
 
-* :mod:`.reader`: :func:`load_run` reads a profiler run into a :class:`RunData`,
-  :func:`read_breakdown` an end-to-end run's medians (no matplotlib there);
-* one module per plot, each writing one PNG: :func:`plot_violin` (``violin.png``),
-  :func:`plot_medians` (``medians.png``), :func:`plot_roofline` (``roofline.png``) and
-  :func:`plot_breakdown` (``runtimebreakdown.png`` of an end-to-end run);
-* :mod:`._style`: what they share (matplotlib with the Agg backend, colours, titles,
-  the label placer).
-
-:func:`plot_run` draws the three plots of a profiler run.  The plot functions are
-imported on first use, so reading a run does not load matplotlib.
+:mod:`.reader` reads a run (no matplotlib there); each other module draws one PNG
+(README.md, "Result files"; :mod:`.breakdown` draws an end-to-end run's
+``runtimebreakdown.png``), and :mod:`._style` holds what they share.  :func:`plot_run`
+draws the three plots of a profiler run.  The plot functions are imported on first
+use, so reading a run does not load matplotlib.
 """
 
 import importlib
