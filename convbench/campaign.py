@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from . import tables
-from .errors import UsageError, check_at_least
+from .errors import UsageError, check_at_least, check_choice
 from .files import write_atomic
 from .layers import Layer, load_layers
 
@@ -131,11 +131,6 @@ class Case(LayerCase):
 
 # -- the plan -----------------------------------------------------------------------------------
 
-def _check_choice(flag: str, value: str, choices: Sequence[str], what: str) -> None:
-    if value not in choices:
-        raise UsageError(f"{flag}: unknown {what} '{value}' (choose from {', '.join(choices)})")
-
-
 def _layer(layer_set: str, name: str, batch: int) -> Layer:
     for layer in load_layers(layer_set):
         if layer.name == name:
@@ -146,7 +141,7 @@ def _layer(layer_set: str, name: str, batch: int) -> Layer:
 def plan_cases(tier: str, target: str, planted: bool) -> List[Case]:
     """The cases of ``tier`` on ``target`` (with the three planted ones if ``planted``)."""
     from . import registry
-    _check_choice("--tier", tier, TIERS, "tier")
+    check_choice("--tier", tier, TIERS, "tier")
     impls = [n for n, i in registry.all_implementations().items() if target in i.targets]
     every = [SMOKE_LAYER] if tier == "smoke" else list(REPRESENTATIVE)
     pairs = [(impl, s, _layer(s, n, b), "every-impl") for s, n, b in every for impl in impls]
@@ -972,8 +967,8 @@ def default_out(target: str) -> Path:
 
 
 def check_options(o: Options) -> None:
-    _check_choice("--target", o.target, TARGETS, "target")
-    _check_choice("--tier", o.tier, TIERS, "tier")
+    check_choice("--target", o.target, TARGETS, "target")
+    check_choice("--tier", o.tier, TIERS, "tier")
     bad = [p for p in o.skip if p not in PHASES]
     if bad:
         raise UsageError(f"--skip: unknown phase(s) {', '.join(bad)} (phases: {', '.join(PHASES)})")

@@ -45,6 +45,12 @@ def check_at_least(*checks) -> None:
             raise UsageError(f"{flag}: must be an integer >= {least}, got {value}")
 
 
+def check_choice(flag: str, value, choices, what: str) -> None:
+    """A :class:`UsageError` naming ``flag`` when ``value`` is not one of ``choices``."""
+    if value not in choices:
+        raise UsageError(f"{flag}: unknown {what} '{value}' (choose from {', '.join(choices)})")
+
+
 def run_main(prog: str, body, argv=None) -> int:
     """``body(argv)``'s exit status, with usage errors printed as ``prog: error: ...``
     (status 2) and Ctrl-C as ``prog: interrupted`` (status 130), without a traceback."""

@@ -10,7 +10,7 @@ out; an :class:`Observer` sees each step as it happens (the command line prints 
     exp = Experiment(["implicitGemm"], load_layers("cosmoflow")[:2], device="cpu",
                      verify=True, timing=TimingOptions(warmup=2, iterations=5))
     for record in exp.run():
-        print(record.layer.name, record.status, record.median_ms())
+        print(record.layer.name, record.status, record.rows)
 
 The steps are methods too, for tools that arrange them differently (``bench_cpu`` times
 every implementation of a layer in interleaved rounds; ``tune_cpu`` times many parameter
@@ -78,12 +78,6 @@ class Record:
     @property
     def ok(self) -> bool:
         return self.status in ("passed", "built")
-
-    def median_ms(self, backend: str = "dace") -> Optional[float]:
-        for m in self.measurements:
-            if m.backend == backend:
-                return m.timing.stats()["median_ms"]
-        return None
 
 
 class Observer:

@@ -44,6 +44,11 @@ print(json.dumps({{"origin": build.origin, "imports_s": t1 - t0, "load_s": t2 - 
 
 
 def main(argv=None) -> int:
+    from convbench.errors import run_main
+    return run_main(PROG, _main, argv)
+
+
+def _main(argv) -> int:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     p.add_argument("--implementation", default="implicitGemmNCDHW")
     p.add_argument("--paramscsv", default="cosmoflow_mlperf")
@@ -59,14 +64,10 @@ def main(argv=None) -> int:
     from convbench.cache import BuildCache
     from convbench.errors import UsageError
     from convbench.layers import load_layers
-    try:
-        impl = registry.get(args.implementation)
-        layers = [x for x in load_layers(args.paramscsv) if x.name == args.layer]
-        if not layers:
-            raise UsageError(f"--layer: no layer '{args.layer}' in {args.paramscsv}")
-    except UsageError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        return 2
+    impl = registry.get(args.implementation)
+    layers = [x for x in load_layers(args.paramscsv) if x.name == args.layer]
+    if not layers:
+        raise UsageError(f"--layer: no layer '{args.layer}' in {args.paramscsv}")
     layer = layers[0].with_batch(args.batch)
     records = []
     for target in args.target or ["cpu", "gpu"]:

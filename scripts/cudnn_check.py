@@ -24,6 +24,11 @@ TOL = {"float32": 1e-4, "float16": 1e-2}
 
 
 def main(argv=None) -> int:
+    from convbench.errors import run_main
+    return run_main(PROG, _main, argv)
+
+
+def _main(argv) -> int:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     p.add_argument("--paramscsv", action="append", default=None)
     p.add_argument("--batch", type=int, default=None)
@@ -36,19 +41,13 @@ def main(argv=None) -> int:
     from convbench.layers import load_layers
     problem = devices.gpu_problem()
     if problem:
-        print(f"{PROG}: error: no usable GPU: {problem}", file=sys.stderr)
-        return 2
+        raise UsageError(f"no usable GPU: {problem}")
     import torch
 
     import cudnn_bindings as cb
     if cb.problem():
-        print(f"{PROG}: error: {cb.problem()}", file=sys.stderr)
-        return 2
-    try:
-        sets = {s: load_layers(s) for s in (args.paramscsv or ["cosmoflow_mlperf", "cosmoflow"])}
-    except UsageError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        return 2
+        raise UsageError(cb.problem())
+    sets = {s: load_layers(s) for s in (args.paramscsv or ["cosmoflow_mlperf", "cosmoflow"])}
     records, failures = [], 0
     for set_name, layers in sets.items():
         for layer in layers:

@@ -10,7 +10,7 @@ import statistics
 import tempfile
 
 from .. import flags
-from ..errors import ArgumentParser, UsageError, check_at_least, run_main
+from ..errors import ArgumentParser, UsageError, check_at_least, check_choice, run_main
 
 PROG = "measure_builds.py"
 TARGETS = ("cpu", "gpu")
@@ -39,9 +39,7 @@ def _main(argv, prog: str) -> int:
     check_at_least(("--batch", args.batch, 1), ("--repeat", args.repeat, 1))
     targets = [t.strip() for t in args.targets.split(",") if t.strip()]
     for target in targets or [""]:
-        if target not in TARGETS:
-            raise UsageError(f"--targets: unknown target '{target}' (choose from "
-                             f"{', '.join(TARGETS)})")
+        check_choice("--targets", target, TARGETS, "target")
     from .. import cache, toolchain
     from ..experiment import resolve_implementations
     from ..layers import load_layers

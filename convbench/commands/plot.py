@@ -10,10 +10,6 @@ from .. import plots
 PROG = "plot_results.py"
 
 
-def _one_line(err: BaseException) -> str:
-    return " ".join(str(err).split()) or type(err).__name__
-
-
 def main(argv=None, prog: str = PROG) -> int:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
@@ -38,6 +34,7 @@ def main(argv=None, prog: str = PROG) -> int:
             for path in plots.plot_run(run, outdir):
                 print(path)
     except (OSError, ValueError) as err:
-        print(f"{prog}: error: {_one_line(err)}", file=sys.stderr)
+        print(f"{prog}: error: {' '.join(str(err).split()) or type(err).__name__}",
+              file=sys.stderr)
         return 2
     return 0

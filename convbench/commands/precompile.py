@@ -12,7 +12,7 @@ import os
 import time
 
 from .. import flags
-from ..errors import ArgumentParser, UsageError, check_at_least, run_main
+from ..errors import ArgumentParser, UsageError, check_at_least, check_choice, run_main
 
 PROG = "precompile.py"
 DEFAULT_SETS = ("cosmoflow_mlperf", "cosmoflow")
@@ -45,18 +45,14 @@ def plan(args):
     from ..cache import Job
     from ..experiment import Experiment, resolve_implementations
     from ..layers import load_layers
-    check_at_least(("--jobs", args.jobs, 1))
+    check_at_least(("--jobs", args.jobs, 1), *(("--batch", b, 1) for b in args.batch or []))
     impls = resolve_implementations(flags.implementation_names(args.implementation))
     overrides = registry.parse_param_overrides(args.param)
     if overrides and len(impls) != 1:
         raise UsageError("--param: give exactly one --implementation with it")
     targets = args.target or ["cpu"]
     for t in targets:
-        if t not in TARGETS:
-            raise UsageError(f"--target: unknown target '{t}' (choose cpu or gpu)")
-    for b in args.batch or []:
-        if b <= 0:
-            raise UsageError(f"--batch: must be a positive integer, got {b}")
+        check_choice("--target", t, TARGETS, "target")
     # The parameters every other entry point builds with: one experiment per target.
     experiments = {t: Experiment(impls, [], t, overrides=overrides, verify=False)
                    for t in targets}
