@@ -111,8 +111,9 @@ def _main(argv, prog: str = PROG) -> int:
         if impl.pass_ != Pass.FWD:
             raise UsageError(f"--impl: {args.implementation} computes {impl.pass_}; name a forward "
                              "implementation (backward ones go in --impl-map)")
+    device = resolve_device(args.device)
     choice = network.choose(layers, args.implementation, args.impl_map,
-                            need_backward=bool(args.train or args.check))
+                            need_backward=bool(args.train or args.check), device=device)
     params: Dict[str, Dict[str, str]] = {}  # IMPL:NAME=VALUE -> {impl: {name: value}}
     for item in args.param:
         impl_name, sep, rest = item.partition(":")
@@ -122,7 +123,6 @@ def _main(argv, prog: str = PROG) -> int:
         params.setdefault(impl_name.strip(), {}).update(registry.parse_param_overrides([rest]))
     for name, values in params.items():
         registry.get(name).resolve_params(values, source=f"--param {name}")
-    device = resolve_device(args.device)
     network.validate_choice(choice, layers, device)
     args.threads = set_threads(args.threads)
     return Run(args, spec, layers, choice, params, device).run()

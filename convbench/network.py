@@ -36,6 +36,9 @@ TORCH = "torch"
 #: Default DaCe implementation per pass (the NDHWC implicit GEMMs: no layout copies).
 DEFAULT_DACE = {Pass.FWD: "implicitGemm", Pass.BWD_DATA: "implicitGemmBwdData",
                 Pass.BWD_FILTER: "implicitGemmBwdFilter"}
+#: On the CPU, the register-blocked kernels, where they support the layer.
+CPU_FAST = {Pass.FWD: "directConvNDHWCblocked", Pass.BWD_DATA: "directConvNDHWCblockedBwdData",
+            Pass.BWD_FILTER: "directConvNDHWCblockedBwdFilter"}
 PASSES = (Pass.FWD, Pass.BWD_DATA, Pass.BWD_FILTER)
 LEAKY_SLOPE = 0.3
 KERNEL = 3
@@ -307,22 +310,33 @@ def build_model(spec: ModelSpec, size: int, batch: int, dropout: Optional[float]
 Choice = Dict[str, Dict[Pass, str]]  # layer name -> pass -> implementation name (or torch)
 
 
+def default_implementation(layer: Layer, pass_: Pass, device: str) -> str:
+    """On the CPU the :data:`CPU_FAST` kernel of ``pass_`` where it supports ``layer``;
+    else (and on the GPU) :data:`DEFAULT_DACE`."""
+    fast = registry.get(CPU_FAST[pass_]) if device == "cpu" else None
+    if fast is not None and not fast.unsupported_reason(layer, fast.resolve_params()):
+        return fast.name
+    return DEFAULT_DACE[pass_]
+
+
 def choose(layers: Sequence[Layer], impl: Optional[str], maps: Sequence[str] = (),
-           need_backward: bool = True) -> Choice:
-    """The implementation of each layer and pass: ``impl`` (``--impl``) forward, the
-    :data:`DEFAULT_DACE` backward passes (torch's for a torch layer), overridden by the
-    ``--impl-map`` files in ``maps``, whose ``*`` entry applies to the layers they do not
-    name."""
+           need_backward: bool = True, device: str = "cpu") -> Choice:
+    """The implementation of each layer and pass: ``impl`` (``--impl``) forward, else
+    :func:`default_implementation`, whose backward passes also serve (torch's for a
+    torch layer); overridden by the ``--impl-map`` files in ``maps``, whose ``*`` entry
+    applies to the layers they do not name."""
     override = read_impl_maps(maps, [layer.name for layer in layers])
     every = override.get("*", {})
     chosen: Choice = {}
     for layer in layers:
         entry = override.get(layer.name, {})
-        fwd = entry.get(Pass.FWD, every.get(Pass.FWD, impl or DEFAULT_DACE[Pass.FWD]))
+        fwd = entry.get(Pass.FWD, every.get(Pass.FWD, impl or default_implementation(
+            layer, Pass.FWD, device)))
         chosen[layer.name] = per = {Pass.FWD: fwd}
         if need_backward:
             for p in (Pass.BWD_DATA, Pass.BWD_FILTER):
-                per[p] = entry.get(p, every.get(p, TORCH if fwd == TORCH else DEFAULT_DACE[p]))
+                per[p] = entry.get(p, every.get(p, TORCH if fwd == TORCH else
+                                                default_implementation(layer, p, device)))
     return chosen
 
 

@@ -1,10 +1,16 @@
 """Tuned parameters: the best tile sizes per implementation, layer and target, in a file.
 
-``tuning/<target>.json`` (committed; written by ``scripts/tune_cpu.py``) holds::
+``tuning/<target>.json`` (committed; written by ``scripts/tune_cpu.py``) holds, per
+machine (:func:`machine_id`: the CPU model and its widest vector ISA)::
 
-    {"machine": {...}, "entries": {"<implementation>": {"<layer key>": {"PIX": 16, ...}}}}
+    {"machines": {"<machine id>": {"machine": {...}, "entries": {
+        "<implementation>": {"<layer key>": {"PIX": 16, ...}}}}}}
 
-where the layer key is :meth:`convbench.layers.Layer.key` (geometry and batch).  The
+where the layer key is :meth:`convbench.layers.Layer.key` (geometry and batch).  Only
+the entries of this machine apply: a CPU with none gets the implementations' defaults,
+and a line on standard error says so (once per implementation), never another
+machine's choice in silence.  A file of the older form ``{"entries": ...}`` (no
+machines) applies to any machine.  The
 parameters of a build are, in increasing precedence: the implementation's defaults,
 the tuned entry for the layer (if any), and the user's ``--param`` values.
 ``$CONVBENCH_TUNING`` names another file, or ``off`` to ignore tuning.
@@ -12,8 +18,10 @@ the tuned entry for the layer (if any), and the user's ``--param`` values.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
@@ -21,6 +29,32 @@ from .errors import UsageError
 
 TUNING_DIR = Path(__file__).resolve().parent.parent / "tuning"
 _CACHE: Dict[str, Dict[str, Any]] = {}
+_WARNED: set = set()
+#: Vector ISAs, widest first, as /proc/cpuinfo names them.
+ISAS = ("avx512f", "avx2", "avx", "sse4_2", "asimd", "neon")
+
+
+@functools.lru_cache(maxsize=None)
+def machine_id(target: str = "cpu") -> str:
+    """What tuned entries are keyed by: ``<CPU model> (family F model M) | <widest vector
+    ISA>``.  Family and model tell apart generations that a VM names alike ("AMD EPYC");
+    the same CPU with another ISA (a VM that hides AVX-512) is another machine."""
+    if target != "cpu":
+        return target
+    import platform
+    info: Dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                info.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    flags = set((info.get("flags") or info.get("Features") or "").split())
+    generation = (f" (family {info['cpu family']} model {info['model']})"
+                  if "cpu family" in info and "model" in info else "")
+    model = info.get("model name") or platform.processor() or platform.machine()
+    return f"{model}{generation} | {next((i for i in ISAS if i in flags), 'scalar')}"
 
 
 def tuning_file(target: str) -> Optional[Path]:
@@ -49,10 +83,24 @@ def load(target: str) -> Dict[str, Any]:
     return _CACHE[key]
 
 
+def entries(target: str) -> Dict[str, Any]:
+    """This machine's entries (``{impl: {layer key: params}}``) in the tuning file."""
+    data = load(target)
+    if "machines" not in data:
+        return data.get("entries", {})
+    return data["machines"].get(machine_id(target), {}).get("entries", {})
+
+
 def tuned_entry(impl_name: str, layer, target: str) -> Dict[str, int]:
     """The tuned parameters stored for ``impl_name`` on ``layer`` (possibly empty)."""
-    entry = load(target).get("entries", {}).get(impl_name, {}).get(layer.key(), {})
-    return dict(entry)
+    mine = entries(target)
+    if impl_name not in mine and impl_name not in _WARNED and any(
+            impl_name in m.get("entries", {}) for m in load(target).get("machines", {}).values()):
+        _WARNED.add(impl_name)
+        print(f"note: {tuning_file(target)} has no {impl_name} entries for this machine "
+              f"({machine_id(target)}), only for others: its defaults are used (tune it here "
+              f"with scripts/tune_cpu.py --implementation {impl_name} --store)", file=sys.stderr)
+    return dict(mine.get(impl_name, {}).get(layer.key(), {}))
 
 
 def tuned_params(impl, layer, target: str,
@@ -74,8 +122,11 @@ def store(target: str, impl_name: str, layer, params: Mapping[str, int],
     if path is None:
         raise UsageError("tuning is off ($CONVBENCH_TUNING=off): nowhere to store")
     data = json.loads(path.read_text()) if path.is_file() else {}
-    data.setdefault("entries", {}).setdefault(impl_name, {})[layer.key()] = dict(params)
-    data["machine"] = dict(machine)
+    if "entries" in data and "machines" not in data:  # the older form: whose they are is unknown
+        data = {"machines": {"unknown (before entries were keyed by machine)": data}}
+    section = data.setdefault("machines", {}).setdefault(machine_id(target), {})
+    section.setdefault("entries", {}).setdefault(impl_name, {})[layer.key()] = dict(params)
+    section["machine"] = dict(machine)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
     _CACHE.clear()

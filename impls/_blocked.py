@@ -145,13 +145,14 @@ def tile_pixels(pixel_tile_shape):
     return [(di, hi, wi) for di in range(db) for hi in range(hb) for wi in range(wb)]
 
 
-def signature(L, dtype_name, function):
+def signature(L, dtype_name, function, w_shape=None):
     """The generated program's first lines: imports and ``function(x, w, y)`` on the
-    padded NDHWC input, the filter and the output, with constant shapes."""
+    padded NDHWC input, the filter (``w_shape``, default ``L.w_shape``) and the output,
+    with constant shapes."""
     return ["import dace", "", f"dt = dace.{dtype_name}", "", "",
             "@dace.program",
             f"def {function}(x: dt[{', '.join(map(str, L.xp_shape))}], "
-            f"w: dt[{', '.join(map(str, L.w_shape))}], y: dt[{', '.join(map(str, L.y_shape))}]):"]
+            f"w: dt[{', '.join(map(str, w_shape or L.w_shape))}], y: dt[{', '.join(map(str, L.y_shape))}]):"]
 
 
 def cpu_schedule(sdfg, layer, params):
@@ -162,3 +163,34 @@ def cpu_schedule(sdfg, layer, params):
                 dace.ScheduleType.Default, dace.ScheduleType.CPU_Multicore):
             node.map.schedule = dace.ScheduleType.CPU_Multicore
             node.map.collapse = len(node.map.params)
+
+
+def blocked_source(L, dtype_name, db, hb, wb, nb, k_outer, flip=False):
+    """``directConvNDHWCblocked``'s program text (see its module) for layer constants
+    ``L`` and a ``db x hb x wb`` x ``nb`` tile.  ``flip``: ``w`` is the filter of the convolution that ``L`` transposes (``C x taps x
+    K``, see ``directConvNDHWCblockedBwdData``), packed flipped in space and with its
+    channels swapped."""
+    kblk, S = L.K // nb, L.S
+    pixels = db * hb * wb
+    lines = signature(L, dtype_name, "direct_blocked",
+                      (L.C, L.KD, L.KH, L.KW, L.K) if flip else None)
+    lines.append(f"    wp = dace.define_local([{kblk}, {L.KD}, {L.KH}, {L.KW}, {L.C}, {nb}], dt)")
+    header, i = map_header([("kb", kblk), ("td", L.KD), ("th", L.KH), ("tw", L.KW), ("c", L.C),
+                            ("j", nb)], "    ")
+    body = "    " if header is None else "        "
+    if header:
+        lines.append(header)
+    k = f"{i['kb']} * {nb} + {i['j']}"
+    taps = (f"{L.KD - 1} - {i['td']}, {L.KH - 1} - {i['th']}, {L.KW - 1} - {i['tw']}" if flip
+            else f"{i['td']}, {i['th']}, {i['tw']}")
+    lines.append(f"{body}wp[{i['kb']}, {i['td']}, {i['th']}, {i['tw']}, {i['c']}, {i['j']}] = "
+                 + (f"w[{i['c']}, {taps}, {k}]" if flip else f"w[{k}, {taps}, {i['c']}]"))
+    tile = (db, hb, wb)
+    nest, ind, depth, t = reduction_nest(L, kblk, tile, k_outer, pixels, nb, ("c", L.C))
+    lines += nest
+    lines.append(f"{depth}wv = wp[{t['kb']}, kd, kh, kw, c, j]")
+    pix = tile_pixels(tile)
+    for p, offset in enumerate(pix):
+        lines.append(f"{depth}acc[{p}, j] += {input_at(t, tile, offset, S, 'c')} * wv")
+    lines += store_tile(ind, t, tile, "j1", nb, lambda p: f"acc[{p}, j1]")
+    return "\n".join(lines) + "\n"

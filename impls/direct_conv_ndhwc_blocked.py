@@ -33,9 +33,8 @@ once per ``wb`` FMAs and each input value once per ``nb`` FMAs.
 
 from convbench.registry import Layout, Pass
 from convbench.registry import Implementation, Param, register
-from impls._blocked import (channel_tiles_outer, cpu_schedule, generated_program, input_at,
-                            kouter_param, largest_divisor, map_header, store_tile, pixel_tile,
-                            reduction_nest, signature, tile_pixels)
+from impls._blocked import (blocked_source, channel_tiles_outer, cpu_schedule,
+                            generated_program, kouter_param, largest_divisor, pixel_tile)
 from impls._common import layer_constants
 
 __all__ = ["largest_divisor", "tile_sizes"]
@@ -49,35 +48,11 @@ def tile_sizes(layer, params):
         largest_divisor(layer.out_channels, params["NB"]),)
 
 
-def _source(L, dtype_name, db, hb, wb, nb, k_outer):
-    """The program's text for layer constants ``L`` and a ``db x hb x wb`` x ``nb`` tile."""
-    kblk, S = L.K // nb, L.S
-    pixels = db * hb * wb
-    lines = signature(L, dtype_name, "direct_blocked")
-    lines.append(f"    wp = dace.define_local([{kblk}, {L.KD}, {L.KH}, {L.KW}, {L.C}, {nb}], dt)")
-    header, i = map_header([("kb", kblk), ("td", L.KD), ("th", L.KH), ("tw", L.KW), ("c", L.C),
-                            ("j", nb)], "    ")
-    body = "    " if header is None else "        "
-    if header:
-        lines.append(header)
-    lines.append(f"{body}wp[{i['kb']}, {i['td']}, {i['th']}, {i['tw']}, {i['c']}, {i['j']}] = "
-                 f"w[{i['kb']} * {nb} + {i['j']}, {i['td']}, {i['th']}, {i['tw']}, {i['c']}]")
-    tile = (db, hb, wb)
-    nest, ind, depth, t = reduction_nest(L, kblk, tile, k_outer, pixels, nb, ("c", L.C))
-    lines += nest
-    lines.append(f"{depth}wv = wp[{t['kb']}, kd, kh, kw, c, j]")
-    pix = tile_pixels(tile)
-    for p, offset in enumerate(pix):
-        lines.append(f"{depth}acc[{p}, j] += {input_at(t, tile, offset, S, 'c')} * wv")
-    lines += store_tile(ind, t, tile, "j1", nb, lambda p: f"acc[{p}, j1]")
-    return "\n".join(lines) + "\n"
-
-
 def algorithm(layer, dtype, params):
     L = layer_constants(layer, Layout.NDHWC)
     db, hb, wb, nb = tile_sizes(layer, params)
     k_outer = channel_tiles_outer(layer, params["KOUTER"])
-    return generated_program(layer, _source(L, dtype.name, db, hb, wb, nb, k_outer),
+    return generated_program(layer, blocked_source(L, dtype.name, db, hb, wb, nb, k_outer),
                              "direct_blocked", f"{db}x{hb}x{wb}x{nb}_{int(k_outer)}")
 
 

@@ -1,5 +1,6 @@
 """The backward passes: --pass on the command line, and verification with teeth (a flipped
-kernel, a wrong stride phase and a split-K chunk that drops planes are caught)."""
+kernel, a wrong stride phase, a split-K chunk that drops planes, and in the register-blocked
+kernels an unflipped filter, a dropped partial and a shifted width tap are caught)."""
 
 import importlib.util
 import inspect
@@ -23,8 +24,11 @@ def test_every_backward_pass_has_implementations():
     assert passes == {Pass.BWD_DATA, Pass.BWD_FILTER}
     assert set(BACKWARD) >= {"implicitGemmBwdData", "implicitGemmBwdFilter",
                              "implicitGemmsplitKBwdFilter"}
-    for name in BACKWARD:
+    gemms = ("implicitGemmBwdData", "implicitGemmBwdFilter", "implicitGemmsplitKBwdFilter")
+    for name in gemms:  # the GPU-capable ones; the register-blocked kernels are CPU-only
         assert registry.get(name).targets == ("cpu", "gpu")
+    for name in set(BACKWARD) - set(gemms):
+        assert "cpu" in registry.get(name).targets, name
 
 
 def test_reference_is_autograd():
@@ -105,11 +109,74 @@ def test_split_k_dropping_planes_is_caught(tmp_path, builds, reference):
     assert not check.ok, check.summary()
 
 
+def _verify_source(name, function, source, pad_layer, pass_, layer, builds, reference, fix=None):
+    """Verify a register-blocked kernel generated from (planted) ``source`` text."""
+    from impls._blocked import cpu_schedule
+    from impls._common import pad_input, program_from_source
+
+    def algorithm(layer, dtype, params):
+        sdfg = pad_input(program_from_source(source, function, name), pad_layer, "NDHWC")
+        return fix(sdfg) if fix else sdfg
+    impl = Implementation(name=name, summary="a planted bug", layout="NDHWC", pass_=pass_,
+                          algorithm=algorithm, schedules={"cpu": cpu_schedule})
+    build = builds(toolchain.make_spec(impl, layer, planted=name))
+    return verify.verify_build(build, reference(layer, pass_=pass_))[0]
+
+
+#: Stride 1, a different padding per dimension, tails in every tile.
+BLOCKED_LAYER = Layer("blocked_odd", 2, 3, 5, 6, 5, 7, 3, 3, 3, pad=1, pad_w=0)
+
+
+@pytest.mark.parametrize("plant", [None, "unflipped"])
+def test_blocked_bwd_data_catches_an_unflipped_filter(plant, builds, reference):
+    from impls import direct_conv_ndhwc_blocked_bwd_data as bd
+    from impls._blocked import blocked_source, channel_tiles_outer
+    from impls._common import layer_constants
+    params = registry.get("directConvNDHWCblockedBwdData").resolve_params()
+    t = bd.transposed_layer(BLOCKED_LAYER)
+    L = layer_constants(t, "NDHWC")
+    db, hb, wb, nb = bd.tile_sizes(BLOCKED_LAYER, params)
+    source = blocked_source(L, "float32", db, hb, wb, nb, channel_tiles_outer(t, 2), flip=True)
+    if plant:
+        assert source.count("2 - td, 2 - th, 2 - tw") == 1
+        source = source.replace("2 - td, 2 - th, 2 - tw", "td, th, tw")
+
+    def swap(sdfg):
+        for old, new in (("x", "__dy"), ("y", "x"), ("__dy", "y")):
+            sdfg.replace(old, new)
+        return sdfg
+    check = _verify_source(f"bd_{plant}", "direct_blocked", source, t, Pass.BWD_DATA,
+                           BLOCKED_LAYER, builds, reference, fix=swap)
+    assert check.ok is (plant is None), check.summary()
+
+
+@pytest.mark.parametrize("plant", [None, "drop_partial", "width_tap"])
+def test_blocked_bwd_filter_catches_planted_bugs(plant, builds, reference):
+    from impls import direct_conv_ndhwc_blocked_bwd_filter as bf
+    from impls._common import layer_constants
+    params = dict(registry.get("directConvNDHWCblockedBwdFilter").resolve_params(), SLICES=2)
+    layer = BLOCKED_LAYER  # output depth 6: 2 chunks of 3 planes
+    source = bf._source(layer_constants(layer, "NDHWC"), "float32",
+                        *bf.tile_sizes(layer, params))
+    if plant == "drop_partial":  # the last depth chunk's partial is never added
+        assert source.count("for dc in range(2):") == 1
+        source = source.replace("for dc in range(2):", "for dc in range(1):")
+    elif plant == "width_tap":  # one accumulator of the second width tap reads the first's
+        lines = source.splitlines()
+        i = next(n for n, line in enumerate(lines) if "acc[0, 3, j] +=" in line)
+        assert lines[i].count("3 + 1, ") == 1
+        lines[i] = lines[i].replace("3 + 1, ", "3 + 0, ")
+        source = "\n".join(lines) + "\n"
+    check = _verify_source(f"bf_{plant}", "bwd_filter_blocked", source, layer,
+                           Pass.BWD_FILTER, layer, builds, reference)
+    assert check.ok is (plant is None), check.summary()
+
+
 @pytest.mark.parametrize("args, words", [
     (["--pass", "bwd"], "--pass: unknown pass 'bwd' (choose from fwd, bwd_data, bwd_filter)"),
     (["--pass", "bwd_data", "--implementation", "implicitGemm"],
      "--pass bwd_data: implicitGemm computes fwd; implementations of bwd_data: "
-     "implicitGemmBwdData"),
+     "directConvNDHWCblockedBwdData, implicitGemmBwdData"),
     (["--pass", "fwd", "--implementation", "implicitGemmBwdFilter"],
      "--pass fwd: implicitGemmBwdFilter computes bwd_filter"),
 ])
@@ -123,7 +190,8 @@ def test_list_filters_by_pass(capsys):
     assert cli.main(["--list", "--pass", "bwd_filter"]) == 0
     out = capsys.readouterr().out
     names = [line for line in out.splitlines() if line and not line.startswith(" ")]
-    assert names == ["implicitGemmBwdFilter", "implicitGemmsplitKBwdFilter"]
+    assert names == ["directConvNDHWCblockedBwdFilter", "implicitGemmBwdFilter",
+                     "implicitGemmsplitKBwdFilter"]
     assert "pass: bwd_filter" in out
 
 

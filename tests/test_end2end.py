@@ -87,8 +87,10 @@ def test_impl_map_csv_takes_the_fastest(tmp_path):
     assert choice["conv2"][Pass.FWD] == "implicitGemm"
     assert choice["conv2"][Pass.BWD_FILTER] == "implicitGemmsplitKBwdFilter"
     assert set(choice["conv3"].values()) == {"torch"}
-    assert choice["conv4"] == {Pass.FWD: "implicitGemm", Pass.BWD_DATA: "implicitGemmBwdData",
-                               Pass.BWD_FILTER: "implicitGemmBwdFilter"}
+    # Unnamed layers get the CPU's register-blocked kernels, or the implicit GEMMs on the GPU.
+    assert choice["conv4"] == network.CPU_FAST
+    gpu = network.choose(layers, None, [str(tmp_path / "b.json")], device="gpu")
+    assert gpu["conv4"] == network.DEFAULT_DACE
     network.validate_choice(choice, layers, "cpu")
 
 
@@ -126,7 +128,8 @@ def _small_run_cases():
     """The builds of the small run: every layer's default forward and backward-filter
     implementation, and backward data but for the first layer (its input needs none)."""
     layers = network.conv_layers(network.MODELS["mlperf"], 32, 2)
-    return [Case(network.DEFAULT_DACE[p], layer, "end2end") for layer in layers
+    return [Case(network.default_implementation(layer, p, "cpu"), layer, "end2end")
+            for layer in layers
             for p in (Pass.FWD, Pass.BWD_DATA, Pass.BWD_FILTER)
             if not (p == Pass.BWD_DATA and layer is layers[0])]
 
@@ -156,11 +159,11 @@ def test_small_training_run_checks_and_writes_results(small_run):
     assert train["total"] >= sum(v for k, v in train.items() if k != "total") * 0.999
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["status"] == "complete" and meta["check"]["ok"]
-    assert meta["implementations"]["conv2"]["bwd_data"] == "implicitGemmBwdData"
+    assert meta["implementations"]["conv2"]["bwd_data"] == "directConvNDHWCblockedBwdData"
     with open(out / "summary.csv") as f:
         rows = list(csv.DictReader(f))
     conv = [r for r in rows if r["layer"] == "forward.conv1.fwd" and r["backend"] == "dace"][0]
-    assert conv["implementation"] == "implicitGemm" and float(conv["gflops"]) > 0
+    assert conv["implementation"] == "directConvNDHWCblocked" and float(conv["gflops"]) > 0
 
 
 def _planted(monkeypatch, cachedir, capsys, mutate_build=None, mutate_backward=None):

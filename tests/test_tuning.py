@@ -34,7 +34,27 @@ def test_precedence_defaults_file_overrides(tuning_file):
     assert tuning.tuned_params(impl, LAYER, "cpu", {"PIX": "12"})["PIX"] == 12
     assert tuning.tuned_params(impl, LAYER, "cpu")["KOUTER"] == 1
     data = json.loads(tuning_file.read_text())
-    assert data["entries"][BLOCKED][LAYER.key()] == {"PIX": 8, "KOUTER": 1}
+    mine = data["machines"][tuning.machine_id()]
+    assert mine["entries"][BLOCKED][LAYER.key()] == {"PIX": 8, "KOUTER": 1}
+    assert mine["machine"] == {"cpu": "test"}
+
+
+def test_entries_of_another_machine_are_not_used(tuning_file, capsys):
+    """Another CPU's entry is not applied, and a note says so; the older file form (no
+    machines) applies to any machine, and storing keeps it under an unknown machine."""
+    impl = registry.get(BLOCKED)
+    other = {"machines": {"Other CPU | avx2": {"entries": {BLOCKED: {LAYER.key(): {"PIX": 8}}}}}}
+    tuning_file.write_text(json.dumps(other))
+    tuning._WARNED.clear()
+    assert tuning.tuned_params(impl, LAYER, "cpu") == impl.resolve_params()
+    err = capsys.readouterr().err
+    assert f"no {BLOCKED} entries for this machine ({tuning.machine_id()})" in err
+    tuning_file.write_text(json.dumps({"entries": {BLOCKED: {LAYER.key(): {"PIX": 12}}}}))
+    assert tuning.tuned_params(impl, LAYER, "cpu")["PIX"] == 12
+    tuning.store("cpu", BLOCKED, LAYER, {"PIX": 4}, {"cpu": "test"})
+    data = json.loads(tuning_file.read_text())["machines"]
+    assert data[tuning.machine_id()]["entries"][BLOCKED][LAYER.key()] == {"PIX": 4}
+    assert any(m.startswith("unknown") and m != tuning.machine_id() for m in data)
 
 
 def test_bad_tuning_file_is_a_usage_error(tuning_file):
@@ -70,12 +90,12 @@ def test_cli_builds_with_the_tuned_entry(tuning_file, tmp_path, cachedir, capsys
 
 def _committed():
     path = ROOT / "tuning" / "cpu.json"
-    data = json.loads(path.read_text()) if path.is_file() else {"entries": {}}
+    data = json.loads(path.read_text()) if path.is_file() else {"machines": {}}
     keys = {layer.with_batch(b).key(): layer.with_batch(b)
             for s in ("cosmoflow", "cosmoflow_mlperf") for layer in load_layers(s)
             for b in (1, 2, 4, 8, 16)}
-    return [(impl, keys.get(key), key, params) for impl, entries in data["entries"].items()
-            for key, params in entries.items()]
+    return [(impl, keys.get(key), key, params) for machine in data["machines"].values()
+            for impl, entries in machine["entries"].items() for key, params in entries.items()]
 
 
 def test_committed_entries_name_real_layers_and_valid_params():
@@ -113,7 +133,7 @@ def test_blocked_tiles_and_parallel_map():
 def test_blocked_statement_count_follows_the_tile():
     from convbench.layouts import Layout
     from impls._common import layer_constants
-    from impls.direct_conv_ndhwc_blocked import _source
+    from impls._blocked import blocked_source as _source
     text = _source(layer_constants(LAYER, Layout.NDHWC), "float32", 1, 2, 8, 16, False)
     assert text.count("] * wv") == 16 and text.count("acc[15, j] +=") == 1
 
@@ -237,6 +257,28 @@ def test_bench_cpu_small_set(tmp_path, cachedir, capsys):
         assert f",{backend}," in summary, backend
 
 
+def test_bench_cpu_backward_passes(tmp_path, cachedir, capsys):
+    """--pass bwd_data,bwd_filter: one table and one ratio line per pass, against torch's
+    gradients (verified kernels only)."""
+    csv = tmp_path / "small.csv"
+    csv.write_text(SMALL_SET)
+    out = tmp_path / "bench"
+    status = bench.main([
+        "--paramscsv", str(csv), "--batch", "1", "--pass", "bwd_data,bwd_filter",
+        "--impls", "directConvNDHWCblockedBwdData,directConvNDHWCblockedBwdFilter",
+        "--samples", "5", "--warmup", "1", "--outdir", str(out), "--cachedir", str(cachedir),
+        "--skip-slower", "1000"])
+    stdout, stderr = capsys.readouterr()
+    assert status == 0, stdout[-3000:] + stderr[-3000:]
+    ratios = [line for line in stdout.splitlines() if line.startswith("max best/torch ratio: ")]
+    assert [r.rsplit(" ", 1)[-1] for r in ratios] == ["(bwd_data)", "(bwd_filter)"], ratios
+    for pass_, name in (("bwd_data", "directConvNDHWCblockedBwdData"),
+                        ("bwd_filter", "directConvNDHWCblockedBwdFilter")):
+        meta = json.loads((out / pass_ / "metadata.json").read_text())
+        assert meta["bench_pass"] == pass_ and meta["layers"]["small/a"][name]["verified"]
+        assert (out / pass_ / "table.md").is_file()
+
+
 def test_fma_peak_probe(monkeypatch):
     from convbench import ceilings
     assert ceilings.cpu_fma_peak(1) > 0
@@ -246,6 +288,7 @@ def test_fma_peak_probe(monkeypatch):
 
 @pytest.mark.parametrize("args,words", [(["--samples", "3"], "--samples: must be an integer >= 5"),
                                         (["--impls", "implicitGemmBwdData"], "computes bwd_data, not fwd"),
+                                        (["--pass", "bwd"], "--pass: unknown pass 'bwd'"),
                                         (["--batch", "0"], "--batch")])
 def test_bench_cpu_bad_input(args, words, capsys):
     assert bench.main(args) == 2
@@ -265,7 +308,7 @@ def test_tune_cpu_stores_the_winner(tmp_path, cachedir, monkeypatch, capsys):
                         "--cachedir", str(cachedir)])
     stdout, stderr = capsys.readouterr()
     assert status == 0, stdout[-3000:] + stderr[-3000:]
-    entries = json.loads(store.read_text())["entries"][BLOCKED]
+    entries = json.loads(store.read_text())["machines"][tuning.machine_id()]["entries"][BLOCKED]
     assert len(entries) == 2 and all(e["PIX"] in (4, 8) for e in entries.values())
     records = json.loads((tmp_path / "t.json").read_text())["records"]
     assert len(records) == 4 and all(r["ok"] for r in records)

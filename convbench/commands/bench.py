@@ -1,4 +1,4 @@
-"""CPU benchmark: torch's conv3d against every DaCe forward implementation, per layer.
+"""CPU benchmark: torch's conv3d against every DaCe implementation of a pass, per layer.
 
 README.md, "CPU performance" ("Benchmark"), describes the method, the ceilings and the
 table.  Not there: the screening first call counts as one of the ``--warmup`` calls; an
@@ -26,7 +26,9 @@ def build_parser(prog: str = PROG):
     p = ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     flags.add_layer_flags(p, " and ".join(DEFAULT_SETS), many=True, batch_default=2,
                           select=False)
-    flags.add_implementation_flag(p, "default: every forward one with a CPU schedule",
+    p.add_argument("--pass", dest="pass_", default="fwd", metavar="fwd,bwd_data,bwd_filter",
+                   help="the passes to benchmark, one table each (default fwd)")
+    flags.add_implementation_flag(p, "default: every one of the pass with a CPU schedule",
                                   many=True)
     flags.add_timing_flags(p, warmup=2, iters=7, time_limit=False)
     p.add_argument("--samples", dest="totaliter", type=int, default=7, metavar="N",
@@ -51,6 +53,8 @@ def _main(argv, prog: str) -> int:
                    ("--warmup", args.warmupiter, 1), ("--threads", args.threads, 1))
     if not args.skip_slower > 1:
         raise UsageError(f"--skip-slower: must be > 1, got {args.skip_slower}")
+    from .. import registry
+    from ..cli import resolve_pass
     from ..devices import set_threads
     from ..experiment import Experiment, TimingOptions, resolve_implementations
     from ..layers import load_layers
@@ -58,23 +62,36 @@ def _main(argv, prog: str) -> int:
 
     sets = args.paramscsv or DEFAULT_SETS
     layers = [(s, layer.with_batch(args.batch)) for s in sets for layer in load_layers(s)]
-    impls = resolve_implementations(flags.implementation_names(args.implementation),
-                                    Pass.FWD, "cpu")
+    passes = [resolve_pass(p.strip()) for p in args.pass_.split(",") if p.strip()]
+    if not passes:
+        raise UsageError("--pass: give at least one of fwd, bwd_data, bwd_filter")
+    names = flags.implementation_names(args.implementation)
+    stray = [n for n in names or [] if registry.get(n).pass_ not in passes]
+    resolve_implementations(stray, passes[0], "cpu")  # names of another pass: a usage error
+    plan = [(pass_, resolve_implementations(
+        None if names is None else [n for n in names if registry.get(n).pass_ == pass_],
+        pass_, "cpu")) for pass_ in passes]
     set_threads(args.threads)
-    outdir = Path(args.outdir) if args.outdir else PROJECT_ROOT / "results" / "cpu" / \
+    base = Path(args.outdir) if args.outdir else PROJECT_ROOT / "results" / "cpu" / \
         f"bench_cpu_{'+'.join(Path(s).stem for s in sets)}_b{args.batch}"
-    exp = Experiment(impls, [layer for _, layer in layers], "cpu",
-                     policy="reuse", cachedir=args.cachedir, outdir=outdir, threads=args.threads,
-                     timing=TimingOptions(args.warmupiter, args.totaliter,
-                                          flush=not args.no_flush))
-    return Bench(exp, args, layers).run()
+    status = 0
+    for pass_, impls in plan:
+        outdir = (base if pass_ == Pass.FWD else base.with_name(f"{base.name}_{pass_}")) \
+            if args.outdir is None or len(plan) == 1 else base / str(pass_)
+        exp = Experiment(impls, [layer for _, layer in layers], "cpu",
+                         policy="reuse", cachedir=args.cachedir, outdir=outdir,
+                         threads=args.threads, timing=TimingOptions(
+                             args.warmupiter, args.totaliter, flush=not args.no_flush))
+        status |= Bench(exp, args, layers, pass_, len(plan) > 1).run()
+    return status
 
 
 class Bench:
     """The interleaved measurement of every implementation, layer by layer, and the table."""
 
-    def __init__(self, exp, args, layers):
-        self.exp, self.args, self.layers = exp, args, layers
+    def __init__(self, exp, args, layers, pass_="fwd", name_pass=False):
+        self.exp, self.args, self.layers, self.pass_ = exp, args, layers, pass_
+        self.suffix = f" ({pass_})" if name_pass else ""
 
     def run(self) -> int:
         import torch
@@ -82,7 +99,7 @@ class Bench:
         a, exp, timer = self.args, self.exp, self.exp.timer
         print(f"measuring the CPU ceilings ({torch.get_num_threads()} threads) ...", flush=True)
         exp.extra_metadata.update(
-            kind="bench_cpu", batch=a.batch, vendor=sorted(VENDOR), skip_slower=a.skip_slower,
+            kind="bench_cpu", bench_pass=str(self.pass_), batch=a.batch, vendor=sorted(VENDOR), skip_slower=a.skip_slower,
             layers={}, timing={"method": timer.method, "warmup": a.warmupiter,
                                "samples": a.totaliter, "interleaved": True,
                                "flush_bytes": timer.flush_bytes})
@@ -101,25 +118,23 @@ class Bench:
         (exp.outdir / "table.md").write_text(table + "\n")
         print(table)
         print(f"results: {exp.outdir}/")
-        print(f"max best/torch ratio: {max(r['ratio'] for r in rows):.3f}")
+        print(f"max best/torch ratio: {max(r['ratio'] for r in rows):.3f}{self.suffix}")
         return 0
 
     def _layer(self, index, layer_set, layer, writer):
         import torch
-        import torch.nn.functional as F
 
-        from ..layouts import Pass
+        from ..layouts import Layout
+        from ..references import TORCH as REF
         from ..results import Measurement
         from ..timing import Timing, summarize
         a, exp, timer = self.args, self.exp, self.exp.timer
         label = f"{Path(layer_set).stem}/{layer.name}"
         print(f"[{index + 1}/{len(self.layers)}] {label}: {layer.describe()}", flush=True)
-        truth = exp.truth(Pass.FWD, layer)
-        x, w = truth.inputs["x"], truth.inputs["w"]
-        xl, wl = (t.contiguous(memory_format=torch.channels_last_3d) for t in (x, w))
-        conv = dict(stride=layer.stride, padding=layer.pads)
-        calls = {"torch-ncdhw": lambda: F.conv3d(x, w, **conv),
-                 "torch-ndhwc": lambda: F.conv3d(xl, wl, **conv)}
+        truth = exp.truth(self.pass_, layer)
+        calls = {name: REF.prepare(layer, self.pass_, layout, "cpu", truth.inputs,
+                                   exp.ref_options)
+                 for name, layout in zip(TORCH, (Layout.NCDHW, Layout.NDHWC))}
         info, builds = {}, {}
         for impl in exp.impls:
             params = exp.params(impl, layer)

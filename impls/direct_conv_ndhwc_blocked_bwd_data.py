@@ -1,0 +1,76 @@
+"""``directConvNDHWCblockedBwdData``: dL/dx on NDHWC with the register-blocked forward
+kernel of ``directConvNDHWCblocked``.
+
+For stride 1, dL/dx is a forward convolution of dL/dy (``K`` channels) with the filter
+flipped in space and its channels swapped (``C`` outputs), padded by ``k - 1 - p`` per
+dimension: ``dx[b, d, h, w, c] = sum dy[b, d + p - t, ..., k] * w[k, t, ..., c]``; with
+``t' = k - 1 - t`` that is the forward form on dL/dy padded by ``k - 1 - p``.  The
+forward generator (:func:`impls._blocked.blocked_source`) runs on that transposed layer
+and packs the filter flipped while it packs it anyway, so the flip costs nothing.  Its
+micro-tiles vectorise over the input channels ``c`` (contiguous in dL/dx).  Stride > 1
+is not supported here (``implicitGemmBwdData`` splits it by stride phase).
+"""
+
+from convbench.registry import Implementation, Layer, Layout, Pass, Param, register
+from impls._blocked import (blocked_source, channel_tiles_outer, cpu_schedule,
+                            generated_program, kouter_param, largest_divisor, pixel_tile)
+from impls._common import layer_constants
+
+
+def transposed_layer(layer: Layer) -> Layer:
+    """The stride-1 forward convolution whose output is dL/dx of ``layer``."""
+    pd, ph, pw = layer.pads
+    return Layer(f"{layer.name}_bwd_data", layer.batch, layer.out_channels, layer.in_channels,
+                 layer.out_d, layer.out_h, layer.out_w, layer.k_d, layer.k_h, layer.k_w,
+                 stride=1, pad=0, pad_d=layer.k_d - 1 - pd, pad_h=layer.k_h - 1 - ph,
+                 pad_w=layer.k_w - 1 - pw)
+
+
+def supports(layer, params):
+    if layer.stride != 1:
+        return f"stride {layer.stride}: only stride 1 is a flipped forward convolution"
+    if any(p > k - 1 for p, k in zip(layer.pads, (layer.k_d, layer.k_h, layer.k_w))):
+        return "padding larger than kernel - 1"
+    return None
+
+
+def tile_sizes(layer, params):
+    """The micro-tile of the transposed layer: ``(db, hb, wb, nb)`` with ``nb`` input
+    channels of ``layer`` (its output channels)."""
+    t = transposed_layer(layer)
+    return pixel_tile(t, params["PIX"], params["WB"]) + (
+        largest_divisor(t.out_channels, params["NB"]),)
+
+
+def algorithm(layer, dtype, params):
+    t = transposed_layer(layer)
+    L = layer_constants(t, Layout.NDHWC)
+    db, hb, wb, nb = tile_sizes(layer, params)
+    k_outer = channel_tiles_outer(t, params["KOUTER"])
+    sdfg = generated_program(t, blocked_source(L, dtype.name, db, hb, wb, nb, k_outer, flip=True),
+                             "direct_blocked", f"bwdd_{db}x{hb}x{wb}x{nb}_{int(k_outer)}")
+    # The program reads its input as x and writes y; the harness passes dL/dy as y and
+    # takes dL/dx from x.
+    sdfg.replace("x", "__dy")
+    sdfg.replace("y", "x")
+    sdfg.replace("__dy", "y")
+    return sdfg
+
+
+register(Implementation(
+    name="directConvNDHWCblockedBwdData",
+    summary="backward data on NDHWC for the CPU (stride 1): the register-blocked forward "
+            "kernel on dL/dy with the filter flipped and transposed while packed",
+    layout=Layout.NDHWC,
+    pass_=Pass.BWD_DATA,
+    algorithm=algorithm,
+    schedules={"cpu": cpu_schedule},
+    params=(Param("PIX", 16, "input pixels per micro-tile: accumulator vectors"),
+            Param("WB", 16, "at most this many of them along the width"),
+            Param("NB", 16, "input channels per micro-tile (the largest divisor of C up "
+                            "to NB)"),
+            kouter_param()),
+    supports=supports,
+    constraints="stride 1, padding at most kernel - 1",
+    anisotropic_pad=True,
+))
