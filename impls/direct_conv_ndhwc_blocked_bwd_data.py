@@ -49,11 +49,14 @@ def algorithm(layer, dtype, params):
     k_outer = channel_tiles_outer(t, params["KOUTER"])
     sdfg = generated_program(t, blocked_source(L, dtype.name, db, hb, wb, nb, k_outer, flip=True),
                              "direct_blocked", f"bwdd_{db}x{hb}x{wb}x{nb}_{int(k_outer)}")
-    # The program reads its input as x and writes y; the harness passes dL/dy as y and
-    # takes dL/dx from x.
-    sdfg.replace("x", "__dy")
-    sdfg.replace("y", "x")
-    sdfg.replace("__dy", "y")
+    return swap_roles(sdfg)
+
+
+def swap_roles(sdfg):
+    """The forward program reads its input as x and writes y; the harness passes dL/dy
+    as y and takes dL/dx from x."""
+    for old, new in (("x", "__dy"), ("y", "x"), ("__dy", "y")):
+        sdfg.replace(old, new)
     return sdfg
 
 

@@ -22,7 +22,7 @@ outermost so that a thread's consecutive tiles reuse one slice in cache.
 """
 
 from convbench.registry import Implementation, Layout, Pass, Param, register
-from impls._blocked import cpu_schedule, largest_divisor, map_header
+from impls._blocked import cpu_schedule, largest_divisor, map_header, signature
 from impls._common import layer_constants, pad_input, program_from_source
 
 
@@ -49,12 +49,9 @@ def tile_sizes(layer, params):
 def _source(L, dtype_name, chunks, tw, cb, nb, inner):
     ch, S = L.OD // chunks, L.S
     kblk, cblk, wblk = L.K // nb, L.C // cb, L.KW // tw
-    shape = lambda s: ", ".join(map(str, s))  # noqa: E731
-    lines = ["import dace", "", f"dt = dace.{dtype_name}", "", "", "@dace.program",
-             f"def bwd_filter_blocked(x: dt[{shape(L.xp_shape)}], y: dt[{shape(L.y_shape)}], "
-             f"w: dt[{shape(L.w_shape)}]):",
-             f"    part = dace.define_local([{L.N}, {chunks}, {L.K}, {L.KD}, {L.KH}, {L.KW}, "
-             f"{L.C}], dt)"]
+    lines = signature(L, dtype_name, "bwd_filter_blocked")  # called by keyword: x, y in, w out
+    lines.append(f"    part = dace.define_local([{L.N}, {chunks}, {L.K}, {L.KD}, {L.KH}, {L.KW}, "
+                 f"{L.C}], dt)")
     dims = [("b", L.N), ("dc", chunks), ("kb", kblk), ("cb", cblk)]
     dims += [("wb", wblk)] if inner else [("kd", L.KD), ("kh", L.KH), ("wb", wblk)]
     header, t = map_header(dims, "    ")
@@ -79,21 +76,20 @@ def _source(L, dtype_name, chunks, tw, cb, nb, inner):
     deep += "        "
     od = f"{t['dc']} * {ch} + t"
     lines.append(f"{deep}dv = y[{t['b']}, {od}, oh, ow, {t['kb']} * {nb} + j]")
-    for a in range(tw):
-        for ci in range(cb):
-            lines.append(f"{deep}acc[{tap or '0, '}{a * cb + ci}, j] += x[{t['b']}, ({od}) * {S} + "
-                         f"{kd}, oh * {S} + {kh}, ow * {S} + {t['wb']} * {tw} + {a}, "
-                         f"{t['cb']} * {cb} + {ci}] * dv")
+    # One accumulator per (width tap a, channel ci): its index, and its width and channel.
+    slots = [(f"{tap or '0, '}{a * cb + ci}", f"{t['wb']} * {tw} + {a}", f"{t['cb']} * {cb} + {ci}")
+             for a in range(tw) for ci in range(cb)]
+    for i, kw, c in slots:
+        lines.append(f"{deep}acc[{i}, j] += x[{t['b']}, ({od}) * {S} + {kd}, oh * {S} + {kh}, "
+                     f"ow * {S} + {kw}, {c}] * dv")
     store = ind
     if inner:
         lines += [f"{ind}for kd in range({L.KD}):", f"{ind}    for kh in range({L.KH}):"]
         store += "        "
     lines.append(f"{store}for j1 in range({nb}):")
-    for a in range(tw):
-        for ci in range(cb):
-            lines.append(f"{store}    part[{t['b']}, {t['dc']}, {t['kb']} * {nb} + j1, {kd}, "
-                         f"{kh}, {t['wb']} * {tw} + {a}, {t['cb']} * {cb} + {ci}] = "
-                         f"acc[{tap or '0, '}{a * cb + ci}, j1]")
+    for i, kw, c in slots:
+        lines.append(f"{store}    part[{t['b']}, {t['dc']}, {t['kb']} * {nb} + j1, {kd}, {kh}, "
+                     f"{kw}, {c}] = acc[{i}, j1]")
     red, r = map_header([("k", L.K), ("kd", L.KD), ("kh", L.KH), ("kw", L.KW), ("c", L.C)],
                         "    ")
     rind = "        " if red else "    "

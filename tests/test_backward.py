@@ -140,13 +140,8 @@ def test_blocked_bwd_data_catches_an_unflipped_filter(plant, builds, reference):
     if plant:
         assert source.count("2 - td, 2 - th, 2 - tw") == 1
         source = source.replace("2 - td, 2 - th, 2 - tw", "td, th, tw")
-
-    def swap(sdfg):
-        for old, new in (("x", "__dy"), ("y", "x"), ("__dy", "y")):
-            sdfg.replace(old, new)
-        return sdfg
     check = _verify_source(f"bd_{plant}", "direct_blocked", source, t, Pass.BWD_DATA,
-                           BLOCKED_LAYER, builds, reference, fix=swap)
+                           BLOCKED_LAYER, builds, reference, fix=bd.swap_roles)
     assert check.ok is (plant is None), check.summary()
 
 
