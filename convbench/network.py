@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from . import registry
+from . import registry, tuning
 from .devices import synchronize
 from .errors import UsageError
 from .layers import Layer
@@ -311,11 +311,17 @@ Choice = Dict[str, Dict[Pass, str]]  # layer name -> pass -> implementation name
 
 
 def default_implementation(layer: Layer, pass_: Pass, device: str) -> str:
-    """On the CPU the :data:`CPU_FAST` kernel of ``pass_`` where it supports ``layer``;
-    else (and on the GPU) :data:`DEFAULT_DACE`."""
-    fast = registry.get(CPU_FAST[pass_]) if device == "cpu" else None
-    if fast is not None and not fast.unsupported_reason(layer, fast.resolve_params()):
-        return fast.name
+    """On the CPU the fastest implementation of ``pass_`` on ``layer`` as measured here
+    (``bench_cpu.py --store``, :func:`convbench.tuning.best_implementation`), else the
+    :data:`CPU_FAST` kernel where it supports ``layer``; else (and on the GPU)
+    :data:`DEFAULT_DACE`."""
+    if device != "cpu":
+        return DEFAULT_DACE[pass_]
+    for name in (tuning.best_implementation(str(pass_), layer, "cpu"), CPU_FAST[pass_]):
+        impl = registry.all_implementations().get(name or "")
+        if impl is not None and impl.pass_ == pass_ and not impl.unsupported_reason(
+                layer, tuning.tuned_params(impl, layer, "cpu")):
+            return impl.name
     return DEFAULT_DACE[pass_]
 
 

@@ -4,7 +4,8 @@
 machine (:func:`machine_id`: the CPU model and its widest vector ISA)::
 
     {"machines": {"<machine id>": {"machine": {...}, "entries": {
-        "<implementation>": {"<layer key>": {"PIX": 16, ...}}}}}}
+        "<implementation>": {"<layer key>": {"PIX": 16, ...}}},
+        "best": {"<pass>": {"<layer key>": "<implementation>"}}}}}
 
 where the layer key is :meth:`convbench.layers.Layer.key` (geometry and batch).  Only
 the entries of this machine apply: a CPU with none gets the implementations' defaults,
@@ -14,6 +15,10 @@ machines) applies to any machine.  The
 parameters of a build are, in increasing precedence: the implementation's defaults,
 the tuned entry for the layer (if any), and the user's ``--param`` values.
 ``$CONVBENCH_TUNING`` names another file, or ``off`` to ignore tuning.
+
+``best`` (written by ``scripts/bench_cpu.py --store``) names the fastest implementation
+of a pass per layer, as the benchmark measured it with the tuned parameters; the
+end-to-end network takes it by default (:func:`best_implementation`).
 """
 
 from __future__ import annotations
@@ -117,6 +122,26 @@ def tuned_params(impl, layer, target: str,
 def store(target: str, impl_name: str, layer, params: Mapping[str, int],
           machine: Mapping[str, Any]) -> Path:
     """Record ``params`` as the tuned entry of ``impl_name`` on ``layer`` (atomically)."""
+    return _update(target, machine, lambda section: section.setdefault(
+        "entries", {}).setdefault(impl_name, {}).__setitem__(layer.key(), dict(params)))
+
+
+def store_best(target: str, pass_name: str, layer, impl_name: str,
+               machine: Mapping[str, Any]) -> Path:
+    """Record ``impl_name`` as the fastest implementation of ``pass_name`` on ``layer``."""
+    return _update(target, machine, lambda section: section.setdefault(
+        "best", {}).setdefault(pass_name, {}).__setitem__(layer.key(), impl_name))
+
+
+def best_implementation(pass_name: str, layer, target: str) -> Optional[str]:
+    """The implementation stored as the fastest of ``pass_name`` on ``layer`` here."""
+    data = load(target)
+    mine = data.get("machines", {}).get(machine_id(target), {})
+    return mine.get("best", {}).get(pass_name, {}).get(layer.key())
+
+
+def _update(target: str, machine: Mapping[str, Any], change) -> Path:
+    """Apply ``change`` to this machine's section of the tuning file (atomically)."""
     from .files import write_atomic
     path = tuning_file(target)
     if path is None:
@@ -125,7 +150,7 @@ def store(target: str, impl_name: str, layer, params: Mapping[str, int],
     if "entries" in data and "machines" not in data:  # the older form: whose they are is unknown
         data = {"machines": {"unknown (before entries were keyed by machine)": data}}
     section = data.setdefault("machines", {}).setdefault(machine_id(target), {})
-    section.setdefault("entries", {}).setdefault(impl_name, {})[layer.key()] = dict(params)
+    change(section)
     section["machine"] = dict(machine)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n")

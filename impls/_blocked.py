@@ -19,6 +19,20 @@ def pixel_tile(layer, pix: int, wmax: int):
     return db, hb, wb
 
 
+def channel_vectors(channels: int, nb: int, nv: int):
+    """``(nb, nv)``: ``nv`` vectors of ``nb`` channels per micro-tile, ``nb`` the largest
+    divisor of ``channels`` up to ``NB`` and ``nv`` the largest divisor of the rest up to
+    ``NV``."""
+    nb = largest_divisor(channels, nb)
+    return nb, largest_divisor(channels // nb, nv)
+
+
+def nv_param(default=1):
+    from convbench.registry import Param
+    return Param("NV", default, "vectors of NB channels per micro-tile: PIX x NV accumulators, "
+                          "NV filter loads per PIX broadcasts")
+
+
 def channel_tiles_outer(layer, kouter: int) -> bool:
     """``KOUTER``: 1 channel tiles outermost, 0 pixel tiles outermost, 2 (auto) channel
     tiles outermost when the filter has more elements than the input."""
@@ -119,14 +133,20 @@ def input_at(t, pixel_tile_shape, offset, S, channel):
             f"{channel}]")
 
 
-def store_tile(indent, t, pixel_tile_shape, var, channels, value):
+def store_tile(indent, t, pixel_tile_shape, var, channels, value, vectors=1):
     """The loop ``var < channels`` that writes the tile's outputs: pixel ``p`` (in
-    accumulator order), channel ``kb * channels + var``, gets the text ``value(p)``."""
+    accumulator order), channel ``kb * channels * vectors + v * channels + var`` for each
+    of the ``vectors`` channel vectors ``v``, gets the text ``value(p)`` (``vectors`` = 1)
+    or ``value(p, v)``."""
     db, hb, wb = pixel_tile_shape
     lines = [f"{indent}for {var} in range({channels}):"]
     for p, (di, hi, wi) in enumerate(tile_pixels(pixel_tile_shape)):
-        lines.append(f"{indent}    y[{t['b']}, {t['odb']} * {db} + {di}, {t['ohb']} * {hb} + {hi}, "
-                     f"{t['owb']} * {wb} + {wi}, {t['kb']} * {channels} + {var}] = {value(p)}")
+        for v in range(vectors):
+            channel = (f"{t['kb']} * {channels * vectors} + {v * channels} + {var}" if vectors > 1
+                       else f"{t['kb']} * {channels} + {var}")
+            lines.append(f"{indent}    y[{t['b']}, {t['odb']} * {db} + {di}, "
+                         f"{t['ohb']} * {hb} + {hi}, {t['owb']} * {wb} + {wi}, {channel}] = "
+                         f"{value(p, v) if vectors > 1 else value(p)}")
     return lines
 
 
@@ -165,32 +185,49 @@ def cpu_schedule(sdfg, layer, params):
             node.map.collapse = len(node.map.params)
 
 
-def blocked_source(L, dtype_name, db, hb, wb, nb, k_outer, flip=False):
+def blocked_source(L, dtype_name, db, hb, wb, nb, k_outer, flip=False, nv=1, pack=True):
     """``directConvNDHWCblocked``'s program text (see its module) for layer constants
-    ``L`` and a ``db x hb x wb`` x ``nb`` tile.  ``flip``: ``w`` is the filter of the convolution that ``L`` transposes (``C x taps x
-    K``, see ``directConvNDHWCblockedBwdData``), packed flipped in space and with its
-    channels swapped."""
-    kblk, S = L.K // nb, L.S
+    ``L`` and a ``db x hb x wb`` x ``nv * nb`` tile: ``nv`` vectors of ``nb`` output
+    channels per pixel.  ``flip``: ``w`` is the filter of the convolution that ``L``
+    transposes (``C x taps x K``, see ``directConvNDHWCblockedBwdData``), read flipped in
+    space and with its channels swapped.  ``pack``: copy the filter first into
+    ``wp[K / (nv nb), taps, C, nv nb]``, so a tile's filter vectors are one contiguous
+    stream; without it (``flip`` only, where the filter's vector dimension is already its
+    innermost one) the kernel reads them from ``w`` in place."""
+    cw, S = nb * nv, L.S
+    kblk = L.K // cw
     pixels = db * hb * wb
     lines = signature(L, dtype_name, "direct_blocked",
                       (L.C, L.KD, L.KH, L.KW, L.K) if flip else None)
-    lines.append(f"    wp = dace.define_local([{kblk}, {L.KD}, {L.KH}, {L.KW}, {L.C}, {nb}], dt)")
-    header, i = map_header([("kb", kblk), ("td", L.KD), ("th", L.KH), ("tw", L.KW), ("c", L.C),
-                            ("j", nb)], "    ")
-    body = "    " if header is None else "        "
-    if header:
-        lines.append(header)
-    k = f"{i['kb']} * {nb} + {i['j']}"
-    taps = (f"{L.KD - 1} - {i['td']}, {L.KH - 1} - {i['th']}, {L.KW - 1} - {i['tw']}" if flip
-            else f"{i['td']}, {i['th']}, {i['tw']}")
-    lines.append(f"{body}wp[{i['kb']}, {i['td']}, {i['th']}, {i['tw']}, {i['c']}, {i['j']}] = "
-                 + (f"w[{i['c']}, {taps}, {k}]" if flip else f"w[{k}, {taps}, {i['c']}]"))
+    flipped = f"{L.KD - 1} - kd, {L.KH - 1} - kh, {L.KW - 1} - kw"
+    if pack or not flip:
+        lines.append(f"    wp = dace.define_local([{kblk}, {L.KD}, {L.KH}, {L.KW}, {L.C}, "
+                     f"{cw}], dt)")
+        header, i = map_header([("kb", kblk), ("td", L.KD), ("th", L.KH), ("tw", L.KW),
+                                ("c", L.C), ("j", cw)], "    ")
+        body = "    " if header is None else "        "
+        if header:
+            lines.append(header)
+        k = f"{i['kb']} * {cw} + {i['j']}"
+        taps = (", ".join(f"{n - 1} - {i[d]}" for n, d in ((L.KD, "td"), (L.KH, "th"),
+                                                            (L.KW, "tw"))) if flip
+                else f"{i['td']}, {i['th']}, {i['tw']}")
+        lines.append(f"{body}wp[{i['kb']}, {i['td']}, {i['th']}, {i['tw']}, {i['c']}, {i['j']}] = "
+                     + (f"w[{i['c']}, {taps}, {k}]" if flip else f"w[{k}, {taps}, {i['c']}]"))
+
+        def filter_at(kb, lane):
+            return f"wp[{kb}, kd, kh, kw, c, {lane}]"
+    else:
+        def filter_at(kb, lane):
+            return f"w[c, {flipped}, {kb} * {cw} + {lane}]"
     tile = (db, hb, wb)
-    nest, ind, depth, t = reduction_nest(L, kblk, tile, k_outer, pixels, nb, ("c", L.C))
+    nest, ind, depth, t = reduction_nest(L, kblk, tile, k_outer, pixels * nv, nb, ("c", L.C))
     lines += nest
-    lines.append(f"{depth}wv = wp[{t['kb']}, kd, kh, kw, c, j]")
-    pix = tile_pixels(tile)
-    for p, offset in enumerate(pix):
-        lines.append(f"{depth}acc[{p}, j] += {input_at(t, tile, offset, S, 'c')} * wv")
-    lines += store_tile(ind, t, tile, "j1", nb, lambda p: f"acc[{p}, j1]")
+    for v in range(nv):
+        lines.append(f"{depth}wv{v} = {filter_at(t['kb'], f'{v * nb} + j' if v else 'j')}")
+    for p, offset in enumerate(tile_pixels(tile)):
+        xv = input_at(t, tile, offset, S, 'c')
+        for v in range(nv):
+            lines.append(f"{depth}acc[{p * nv + v}, j] += {xv} * wv{v}")
+    lines += store_tile(ind, t, tile, "j1", nb, lambda p, v=0: f"acc[{p * nv + v}, j1]", nv)
     return "\n".join(lines) + "\n"

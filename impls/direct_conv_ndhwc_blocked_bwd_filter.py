@@ -15,14 +15,17 @@ does with thread-private buffers).  Within a slice, a micro-tile is
                                                # TW*CB statements, written out
 
 so each ``dy`` vector is loaded once per ``TW * CB`` FMAs into fixed accumulators (the
-compiler keeps them in registers).  ``TW`` is the kernel width when ``TAPW`` = 1 (the
+compiler keeps them in registers).  With ``NV`` vectors of output channels per tile
+(``dv0 .. dv{NV-1}``) each ``x`` value also feeds ``NV`` FMAs; past about 24
+accumulators GCC spills some of them to the stack, so ``TW * CB * NV`` stays small.  ``TW`` is the kernel width when ``TAPW`` = 1 (the
 width taps share the ``dy`` load: what keeps a one-channel first layer busy), else 1.
 The parallel map runs over (slice, channel blocks, the remaining taps), slices
 outermost so that a thread's consecutive tiles reuse one slice in cache.
 """
 
 from convbench.registry import Implementation, Layout, Pass, Param, register
-from impls._blocked import cpu_schedule, largest_divisor, map_header, signature
+from impls._blocked import (channel_vectors, cpu_schedule, largest_divisor, map_header,
+                            nv_param, signature)
 from impls._common import layer_constants, pad_input, program_from_source
 
 
@@ -33,32 +36,41 @@ PARTIAL_BYTES = 16 << 20
 
 
 def tile_sizes(layer, params):
-    """``(chunks, tw, cb, nb, taps_inner)``: depth chunks per batch element, width taps,
-    input channels and output channels per micro-tile, and whether the depth and height
-    taps loop inside each output row (else they are dimensions of the parallel map)."""
+    """``(chunks, tw, cb, nb, nv, taps_inner, form)``: depth chunks per batch element,
+    width taps, broadcast channels per micro-tile, ``nv`` vectors of ``nb`` channels,
+    whether the depth and height taps loop inside each output row (else they are
+    dimensions of the parallel map), and ``FORM`` (0: vectors over the output channels,
+    broadcasts over the input channels; 1: the other way round)."""
+    form = params["FORM"]
+    vec, bcast = ((layer.out_channels, layer.in_channels) if form == 0
+                  else (layer.in_channels, layer.out_channels))
     tw = layer.k_w if params["TAPW"] else 1
-    cb = largest_divisor(layer.in_channels, params["CB"])
-    nb = largest_divisor(layer.out_channels, params["NB"])
+    cb = largest_divisor(bcast, params["CB"])
+    nb, nv = channel_vectors(vec, params["NB"], params["NV"])
     inner = bool(params["TAPS"])
     per_slice = 4 * layer.batch * layer.out_channels * layer.in_channels * layer.k_d \
         * layer.k_h * layer.k_w
     slices = max(1, min(params["SLICES"], PARTIAL_BYTES // per_slice))
-    return largest_divisor(layer.out_d, slices), tw, cb, nb, inner
+    return largest_divisor(layer.out_d, slices), tw, cb, nb, nv, inner, form
 
 
-def _source(L, dtype_name, chunks, tw, cb, nb, inner):
-    ch, S = L.OD // chunks, L.S
-    kblk, cblk, wblk = L.K // nb, L.C // cb, L.KW // tw
+def _source(L, dtype_name, chunks, tw, cb, nb, nv, inner, form=0):
+    """The program's text.  ``form`` 0: ``nv`` vectors of ``nb`` output channels (from
+    dL/dy) times ``cb`` broadcast input channels; 1: ``nv`` vectors of ``nb`` input
+    channels (from x) times ``cb`` broadcast output channels."""
+    ch, S, cw = L.OD // chunks, L.S, nb * nv
+    kbs, cbs = (cw, cb) if form == 0 else (cb, cw)  # output and input channels per tile
+    wblk = L.KW // tw
     lines = signature(L, dtype_name, "bwd_filter_blocked")  # called by keyword: x, y in, w out
     lines.append(f"    part = dace.define_local([{L.N}, {chunks}, {L.K}, {L.KD}, {L.KH}, {L.KW}, "
                  f"{L.C}], dt)")
-    dims = [("b", L.N), ("dc", chunks), ("kb", kblk), ("cb", cblk)]
+    dims = [("b", L.N), ("dc", chunks), ("kb", L.K // kbs), ("cb", L.C // cbs)]
     dims += [("wb", wblk)] if inner else [("kd", L.KD), ("kh", L.KH), ("wb", wblk)]
     header, t = map_header(dims, "    ")
     ind = "        " if header else "    "
     if header:
         lines.append(header)
-    acc, taps = tw * cb, L.KD * L.KH if inner else 1
+    acc, taps = tw * cb * nv, L.KD * L.KH if inner else 1
     tap = "kd * {} + kh, ".format(L.KH) if inner else ""
     kd, kh = ("kd", "kh") if inner else (t["kd"], t["kh"])
     lines += [f"{ind}acc = dace.define_local([{taps}, {acc}, {nb}], dt)",
@@ -75,21 +87,47 @@ def _source(L, dtype_name, chunks, tw, cb, nb, inner):
     lines += [f"{deep}for ow in range({L.OW}):", f"{deep}    for j in range({nb}):"]
     deep += "        "
     od = f"{t['dc']} * {ch} + t"
-    lines.append(f"{deep}dv = y[{t['b']}, {od}, oh, ow, {t['kb']} * {nb} + j]")
-    # One accumulator per (width tap a, channel ci): its index, and its width and channel.
-    slots = [(f"{tap or '0, '}{a * cb + ci}", f"{t['wb']} * {tw} + {a}", f"{t['cb']} * {cb} + {ci}")
-             for a in range(tw) for ci in range(cb)]
-    for i, kw, c in slots:
-        lines.append(f"{deep}acc[{i}, j] += x[{t['b']}, ({od}) * {S} + {kd}, oh * {S} + {kh}, "
-                     f"ow * {S} + {kw}, {c}] * dv")
+    k0, c0 = f"{t['kb']} * {kbs}", f"{t['cb']} * {cbs}"
+
+    def lane(base, v, var):
+        return f"{base} + {f'{v * nb} + ' if v else ''}{var}"
+
+    def x_at(kw, c):
+        return f"x[{t['b']}, ({od}) * {S} + {kd}, oh * {S} + {kh}, ow * {S} + {kw}, {c}]"
+
+    def dy_at(k):
+        return f"y[{t['b']}, {od}, oh, ow, {k}]"
+
+    # One accumulator per (width tap a, broadcast channel ci, vector v): its index, its
+    # filter element (output and input channel with the lane variable as "@", width),
+    # and the scalar and vector factors of its statement.
+    slots = []
+    for a in range(tw):
+        kw = f"{t['wb']} * {tw} + {a}"
+        for ci in range(cb):
+            for v in range(nv):
+                i = f"{tap or '0, '}{(a * cb + ci) * nv + v}"
+                if form == 0:
+                    slots.append((i, lane(k0, v, "@"), f"{c0} + {ci}", kw,
+                                  x_at(kw, f"{c0} + {ci}"), f"dv{v}"))
+                else:
+                    slots.append((i, f"{k0} + {ci}", lane(c0, v, "@"), kw,
+                                  dy_at(f"{k0} + {ci}"), f"xv{a}_{v}"))
+    if form == 0:
+        loads = [(f"dv{v}", dy_at(lane(k0, v, "j"))) for v in range(nv)]
+    else:
+        loads = [(f"xv{a}_{v}", x_at(f"{t['wb']} * {tw} + {a}", lane(c0, v, "j")))
+                 for a in range(tw) for v in range(nv)]
+    lines += [f"{deep}{name} = {value}" for name, value in loads]
+    lines += [f"{deep}acc[{i}, j] += {scalar} * {vec}" for i, _, _, _, scalar, vec in slots]
     store = ind
     if inner:
         lines += [f"{ind}for kd in range({L.KD}):", f"{ind}    for kh in range({L.KH}):"]
         store += "        "
     lines.append(f"{store}for j1 in range({nb}):")
-    for i, kw, c in slots:
-        lines.append(f"{store}    part[{t['b']}, {t['dc']}, {t['kb']} * {nb} + j1, {kd}, {kh}, "
-                     f"{kw}, {c}] = acc[{i}, j1]")
+    for i, k, c, kw, _, _ in slots:
+        lines.append(f"{store}    part[{t['b']}, {t['dc']}, {k.replace('@', 'j1')}, {kd}, {kh}, "
+                     f"{kw}, {c.replace('@', 'j1')}] = acc[{i}, j1]")
     red, r = map_header([("k", L.K), ("kd", L.KD), ("kh", L.KH), ("kw", L.KW), ("c", L.C)],
                         "    ")
     rind = "        " if red else "    "
@@ -107,10 +145,10 @@ def _source(L, dtype_name, chunks, tw, cb, nb, inner):
 
 def algorithm(layer, dtype, params):
     L = layer_constants(layer, Layout.NDHWC)
-    chunks, tw, cb, nb, inner = tile_sizes(layer, params)
-    source = _source(L, dtype.name, chunks, tw, cb, nb, inner)
+    sizes = tile_sizes(layer, params)
+    source = _source(L, dtype.name, *sizes)
     program = program_from_source(source, "bwd_filter_blocked", f"bwd_filter_blocked_"
-                                  f"{layer.key()}_{chunks}x{tw}x{cb}x{nb}x{int(inner)}")
+                                  f"{layer.key()}_{'x'.join(str(int(v)) for v in sizes)}")
     return pad_input(program, layer, Layout.NDHWC)
 
 
@@ -128,13 +166,19 @@ register(Implementation(
                                "with its own partial gradient (the largest divisor of the "
                                f"depth up to SLICES, fewer where the partials would pass "
                                f"{PARTIAL_BYTES >> 20} MiB)"),
-            Param("CB", 4, "input channels per micro-tile (a divisor of C)"),
-            Param("NB", 16, "output channels per micro-tile, the vector lanes (a divisor "
-                            "of K)"),
+            Param("CB", 4, "broadcast channels per micro-tile: input channels (FORM 0, a "
+                           "divisor of C) or output channels (FORM 1, of K)"),
+            Param("NB", 16, "vector lanes: output channels (FORM 0, a divisor of K) or "
+                            "input channels (FORM 1, of C)"),
+            nv_param(),
             Param("TAPW", 1, "1: the kernel's width taps share each dy load in one tile",
                   minimum=0, check=lambda v: None if v in (0, 1) else "must be 0 or 1"),
             Param("TAPS", 0, "1: the depth and height taps loop inside each output row "
                              "(its dy and x rows stay in cache), 0: they are map dimensions",
+                  minimum=0, check=lambda v: None if v in (0, 1) else "must be 0 or 1"),
+            Param("FORM", 0, "0: vectors over the output channels (dL/dy), broadcasts of "
+                             "x; 1: vectors over the input channels (x), broadcasts of "
+                             "dL/dy, so that both operands' cache lines are used whole",
                   minimum=0, check=lambda v: None if v in (0, 1) else "must be 0 or 1")),
     anisotropic_pad=True,
 ))

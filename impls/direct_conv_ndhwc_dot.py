@@ -28,7 +28,7 @@ OpenMP collapsed over the tile map, every size a constant.
 from convbench.registry import Layout, Pass
 from convbench.registry import Implementation, Param, register
 from impls._blocked import (channel_tiles_outer, cpu_schedule, generated_program, input_at,
-                            kouter_param, largest_divisor, store_tile, pixel_tile,
+                            kouter_param, largest_divisor, map_header, store_tile, pixel_tile,
                             reduction_nest, signature, tile_pixels)
 from impls._common import layer_constants
 
@@ -45,12 +45,23 @@ def tile_sizes(layer, params):
         largest_divisor(layer.in_channels, params["CV"]))
 
 
-def _source(L, dtype_name, db, hb, wb, kt, cv, k_outer):
-    """The program's text for layer constants ``L`` and the tile ``(db, hb, wb, kt, cv)``."""
+def _source(L, dtype_name, db, hb, wb, kt, cv, k_outer, flip=False):
+    """The program's text for layer constants ``L`` and the tile ``(db, hb, wb, kt, cv)``.
+    ``flip``: ``w`` is the filter of the convolution that ``L`` transposes (``C x taps x
+    K``, see ``directConvNDHWCdotBwdData``); it is first copied flipped in space and with
+    its channels swapped (a KTRSC filter of ``L``, read in place from then on)."""
     kblk, cblk, S = L.K // kt, L.C // cv, L.S
     pix = tile_pixels((db, hb, wb))
     nacc = len(pix) * kt
-    lines = signature(L, dtype_name, "direct_dot")
+    lines = signature(L, dtype_name, "direct_dot", (L.C, L.KD, L.KH, L.KW, L.K) if flip else None)
+    if flip:
+        lines.append(f"    wt = dace.define_local([{L.K}, {L.KD}, {L.KH}, {L.KW}, {L.C}], dt)")
+        header, i = map_header([("k", L.K), ("td", L.KD), ("th", L.KH), ("tw", L.KW),
+                                ("c", L.C)], "    ")
+        lines += [header] if header else []
+        lines.append(f"{'        ' if header else '    '}wt[{i['k']}, {i['td']}, {i['th']}, "
+                     f"{i['tw']}, {i['c']}] = w[{i['c']}, {L.KD - 1} - {i['td']}, "
+                     f"{L.KH - 1} - {i['th']}, {L.KW - 1} - {i['tw']}, {i['k']}]")
     tile = (db, hb, wb)
     nest, ind, depth, t = reduction_nest(L, kblk, tile, k_outer, nacc, cv, ("cb", cblk),
                                          locals_=[("red", nacc)])
@@ -58,7 +69,8 @@ def _source(L, dtype_name, db, hb, wb, kt, cv, k_outer):
     for p, offset in enumerate(pix):
         lines.append(f"{depth}x{p} = {input_at(t, tile, offset, S, f'cb * {cv} + j')}")
     for q in range(kt):
-        lines.append(f"{depth}w{q} = w[{t['kb']} * {kt} + {q}, kd, kh, kw, cb * {cv} + j]")
+        lines.append(f"{depth}w{q} = {'wt' if flip else 'w'}[{t['kb']} * {kt} + {q}, kd, kh, kw, "
+                     f"cb * {cv} + j]")
     for p in range(len(pix)):
         for q in range(kt):
             lines.append(f"{depth}acc[{p * kt + q}, j] += x{p} * w{q}")
@@ -76,6 +88,16 @@ def algorithm(layer, dtype, params):
     k_outer = channel_tiles_outer(layer, params["KOUTER"])
     return generated_program(layer, _source(L, dtype.name, db, hb, wb, kt, cv, k_outer),
                              "direct_dot", f"{db}x{hb}x{wb}x{kt}x{cv}_{int(k_outer)}")
+
+
+#: the tile parameters (shared with ``directConvNDHWCdotBwdData``)
+PARAMS = (Param("PIX", 4, "output pixels per micro-tile (width first, then height and "
+                          "depth, by divisors of the output size)"),
+          Param("WB", 8, "at most this many of them along the width"),
+          Param("KT", 4, "output channels per micro-tile (the largest divisor of K up to KT)"),
+          Param("CV", 16, "input channels per vector (the largest divisor of C up to CV; "
+                          "16 floats = one AVX-512 vector)"),
+          kouter_param())
 
 
 def _check_params(values):
@@ -96,13 +118,7 @@ register(Implementation(
     pass_=Pass.FWD,
     algorithm=algorithm,
     schedules={"cpu": cpu_schedule},
-    params=(Param("PIX", 4, "output pixels per micro-tile (width first, then height and "
-                            "depth, by divisors of the output size)"),
-            Param("WB", 8, "at most this many of them along the width"),
-            Param("KT", 4, "output channels per micro-tile (the largest divisor of K up to KT)"),
-            Param("CV", 16, "input channels per vector (the largest divisor of C up to CV; "
-                            "16 floats = one AVX-512 vector)"),
-            kouter_param()),
+    params=PARAMS,
     check_params=_check_params,
     anisotropic_pad=True,
 ))

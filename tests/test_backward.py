@@ -127,42 +127,52 @@ def _verify_source(name, function, source, pad_layer, pass_, layer, builds, refe
 BLOCKED_LAYER = Layer("blocked_odd", 2, 3, 5, 6, 5, 7, 3, 3, 3, pad=1, pad_w=0)
 
 
+@pytest.mark.parametrize("pack", [True, False])
 @pytest.mark.parametrize("plant", [None, "unflipped"])
-def test_blocked_bwd_data_catches_an_unflipped_filter(plant, builds, reference):
+def test_blocked_bwd_data_catches_an_unflipped_filter(pack, plant, builds, reference):
+    """With the filter packed (flipped while copied) and read in place (flipped where
+    read), the flip is planted away in either and must be caught."""
     from impls import direct_conv_ndhwc_blocked_bwd_data as bd
     from impls._blocked import blocked_source, channel_tiles_outer
     from impls._common import layer_constants
     params = registry.get("directConvNDHWCblockedBwdData").resolve_params()
     t = bd.transposed_layer(BLOCKED_LAYER)
     L = layer_constants(t, "NDHWC")
-    db, hb, wb, nb = bd.tile_sizes(BLOCKED_LAYER, params)
-    source = blocked_source(L, "float32", db, hb, wb, nb, channel_tiles_outer(t, 2), flip=True)
+    db, hb, wb, nb, nv = bd.tile_sizes(BLOCKED_LAYER, params)
+    source = blocked_source(L, "float32", db, hb, wb, nb, channel_tiles_outer(t, 2), flip=True,
+                            nv=nv, pack=pack)
     if plant:
-        assert source.count("2 - td, 2 - th, 2 - tw") == 1
-        source = source.replace("2 - td, 2 - th, 2 - tw", "td, th, tw")
-    check = _verify_source(f"bd_{plant}", "direct_blocked", source, t, Pass.BWD_DATA,
+        flipped, plain = ("2 - td, 2 - th, 2 - tw", "td, th, tw") if pack else \
+            ("2 - kd, 2 - kh, 2 - kw", "kd, kh, kw")
+        assert source.count(flipped) == 1
+        source = source.replace(flipped, plain)
+    check = _verify_source(f"bd_{plant}_{int(pack)}", "direct_blocked", source, t, Pass.BWD_DATA,
                            BLOCKED_LAYER, builds, reference, fix=bd.swap_roles)
     assert check.ok is (plant is None), check.summary()
 
 
-@pytest.mark.parametrize("plant", [None, "drop_partial", "width_tap"])
-def test_blocked_bwd_filter_catches_planted_bugs(plant, builds, reference):
+@pytest.mark.parametrize("form, plant", [(0, None), (0, "drop_partial"), (0, "width_tap"),
+                                         (1, None), (1, "width_tap")])
+def test_blocked_bwd_filter_catches_planted_bugs(form, plant, builds, reference):
     from impls import direct_conv_ndhwc_blocked_bwd_filter as bf
     from impls._common import layer_constants
-    params = dict(registry.get("directConvNDHWCblockedBwdFilter").resolve_params(), SLICES=2)
+    params = dict(registry.get("directConvNDHWCblockedBwdFilter").resolve_params(), SLICES=2,
+                  FORM=form)
     layer = BLOCKED_LAYER  # output depth 6: 2 chunks of 3 planes
     source = bf._source(layer_constants(layer, "NDHWC"), "float32",
                         *bf.tile_sizes(layer, params))
     if plant == "drop_partial":  # the last depth chunk's partial is never added
         assert source.count("for dc in range(2):") == 1
         source = source.replace("for dc in range(2):", "for dc in range(1):")
-    elif plant == "width_tap":  # one accumulator of the second width tap reads the first's
+    elif plant == "width_tap":  # the second width tap reads the first's input
+        # (form 0: in one accumulator's statement; form 1: in its input vector)
         lines = source.splitlines()
-        i = next(n for n, line in enumerate(lines) if "acc[0, 3, j] +=" in line)
+        i = next(n for n, line in enumerate(lines)
+                 if ("acc[0, 3, j] +=" if form == 0 else "xv1_0 = x[") in line)
         assert lines[i].count("3 + 1, ") == 1
         lines[i] = lines[i].replace("3 + 1, ", "3 + 0, ")
         source = "\n".join(lines) + "\n"
-    check = _verify_source(f"bf_{plant}", "bwd_filter_blocked", source, layer,
+    check = _verify_source(f"bf_{form}_{plant}", "bwd_filter_blocked", source, layer,
                            Pass.BWD_FILTER, layer, builds, reference)
     assert check.ok is (plant is None), check.summary()
 

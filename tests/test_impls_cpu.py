@@ -99,3 +99,25 @@ def test_split_k_tail_bug_is_caught(monkeypatch, builds, reference):
     planted = toolchain.make_spec(spec.impl, layer, params=spec.params, planted="ks_rounded_down")
     check = verify.verify_build(builds(planted), reference(layer))[0]
     assert not check.ok, check.summary()
+
+
+#: Micro-tiles of several channel vectors (NV > 1), both filter reads of the
+#: backward-data kernel and both forms of the backward-filter one: odd pixel counts,
+#: padding, and vectors of 4 or 8 lanes.
+MULTI_VECTOR = [
+    Case("directConvNDHWCblocked", Layer("mv", 1, 3, 32, 5, 6, 7, 3, 3, 3, pad=1), "odd",
+         params=(("PIX", 6), ("NB", 8), ("NV", 2))),
+    Case("directConvNDHWCblockedBwdData", Layer("mvd", 2, 16, 5, 5, 6, 7, 3, 3, 3, pad=1),
+         "odd", params=(("PIX", 4), ("NB", 4), ("NV", 2), ("PACK", 0))),
+    Case("directConvNDHWCblockedBwdData", Layer("mvd", 2, 16, 5, 5, 6, 7, 3, 3, 3, pad=1),
+         "odd", params=(("PIX", 4), ("NB", 4), ("NV", 4), ("PACK", 1))),
+    Case("directConvNDHWCblockedBwdFilter", Layer("mvf", 2, 3, 16, 6, 5, 7, 3, 3, 3, pad=1),
+         "odd", params=(("NB", 4), ("NV", 2), ("SLICES", 2))),
+    Case("directConvNDHWCblockedBwdFilter", Layer("mvf", 2, 16, 6, 6, 5, 7, 3, 3, 3, pad=1),
+         "odd", params=(("FORM", 1), ("CB", 3), ("NB", 4), ("NV", 2), ("SLICES", 2))),
+]
+
+
+@pytest.mark.parametrize("case", case_params(MULTI_VECTOR))
+def test_multi_vector_tiles_verify(case, builds, reference, coverage):
+    verify_case(case, builds, reference, coverage)

@@ -28,14 +28,14 @@ def tuning_file(tmp_path, monkeypatch):
 def test_precedence_defaults_file_overrides(tuning_file):
     impl = registry.get(BLOCKED)
     assert tuning.tuned_params(impl, LAYER, "cpu") == impl.resolve_params()
-    tuning.store("cpu", BLOCKED, LAYER, {"PIX": 8, "KOUTER": 1}, {"cpu": "test"})
-    assert tuning.tuned_params(impl, LAYER, "cpu")["PIX"] == 8
-    assert tuning.tuned_params(impl, LAYER.with_batch(3), "cpu")["PIX"] == 16  # other key
+    tuning.store("cpu", BLOCKED, LAYER, {"PIX": 8, "NV": 1, "KOUTER": 1}, {"cpu": "test"})
+    assert tuning.tuned_params(impl, LAYER, "cpu")["NV"] == 1
+    assert tuning.tuned_params(impl, LAYER.with_batch(3), "cpu")["NV"] == 2  # other key
     assert tuning.tuned_params(impl, LAYER, "cpu", {"PIX": "12"})["PIX"] == 12
     assert tuning.tuned_params(impl, LAYER, "cpu")["KOUTER"] == 1
     data = json.loads(tuning_file.read_text())
     mine = data["machines"][tuning.machine_id()]
-    assert mine["entries"][BLOCKED][LAYER.key()] == {"PIX": 8, "KOUTER": 1}
+    assert mine["entries"][BLOCKED][LAYER.key()] == {"PIX": 8, "NV": 1, "KOUTER": 1}
     assert mine["machine"] == {"cpu": "test"}
 
 
@@ -82,7 +82,7 @@ def test_cli_builds_with_the_tuned_entry(tuning_file, tmp_path, cachedir, capsys
     assert cli.main(args) == 0
     out = capsys.readouterr().out
     assert "params PIX=4," in out and "PASS" in out
-    assert cli.main(args + ["--param", "PIX=16"]) == 0
+    assert cli.main(args + ["--param", "PIX=8"]) == 0
     assert "params PIX" not in capsys.readouterr().out  # --param wins: the defaults
 
 
@@ -91,9 +91,12 @@ def test_cli_builds_with_the_tuned_entry(tuning_file, tmp_path, cachedir, capsys
 def _committed():
     path = ROOT / "tuning" / "cpu.json"
     data = json.loads(path.read_text()) if path.is_file() else {"machines": {}}
+    from convbench import network
+    layers = [layer for s in ("cosmoflow", "cosmoflow_mlperf") for layer in load_layers(s)]
+    layers += [layer for spec in network.MODELS.values() for size in (64, 128)
+               for layer in network.conv_layers(spec, size, 1)]  # the end-to-end networks'
     keys = {layer.with_batch(b).key(): layer.with_batch(b)
-            for s in ("cosmoflow", "cosmoflow_mlperf") for layer in load_layers(s)
-            for b in (1, 2, 4, 8, 16)}
+            for layer in layers for b in (1, 2, 4, 8, 16)}
     return [(impl, keys.get(key), key, params) for machine in data["machines"].values()
             for impl, entries in machine["entries"].items() for key, params in entries.items()]
 
@@ -101,7 +104,7 @@ def _committed():
 def test_committed_entries_name_real_layers_and_valid_params():
     for impl_name, layer, key, params in _committed():
         impl = registry.get(impl_name)
-        assert layer is not None, f"{impl_name}: {key} is no CosmoFlow layer"
+        assert layer is not None, f"{impl_name}: {key} is no CosmoFlow (set or network) layer"
         impl.resolve_params(params, source="tuning/cpu.json")
 
 
@@ -122,10 +125,11 @@ def test_blocked_tiles_and_parallel_map():
     assert largest_divisor(12, 8) == 6 and largest_divisor(7, 16) == 7 and largest_divisor(17, 16) == 1
     params = registry.get(BLOCKED).resolve_params()
     layer = load_layers("cosmoflow_mlperf")[4].with_batch(2)  # 8^3 out, K = 512
-    assert tile_sizes(layer, params) == (1, 2, 8, 16)  # 16 accumulator vectors
+    assert tile_sizes(layer, params) == (1, 1, 8, 16, 2)  # 8 pixels x 2 vectors
+    assert tile_sizes(layer, dict(params, PIX=16, NV=1)) == (1, 2, 8, 16, 1)  # 16 x 1
     sdfg = toolchain.make_sdfg(toolchain.make_spec(registry.get(BLOCKED), LAYER))
     maps = [n.map for n, _ in sdfg.all_nodes_recursive() if isinstance(n, dace.nodes.MapEntry)]
-    tile_map = [m for m in maps if "kb" in m.params and "ohb" in m.params]
+    tile_map = [m for m in maps if "ohb" in m.params]  # (K = 32: one channel tile, no kb)
     assert tile_map and tile_map[0].collapse == len(tile_map[0].params)
     assert tile_map[0].schedule == dace.ScheduleType.CPU_Multicore
 
@@ -135,7 +139,11 @@ def test_blocked_statement_count_follows_the_tile():
     from impls._common import layer_constants
     from impls._blocked import blocked_source as _source
     text = _source(layer_constants(LAYER, Layout.NDHWC), "float32", 1, 2, 8, 16, False)
-    assert text.count("] * wv") == 16 and text.count("acc[15, j] +=") == 1
+    assert text.count("] * wv0") == 16 and text.count("acc[15, j] +=") == 1
+    # two vectors of 16 channels: one input load feeds two FMAs, 2 x 8 accumulators
+    text = _source(layer_constants(LAYER, Layout.NDHWC), "float32", 1, 1, 8, 16, False, nv=2)
+    assert text.count("] * wv0") == 8 and text.count("] * wv1") == 8
+    assert "acc[15, j] += x[" in text and "wv1 = wp[0, kd, kh, kw, c, 16 + j]" in text
 
 
 # -- the dot-product form ----------------------------------------------------------------------
@@ -257,17 +265,21 @@ def test_bench_cpu_small_set(tmp_path, cachedir, capsys):
         assert f",{backend}," in summary, backend
 
 
-def test_bench_cpu_backward_passes(tmp_path, cachedir, capsys):
+def test_bench_cpu_backward_passes(tmp_path, cachedir, capsys, tuning_file):
     """--pass bwd_data,bwd_filter: one table and one ratio line per pass, against torch's
-    gradients (verified kernels only)."""
+    gradients (verified kernels only); --store records each layer's winner, which the
+    end-to-end network then takes by default."""
+    from convbench import network
+    from convbench.layouts import Pass
     csv = tmp_path / "small.csv"
     csv.write_text(SMALL_SET)
     out = tmp_path / "bench"
+    data_impls = ("directConvNDHWCblockedBwdData", "directConvNDHWCdotBwdData")
     status = bench.main([
         "--paramscsv", str(csv), "--batch", "1", "--pass", "bwd_data,bwd_filter",
-        "--impls", "directConvNDHWCblockedBwdData,directConvNDHWCblockedBwdFilter",
+        "--impls", ",".join(data_impls + ("directConvNDHWCblockedBwdFilter",)),
         "--samples", "5", "--warmup", "1", "--outdir", str(out), "--cachedir", str(cachedir),
-        "--skip-slower", "1000"])
+        "--skip-slower", "1000", "--store"])
     stdout, stderr = capsys.readouterr()
     assert status == 0, stdout[-3000:] + stderr[-3000:]
     ratios = [line for line in stdout.splitlines() if line.startswith("max best/torch ratio: ")]
@@ -277,6 +289,15 @@ def test_bench_cpu_backward_passes(tmp_path, cachedir, capsys):
         meta = json.loads((out / pass_ / "metadata.json").read_text())
         assert meta["bench_pass"] == pass_ and meta["layers"]["small/a"][name]["verified"]
         assert (out / pass_ / "table.md").is_file()
+    best = json.loads(tuning_file.read_text())["machines"][tuning.machine_id()]["best"]
+    for layer in load_layers(str(csv)):
+        layer = layer.with_batch(1)
+        stored = best["bwd_data"][layer.key()]
+        assert stored in data_impls
+        assert network.default_implementation(layer, Pass.BWD_DATA, "cpu") == stored
+        assert network.default_implementation(layer.with_batch(3), Pass.BWD_DATA, "cpu") == \
+            network.CPU_FAST[Pass.BWD_DATA]  # no winner stored: the blocked kernel
+    assert network.default_implementation(layer, Pass.BWD_DATA, "gpu") == "implicitGemmBwdData"
 
 
 def test_fma_peak_probe(monkeypatch):

@@ -38,6 +38,9 @@ def build_parser(prog: str = PROG):
     p.add_argument("--skip-slower", type=float, default=20.0, metavar="X",
                    help="do not sample an implementation whose first call is X times "
                    "torch's (default 20)")
+    p.add_argument("--store", action="store_true",
+                   help="record each layer's fastest DaCe-generated implementation of each "
+                   "pass in the tuning file (what cosmoflow_end2end.py takes by default)")
     flags.add_outdir_flag(p, "results/cpu/bench_cpu_<sets>_b<B>/")
     flags.add_cachedir_flag(p)
     return p
@@ -176,6 +179,12 @@ class Bench:
         row["ratio"] = row["best_ms"] / row["torch"] if best else math.inf
         print(f"  torch {row['torch']:.2f} ms ({torch_name[6:]}), best DaCe {best} "
               f"{row['best_ms']:.2f} ms, ratio {row['ratio']:.2f}", flush=True)
+        if a.store and best:
+            from .. import tuning
+            from ..results import device_metadata
+            tuning.store_best("cpu", str(self.pass_), layer, best,
+                              {"cpu": device_metadata("cpu")["cpu"],
+                               "threads": torch.get_num_threads()})
         return row
 
     def _admit(self, name, fn, build, truth, info, torch_first) -> bool:

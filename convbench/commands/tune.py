@@ -18,10 +18,11 @@ PROG = "tune_cpu.py"
 DEFAULT_IMPLEMENTATION = "directConvNDHWCblocked"
 DEFAULT_SETS = ["cosmoflow_mlperf", "cosmoflow"]
 #: The search space per implementation (``--space`` replaces it).
-DEFAULT_SPACES = {"directConvNDHWCblocked": "PIX=8,12,16,24;KOUTER=0,1",
+DEFAULT_SPACES = {"directConvNDHWCblocked": "PIX=2,4,8,16;NV=1,2,4,8;KOUTER=0,1",
                   "directConvNDHWCdot": "PIX=2,4,6;KT=4,8;KOUTER=0,1",
-                  "directConvNDHWCblockedBwdData": "PIX=8,12,16,24;KOUTER=0,1",
-                  "directConvNDHWCblockedBwdFilter": "SLICES=2,8,32;CB=2,4;NB=16,32"}
+                  "directConvNDHWCblockedBwdData": "PIX=2,4,8,16;NV=1,2,4,8;PACK=0,1",
+                  "directConvNDHWCdotBwdData": "PIX=4,6;KT=1,4",
+                  "directConvNDHWCblockedBwdFilter": "SLICES=2,8;CB=2,4;NV=1,2"}
 
 
 def build_parser(prog: str = PROG):
