@@ -181,7 +181,7 @@ def test_blocked_bwd_filter_catches_planted_bugs(form, plant, builds, reference)
     (["--pass", "bwd"], "--pass: unknown pass 'bwd' (choose from fwd, bwd_data, bwd_filter)"),
     (["--pass", "bwd_data", "--implementation", "implicitGemm"],
      "--pass bwd_data: implicitGemm computes fwd; implementations of bwd_data: "
-     "directConvNDHWCblockedBwdData, implicitGemmBwdData"),
+     "directConvNDHWCblockedBwdData, directConvNDHWCdotBwdData, implicitGemmBwdData"),
     (["--pass", "fwd", "--implementation", "implicitGemmBwdFilter"],
      "--pass fwd: implicitGemmBwdFilter computes bwd_filter"),
 ])
