@@ -93,7 +93,12 @@ def entries(target: str) -> Dict[str, Any]:
     data = load(target)
     if "machines" not in data:
         return data.get("entries", {})
-    return data["machines"].get(machine_id(target), {}).get("entries", {})
+    return _mine(data, target).get("entries", {})
+
+
+def _mine(data: Mapping[str, Any], target: str) -> Mapping[str, Any]:
+    """This machine's section of the tuning file's contents (empty when it has none)."""
+    return data.get("machines", {}).get(machine_id(target), {})
 
 
 def tuned_entry(impl_name: str, layer, target: str) -> Dict[str, int]:
@@ -135,9 +140,7 @@ def store_best(target: str, pass_name: str, layer, impl_name: str,
 
 def best_implementation(pass_name: str, layer, target: str) -> Optional[str]:
     """The implementation stored as the fastest of ``pass_name`` on ``layer`` here."""
-    data = load(target)
-    mine = data.get("machines", {}).get(machine_id(target), {})
-    return mine.get("best", {}).get(pass_name, {}).get(layer.key())
+    return _mine(load(target), target).get("best", {}).get(pass_name, {}).get(layer.key())
 
 
 def _update(target: str, machine: Mapping[str, Any], change) -> Path:

@@ -2,6 +2,8 @@
 (``directConvNDHWCblocked``, ``directConvNDHWCdot``): tile shapes, loop order,
 generated map headers and the OpenMP schedule."""
 
+import math
+
 import dace
 
 
@@ -38,13 +40,7 @@ def channel_tiles_outer(layer, kouter: int) -> bool:
     tiles outermost when the filter has more elements than the input."""
     if kouter != 2:
         return bool(kouter)
-    filt = 1
-    for s in layer.filter_shape:
-        filt *= s
-    inp = 1
-    for s in layer.input_shape:
-        inp *= s
-    return filt > inp
+    return math.prod(layer.filter_shape) > math.prod(layer.input_shape)
 
 
 def kouter_param():

@@ -181,9 +181,8 @@ class Bench:
               f"{row['best_ms']:.2f} ms, ratio {row['ratio']:.2f}", flush=True)
         if a.store and best:
             from .. import tuning
-            from ..results import device_metadata
             tuning.store_best("cpu", str(self.pass_), layer, best,
-                              {"cpu": device_metadata("cpu")["cpu"],
+                              {"cpu": writer.metadata["device"]["cpu"],
                                "threads": torch.get_num_threads()})
         return row
 
