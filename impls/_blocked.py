@@ -35,6 +35,22 @@ def nv_param(default=1):
                           "NV filter loads per PIX broadcasts")
 
 
+def channel_block(channels: int, cblk: int) -> int:
+    """``CBLK``: input channels per reduction block (the largest divisor of ``channels``
+    up to ``CBLK``), 0 when the reduction is not blocked (``CBLK`` 0 or at least
+    ``channels``)."""
+    block = largest_divisor(channels, cblk) if cblk else channels
+    return block if block < channels else 0
+
+
+def cblk_param():
+    from convbench.registry import Param
+    return Param("CBLK", 0, "0: each tile reduces over all input channels at once; else "
+                            "blocks of CBLK channels (a divisor of C), one pass over the "
+                            "tiles per block adding into the output, so that a thread's "
+                            "filter block stays in cache", minimum=0)
+
+
 def channel_tiles_outer(layer, kouter: int) -> bool:
     """``KOUTER``: 1 channel tiles outermost, 0 pixel tiles outermost, 2 (auto) channel
     tiles outermost when the filter has more elements than the input."""
@@ -129,19 +145,20 @@ def input_at(t, pixel_tile_shape, offset, S, channel):
             f"{channel}]")
 
 
-def store_tile(indent, t, pixel_tile_shape, var, channels, value, vectors=1):
+def store_tile(indent, t, pixel_tile_shape, var, channels, value, vectors=1, add=False):
     """The loop ``var < channels`` that writes the tile's outputs: pixel ``p`` (in
     accumulator order), channel ``kb * channels * vectors + v * channels + var`` for each
     of the ``vectors`` channel vectors ``v``, gets the text ``value(p)`` (``vectors`` = 1)
-    or ``value(p, v)``."""
+    or ``value(p, v)`` (``add``: plus what it holds)."""
     db, hb, wb = pixel_tile_shape
     lines = [f"{indent}for {var} in range({channels}):"]
     for p, (di, hi, wi) in enumerate(tile_pixels(pixel_tile_shape)):
         for v in range(vectors):
             channel = (f"{t['kb']} * {channels * vectors} + {v * channels} + {var}" if vectors > 1
                        else f"{t['kb']} * {channels} + {var}")
-            lines.append(f"{indent}    y[{t['b']}, {t['odb']} * {db} + {di}, "
-                         f"{t['ohb']} * {hb} + {hi}, {t['owb']} * {wb} + {wi}, {channel}] = "
+            out = (f"y[{t['b']}, {t['odb']} * {db} + {di}, {t['ohb']} * {hb} + {hi}, "
+                   f"{t['owb']} * {wb} + {wi}, {channel}]")
+            lines.append(f"{indent}    {out} = {out + ' + ' if add else ''}"
                          f"{value(p, v) if vectors > 1 else value(p)}")
     return lines
 
@@ -181,7 +198,8 @@ def cpu_schedule(sdfg, layer, params):
             node.map.collapse = len(node.map.params)
 
 
-def blocked_source(L, dtype_name, db, hb, wb, nb, k_outer, flip=False, nv=1, pack=True):
+def blocked_source(L, dtype_name, db, hb, wb, nb, k_outer, flip=False, nv=1, pack=True,
+                   cblk=0):
     """``directConvNDHWCblocked``'s program text (see its module) for layer constants
     ``L`` and a ``db x hb x wb`` x ``nv * nb`` tile: ``nv`` vectors of ``nb`` output
     channels per pixel.  ``flip``: ``w`` is the filter of the convolution that ``L``
@@ -189,7 +207,10 @@ def blocked_source(L, dtype_name, db, hb, wb, nb, k_outer, flip=False, nv=1, pac
     space and with its channels swapped.  ``pack``: copy the filter first into
     ``wp[K / (nv nb), taps, C, nv nb]``, so a tile's filter vectors are one contiguous
     stream; without it (``flip`` only, where the filter's vector dimension is already its
-    innermost one) the kernel reads them from ``w`` in place."""
+    innermost one) the kernel reads them from ``w`` in place.  ``cblk`` (a divisor of
+    ``C`` below it): the reduction over input channels runs in blocks of ``cblk``, one
+    parallel tile map per block, each adding its tile to ``y`` (zeroed first), so that a
+    thread's filter block of ``cblk`` channels stays in cache across its pixel tiles."""
     cw, S = nb * nv, L.S
     kblk = L.K // cw
     pixels = db * hb * wb
@@ -211,19 +232,29 @@ def blocked_source(L, dtype_name, db, hb, wb, nb, k_outer, flip=False, nv=1, pac
         lines.append(f"{body}wp[{i['kb']}, {i['td']}, {i['th']}, {i['tw']}, {i['c']}, {i['j']}] = "
                      + (f"w[{i['c']}, {taps}, {k}]" if flip else f"w[{k}, {taps}, {i['c']}]"))
 
-        def filter_at(kb, lane):
-            return f"wp[{kb}, kd, kh, kw, c, {lane}]"
+        def filter_at(kb, lane, c):
+            return f"wp[{kb}, kd, kh, kw, {c}, {lane}]"
     else:
-        def filter_at(kb, lane):
-            return f"w[c, {flipped}, {kb} * {cw} + {lane}]"
+        def filter_at(kb, lane, c):
+            return f"w[{c}, {flipped}, {kb} * {cw} + {lane}]"
     tile = (db, hb, wb)
-    nest, ind, depth, t = reduction_nest(L, kblk, tile, k_outer, pixels * nv, nb, ("c", L.C))
-    lines += nest
+    blocks = L.C // cblk if cblk and cblk < L.C else 1
+    channel = f"cc * {cblk} + c" if blocks > 1 else "c"
+    nest, ind, depth, t = reduction_nest(L, kblk, tile, k_outer, pixels * nv, nb,
+                                         ("c", L.C // blocks))
     for v in range(nv):
-        lines.append(f"{depth}wv{v} = {filter_at(t['kb'], f'{v * nb} + j' if v else 'j')}")
+        nest.append(f"{depth}wv{v} = {filter_at(t['kb'], f'{v * nb} + j' if v else 'j', channel)}")
     for p, offset in enumerate(tile_pixels(tile)):
-        xv = input_at(t, tile, offset, S, 'c')
+        xv = input_at(t, tile, offset, S, channel)
         for v in range(nv):
-            lines.append(f"{depth}acc[{p * nv + v}, j] += {xv} * wv{v}")
-    lines += store_tile(ind, t, tile, "j1", nb, lambda p, v=0: f"acc[{p * nv + v}, j1]", nv)
+            nest.append(f"{depth}acc[{p * nv + v}, j] += {xv} * wv{v}")
+    nest += store_tile(ind, t, tile, "j1", nb, lambda p, v=0: f"acc[{p * nv + v}, j1]", nv,
+                       add=blocks > 1)
+    if blocks > 1:
+        zero, z = map_header([("zb", L.N), ("zd", L.OD), ("zh", L.OH), ("zw", L.OW),
+                              ("zk", L.K)], "    ")
+        lines += [zero, f"        y[{z['zb']}, {z['zd']}, {z['zh']}, {z['zw']}, {z['zk']}] = 0",
+                  f"    for cc in range({blocks}):"]
+        nest = ["    " + line for line in nest]
+    lines += nest
     return "\n".join(lines) + "\n"

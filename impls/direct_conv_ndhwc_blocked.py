@@ -42,7 +42,7 @@ from convbench.registry import Layout, Pass
 from convbench.registry import Implementation, Param, register
 from impls._blocked import (blocked_source, channel_tiles_outer, cpu_schedule,
                             generated_program, kouter_param, largest_divisor, pixel_tile,
-                            channel_vectors, nv_param)
+                            channel_vectors, nv_param, channel_block, cblk_param)
 from impls._common import layer_constants
 
 __all__ = ["largest_divisor", "tile_sizes"]
@@ -60,8 +60,10 @@ def algorithm(layer, dtype, params):
     L = layer_constants(layer, Layout.NDHWC)
     db, hb, wb, nb, nv = tile_sizes(layer, params)
     k_outer = channel_tiles_outer(layer, params["KOUTER"])
-    return generated_program(layer, blocked_source(L, dtype.name, db, hb, wb, nb, k_outer, nv=nv),
-                             "direct_blocked", f"{db}x{hb}x{wb}x{nb}x{nv}_{int(k_outer)}")
+    cblk = channel_block(layer.in_channels, params["CBLK"])
+    return generated_program(layer, blocked_source(L, dtype.name, db, hb, wb, nb, k_outer, nv=nv,
+                                                   cblk=cblk),
+                             "direct_blocked", f"{db}x{hb}x{wb}x{nb}x{nv}_{int(k_outer)}_{cblk}")
 
 
 register(Implementation(
@@ -79,6 +81,7 @@ register(Implementation(
             Param("NB", 16, "output channels per micro-tile (the largest divisor of K up "
                             "to NB; 16 floats = one AVX-512 vector)"),
             nv_param(2),
-            kouter_param()),
+            kouter_param(),
+            cblk_param()),
     anisotropic_pad=True,
 ))

@@ -151,13 +151,46 @@ def test_blocked_bwd_data_catches_an_unflipped_filter(pack, plant, builds, refer
     assert check.ok is (plant is None), check.summary()
 
 
-@pytest.mark.parametrize("form, plant", [(0, None), (0, "drop_partial"), (0, "width_tap"),
-                                         (1, None), (1, "width_tap")])
-def test_blocked_bwd_filter_catches_planted_bugs(form, plant, builds, reference):
+@pytest.mark.parametrize("pass_", [Pass.FWD, Pass.BWD_DATA])
+@pytest.mark.parametrize("plant", [None, "overwrite"])
+def test_channel_blocks_catch_an_overwritten_output(pass_, plant, builds, reference):
+    """With the reduction over input channels in blocks, each block adds to the output;
+    a planted store that overwrites it keeps the last block only and must be caught."""
+    from impls import direct_conv_ndhwc_blocked as fw, direct_conv_ndhwc_blocked_bwd_data as bd
+    from impls._blocked import blocked_source, channel_tiles_outer
+    from impls._common import layer_constants
+    layer = Layer("cblk", 2, 12, 12, 5, 6, 7, 3, 3, 3, pad=1)
+    module = fw if pass_ == Pass.FWD else bd
+    params = dict(registry.get("directConvNDHWCblocked" if pass_ == Pass.FWD
+                               else "directConvNDHWCblockedBwdData").resolve_params(), CBLK=4)
+    conv = layer if pass_ == Pass.FWD else bd.transposed_layer(layer)
+    db, hb, wb, nb, nv = module.tile_sizes(layer, params)
+    source = blocked_source(layer_constants(conv, "NDHWC"), "float32", db, hb, wb, nb,
+                            channel_tiles_outer(conv, 2), flip=pass_ == Pass.BWD_DATA, nv=nv,
+                            cblk=4)
+    assert "for cc in range(3):" in source
+    if plant:
+        stores = [line for line in source.splitlines() if "] + acc[" in line]
+        assert stores
+        for line in stores:
+            target, value = line.split(" = ", 1)
+            source = source.replace(line, f"{target} = acc[{value.split(' + acc[')[1]}")
+    check = _verify_source(f"cb_{pass_}_{plant}", "direct_blocked", source, conv, pass_, layer,
+                           builds, reference, fix=bd.swap_roles if pass_ == Pass.BWD_DATA
+                           else None)
+    assert check.ok is (plant is None), check.summary()
+
+
+@pytest.mark.parametrize("form, rows, plant", [
+    (0, 0, None), (0, 0, "drop_partial"), (0, 0, "width_tap"), (1, 0, None), (1, 0, "width_tap"),
+    (0, 2, None), (0, 2, "drop_partial"), (0, 2, "width_tap"), (0, 2, "restart_rows"),
+    (1, 5, "width_tap"), (0, None, None), (0, None, "drop_batch")])
+def test_blocked_bwd_filter_catches_planted_bugs(form, rows, plant, builds, reference):
+    """``rows`` None: no slices (``SLICES=0``), the batch loops inside each tile."""
     from impls import direct_conv_ndhwc_blocked_bwd_filter as bf
     from impls._common import layer_constants
-    params = dict(registry.get("directConvNDHWCblockedBwdFilter").resolve_params(), SLICES=2,
-                  FORM=form)
+    params = dict(registry.get("directConvNDHWCblockedBwdFilter").resolve_params(),
+                  SLICES=2 if rows is not None else 0, FORM=form, ROWS=rows or 0)
     layer = BLOCKED_LAYER  # output depth 6: 2 chunks of 3 planes
     source = bf._source(layer_constants(layer, "NDHWC"), "float32",
                         *bf.tile_sizes(layer, params))
@@ -172,7 +205,15 @@ def test_blocked_bwd_filter_catches_planted_bugs(form, plant, builds, reference)
         assert lines[i].count("3 + 1, ") == 1
         lines[i] = lines[i].replace("3 + 1, ", "3 + 0, ")
         source = "\n".join(lines) + "\n"
-    check = _verify_source(f"bf_{form}_{plant}", "bwd_filter_blocked", source, layer,
+    elif plant == "drop_batch":  # the second batch element is never reduced
+        assert source.count("for b in range(2):") == 1
+        source = source.replace("for b in range(2):", "for b in range(1):")
+    elif plant == "restart_rows":  # each row block starts from zero, not from the partial
+        loads = [line for line in source.splitlines() if "] = part[" in line]
+        assert loads
+        for line in loads:
+            source = source.replace(line, line.split("] = part[")[0] + "] = 0")
+    check = _verify_source(f"bf_{form}_{rows}_{plant}", "bwd_filter_blocked", source, layer,
                            Pass.BWD_FILTER, layer, builds, reference)
     assert check.ok is (plant is None), check.summary()
 

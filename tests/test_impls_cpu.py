@@ -115,6 +115,17 @@ MULTI_VECTOR = [
          "odd", params=(("NB", 4), ("NV", 2), ("SLICES", 2))),
     Case("directConvNDHWCblockedBwdFilter", Layer("mvf", 2, 16, 6, 6, 5, 7, 3, 3, 3, pad=1),
          "odd", params=(("FORM", 1), ("CB", 3), ("NB", 4), ("NV", 2), ("SLICES", 2))),
+    # Blocks of output rows (bwd_filter), blocks of the channel reduction (fwd, bwd_data)
+    Case("directConvNDHWCblockedBwdFilter", Layer("rows", 2, 3, 16, 6, 7, 5, 3, 3, 3, pad=1),
+         "odd", params=(("NB", 4), ("NV", 2), ("SLICES", 2), ("ROWS", 3), ("KFIRST", 1))),
+    Case("directConvNDHWCblockedBwdFilter", Layer("rows", 2, 16, 6, 6, 7, 5, 3, 3, 3, pad=1),
+         "odd", params=(("FORM", 1), ("CB", 3), ("NB", 4), ("NV", 2), ("ROWS", 7))),
+    Case("directConvNDHWCblockedBwdFilter", Layer("noslice", 2, 5, 16, 6, 7, 5, 3, 3, 3, pad=1),
+         "odd", params=(("NB", 8), ("NV", 2), ("CB", 3), ("SLICES", 0))),
+    Case("directConvNDHWCblocked", Layer("cblk", 2, 12, 32, 5, 6, 7, 3, 3, 3, pad=1), "odd",
+         params=(("PIX", 6), ("NB", 8), ("NV", 2), ("CBLK", 5))),
+    Case("directConvNDHWCblockedBwdData", Layer("cblk", 2, 16, 12, 5, 6, 7, 3, 3, 3, pad=1),
+         "odd", params=(("PIX", 4), ("NB", 4), ("NV", 2), ("PACK", 0), ("CBLK", 4))),
 ]
 
 
