@@ -238,7 +238,7 @@ def blocked_source(L, dtype_name, db, hb, wb, nb, k_outer, flip=False, nv=1, pac
         def filter_at(kb, lane, c):
             return f"w[{c}, {flipped}, {kb} * {cw} + {lane}]"
     tile = (db, hb, wb)
-    blocks = L.C // cblk if cblk and cblk < L.C else 1
+    blocks = L.C // cblk if cblk else 1
     channel = f"cc * {cblk} + c" if blocks > 1 else "c"
     nest, ind, depth, t = reduction_nest(L, kblk, tile, k_outer, pixels * nv, nb,
                                          ("c", L.C // blocks))

@@ -29,6 +29,8 @@ mlperf conv2 (32 -> 64 channels at 64^3, batch 2) that is 161-172 ms instead of 
 (torch: 143); it pays where the partial fits in L2.
 """
 
+from collections import namedtuple
+
 from convbench.registry import Implementation, Layout, Pass, Param, register
 from impls._blocked import (channel_vectors, cpu_schedule, largest_divisor, map_header,
                             nv_param, signature)
@@ -43,12 +45,12 @@ PARTIAL_BYTES = 16 << 20
 
 def tile_sizes(layer, params):
     """``(chunks, tw, cb, nb, nv, taps_inner, form, rows, kfirst)``: depth chunks per batch
-    element,
-    width taps, broadcast channels per micro-tile, ``nv`` vectors of ``nb`` channels,
-    whether the depth and height taps loop inside each output row (else they are
-    dimensions of the parallel map), and ``FORM`` (0: vectors over the output channels,
-    broadcasts over the input channels; 1: the other way round) and the output rows per
-    row block (0: none) and whether the vector-channel blocks loop outside them."""
+    element (0: no slices), width taps, broadcast channels per micro-tile, ``nv`` vectors
+    of ``nb`` channels, whether the depth and height taps loop inside each output row
+    (else they are dimensions of the parallel map), ``FORM`` (0: vectors over the output
+    channels, broadcasts over the input channels; 1: the other way round), the output
+    rows per row block (0: none) and whether the vector-channel blocks loop outside
+    them."""
     form = params["FORM"]
     vec, bcast = ((layer.out_channels, layer.in_channels) if form == 0
                   else (layer.in_channels, layer.out_channels))
@@ -56,14 +58,28 @@ def tile_sizes(layer, params):
     cb = largest_divisor(bcast, params["CB"])
     nb, nv = channel_vectors(vec, params["NB"], params["NV"])
     inner = bool(params["TAPS"])
-    per_slice = 4 * layer.batch * layer.out_channels * layer.in_channels * layer.k_d \
-        * layer.k_h * layer.k_w
     if params["SLICES"] == 0:  # no slices: each tile reduces over every pixel into w
         return 0, tw, cb, nb, nv, inner, form, 0, False
+    per_slice = 4 * layer.batch * layer.out_channels * layer.in_channels * layer.k_d \
+        * layer.k_h * layer.k_w
     slices = max(1, min(params["SLICES"], PARTIAL_BYTES // per_slice))
     rows = largest_divisor(layer.out_h, params["ROWS"]) if params["ROWS"] else 0
     return (largest_divisor(layer.out_d, slices), tw, cb, nb, nv, inner, form, rows,
             bool(params["KFIRST"]))
+
+
+#: One accumulator of a micro-tile: its index in ``acc``; its filter element (output
+#: channel ``k``, input channel ``c``, with the lane variable as "@", width tap ``kw``);
+#: the scalar and vector factors of its statement; its place in a row-blocked partial.
+Slot = namedtuple("Slot", "acc k c kw scalar vector at")
+
+
+def _zero(indent, array, prefix, dims):
+    """Loops over ``dims`` (``(name, size)``) that zero ``array[prefix, names...]``."""
+    lines = [f"{indent}{'    ' * n}for {name} in range({size}):"
+             for n, (name, size) in enumerate(dims)]
+    return lines + [f"{indent}{'    ' * len(dims)}{array}[{prefix}"
+                    f"{', '.join(name for name, _ in dims)}] = 0"]
 
 
 def _source(L, dtype_name, chunks, tw, cb, nb, nv, inner, form=0, rows=0, kfirst=False):
@@ -104,12 +120,9 @@ def _source(L, dtype_name, chunks, tw, cb, nb, nv, inner, form=0, rows=0, kfirst
     if rows:
         # The slice's partial starts at zero; then, per block of rows, every tile loads
         # its accumulators, sweeps the block and stores them back.
-        zero = [("z0", vblocks), ("z1", L.KD), ("z2", L.KH), ("z3", L.KW), ("z4", bcast),
-                ("z5", cw)]
-        for n, (name, size) in enumerate(zero):
-            lines.append(f"{ind}{'    ' * n}for {name} in range({size}):")
-        lines.append(f"{ind}{'    ' * len(zero)}part[{t['b']}, {t['dc']}, "
-                     f"{', '.join(name for name, _ in zero)}] = 0")
+        lines += _zero(ind, "part", f"{t['b']}, {t['dc']}, ",
+                       [("z0", vblocks), ("z1", L.KD), ("z2", L.KH), ("z3", L.KW),
+                        ("z4", bcast), ("z5", cw)])
         vloop = ("kb", L.K // kbs) if form == 0 else ("cb", L.C // cbs)
         loops = [("kb", L.K // kbs), ("cb", L.C // cbs), ("kd", L.KD), ("kh", L.KH),
                  ("wb", wblk)]
@@ -125,10 +138,7 @@ def _source(L, dtype_name, chunks, tw, cb, nb, nv, inner, form=0, rows=0, kfirst
         oh = f"ob * {rows} + r"
         kd, kh = t["kd"], t["kh"]
     else:
-        lines += [f"{ind}for i0 in range({taps}):",
-                  f"{ind}    for i1 in range({acc}):",
-                  f"{ind}        for j0 in range({nb}):",
-                  f"{ind}            acc[i0, i1, j0] = 0"]
+        lines += _zero(ind, "acc", "", [("i0", taps), ("i1", acc), ("j0", nb)])
         oh = "oh"
         kd, kh = ("kd", "kh") if inner else (t["kd"], t["kh"])
     k0, c0 = f"{t['kb']} * {kbs}", f"{t['cb']} * {cbs}"
@@ -142,10 +152,7 @@ def _source(L, dtype_name, chunks, tw, cb, nb, nv, inner, form=0, rows=0, kfirst
     def dy_at(k):
         return f"y[{t['b']}, {od}, {oh}, ow, {k}]"
 
-    # One accumulator per (width tap a, broadcast channel ci, vector v): its index, its
-    # filter element (output and input channel with the lane variable as "@", width),
-    # the scalar and vector factors of its statement, and (row blocks) its place in the
-    # partial.
+    # One accumulator per (width tap a, broadcast channel ci, vector v).
     slots = []
     for a in range(tw):
         kw = f"{t['wb']} * {tw} + {a}"
@@ -154,12 +161,12 @@ def _source(L, dtype_name, chunks, tw, cb, nb, nv, inner, form=0, rows=0, kfirst
                 i = f"{tap or '0, '}{(a * cb + ci) * nv + v}"
                 if form == 0:
                     at = f"{t['kb']}, {kd}, {kh}, {kw}, {c0} + {ci}, {v * nb} + @"
-                    slots.append((i, lane(k0, v, "@"), f"{c0} + {ci}", kw,
-                                  x_at(kw, f"{c0} + {ci}"), f"dv{v}", at))
+                    slots.append(Slot(i, lane(k0, v, "@"), f"{c0} + {ci}", kw,
+                                      x_at(kw, f"{c0} + {ci}"), f"dv{v}", at))
                 else:
                     at = f"{t['cb']}, {kd}, {kh}, {kw}, {k0} + {ci}, {v * nb} + @"
-                    slots.append((i, f"{k0} + {ci}", lane(c0, v, "@"), kw,
-                                  dy_at(f"{k0} + {ci}"), f"xv{a}_{v}", at))
+                    slots.append(Slot(i, f"{k0} + {ci}", lane(c0, v, "@"), kw,
+                                      dy_at(f"{k0} + {ci}"), f"xv{a}_{v}", at))
     if form == 0:
         loads = [(f"dv{v}", dy_at(lane(k0, v, "j"))) for v in range(nv)]
     else:
@@ -167,8 +174,8 @@ def _source(L, dtype_name, chunks, tw, cb, nb, nv, inner, form=0, rows=0, kfirst
                  for a in range(tw) for v in range(nv)]
     if rows:
         lines.append(f"{body}for j1 in range({nb}):")
-        lines += [f"{body}    acc[{i}, j1] = part[{t['b']}, {t['dc']}, {at.replace('@', 'j1')}]"
-                  for i, _, _, _, _, _, at in slots]
+        lines += [f"{body}    acc[{s.acc}, j1] = part[{t['b']}, {t['dc']}, "
+                  f"{s.at.replace('@', 'j1')}]" for s in slots]
         deep = body
         lines += [f"{body}for r in range({rows}):"]
     else:
@@ -186,12 +193,11 @@ def _source(L, dtype_name, chunks, tw, cb, nb, nv, inner, form=0, rows=0, kfirst
     lines += [f"{deep}for ow in range({L.OW}):", f"{deep}    for j in range({nb}):"]
     deep += "        "
     lines += [f"{deep}{name} = {value}" for name, value in loads]
-    lines += [f"{deep}acc[{i}, j] += {scalar} * {vec}"
-              for i, _, _, _, scalar, vec, _ in slots]
+    lines += [f"{deep}acc[{s.acc}, j] += {s.scalar} * {s.vector}" for s in slots]
     if rows:
         lines.append(f"{body}for j1 in range({nb}):")
-        lines += [f"{body}    part[{t['b']}, {t['dc']}, {at.replace('@', 'j1')}] = acc[{i}, j1]"
-                  for i, _, _, _, _, _, at in slots]
+        lines += [f"{body}    part[{t['b']}, {t['dc']}, {s.at.replace('@', 'j1')}] = "
+                  f"acc[{s.acc}, j1]" for s in slots]
         return "\n".join(lines + _sum_partials(L, chunks, cw, form, vblocks)) + "\n"
     store = ind
     if inner:
@@ -199,9 +205,8 @@ def _source(L, dtype_name, chunks, tw, cb, nb, nv, inner, form=0, rows=0, kfirst
         store += "        "
     lines.append(f"{store}for j1 in range({nb}):")
     out = f"part[{t['b']}, {t['dc']}, " if chunks else "w["
-    for i, k, c, kw, _, _, _ in slots:
-        lines.append(f"{store}    {out}{k.replace('@', 'j1')}, {kd}, {kh}, "
-                     f"{kw}, {c.replace('@', 'j1')}] = acc[{i}, j1]")
+    lines += [f"{store}    {out}{s.k.replace('@', 'j1')}, {kd}, {kh}, {s.kw}, "
+              f"{s.c.replace('@', 'j1')}] = acc[{s.acc}, j1]" for s in slots]
     return "\n".join(lines + (_sum_partials(L, chunks) if chunks else [])) + "\n"
 
 

@@ -45,7 +45,7 @@ def tile_sizes(layer, params):
         largest_divisor(layer.in_channels, params["CV"]))
 
 
-def _source(L, dtype_name, db, hb, wb, kt, cv, k_outer, flip=False):
+def dot_source(L, dtype_name, db, hb, wb, kt, cv, k_outer, flip=False):
     """The program's text for layer constants ``L`` and the tile ``(db, hb, wb, kt, cv)``.
     ``flip``: ``w`` is the filter of the convolution that ``L`` transposes (``C x taps x
     K``, see ``directConvNDHWCdotBwdData``); it is first copied flipped in space and with
@@ -86,7 +86,7 @@ def algorithm(layer, dtype, params):
     L = layer_constants(layer, Layout.NDHWC)
     db, hb, wb, kt, cv = tile_sizes(layer, params)
     k_outer = channel_tiles_outer(layer, params["KOUTER"])
-    return generated_program(layer, _source(L, dtype.name, db, hb, wb, kt, cv, k_outer),
+    return generated_program(layer, dot_source(L, dtype.name, db, hb, wb, kt, cv, k_outer),
                              "direct_dot", f"{db}x{hb}x{wb}x{kt}x{cv}_{int(k_outer)}")
 
 
@@ -100,7 +100,7 @@ PARAMS = (Param("PIX", 4, "output pixels per micro-tile (width first, then heigh
           kouter_param())
 
 
-def _check_params(values):
+def check_params_dot(values):
     n = values["PIX"] * values["KT"]
     if n > MAX_ACCUMULATORS:
         return (f"PIX*KT={n} accumulator vectors; at most {MAX_ACCUMULATORS} fit in the "
@@ -119,6 +119,6 @@ register(Implementation(
     algorithm=algorithm,
     schedules={"cpu": cpu_schedule},
     params=PARAMS,
-    check_params=_check_params,
+    check_params=check_params_dot,
     anisotropic_pad=True,
 ))

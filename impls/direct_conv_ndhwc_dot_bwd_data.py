@@ -14,7 +14,7 @@ from convbench.registry import Implementation, Layout, Pass, register
 from impls._blocked import channel_tiles_outer, cpu_schedule, generated_program
 from impls._common import layer_constants
 from impls.direct_conv_ndhwc_blocked_bwd_data import supports, swap_roles, transposed_layer
-from impls.direct_conv_ndhwc_dot import _check_params, _source, tile_sizes
+from impls.direct_conv_ndhwc_dot import check_params_dot, dot_source, tile_sizes
 from impls.direct_conv_ndhwc_dot import PARAMS
 
 
@@ -23,7 +23,8 @@ def algorithm(layer, dtype, params):
     L = layer_constants(t, Layout.NDHWC)
     db, hb, wb, kt, cv = tile_sizes(t, params)
     k_outer = channel_tiles_outer(t, params["KOUTER"])
-    sdfg = generated_program(t, _source(L, dtype.name, db, hb, wb, kt, cv, k_outer, flip=True),
+    source = dot_source(L, dtype.name, db, hb, wb, kt, cv, k_outer, flip=True)
+    sdfg = generated_program(t, source,
                              "direct_dot", f"bwdd_{db}x{hb}x{wb}x{kt}x{cv}_{int(k_outer)}")
     return swap_roles(sdfg)
 
@@ -38,7 +39,7 @@ register(Implementation(
     algorithm=algorithm,
     schedules={"cpu": cpu_schedule},
     params=PARAMS,
-    check_params=_check_params,
+    check_params=check_params_dot,
     supports=supports,
     constraints="stride 1, padding at most kernel - 1",
     anisotropic_pad=True,

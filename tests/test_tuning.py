@@ -154,7 +154,7 @@ DOT = "directConvNDHWCdot"
 def test_dot_tile_and_statements():
     from convbench.layouts import Layout
     from impls._common import layer_constants
-    from impls.direct_conv_ndhwc_dot import _source, tile_sizes
+    from impls.direct_conv_ndhwc_dot import dot_source as _source, tile_sizes
     impl = registry.get(DOT)
     layer = load_layers("cosmoflow_mlperf")[4].with_batch(2)  # 8^3 out, C = 256, K = 512
     assert tile_sizes(layer, impl.resolve_params()) == (1, 1, 4, 4, 16)
