@@ -167,12 +167,17 @@ def program_arrays(impl, layer: Layer, inputs, device: str = "cpu", dtype=None,
 def run_build(build, truth: GroundTruth, device: str = "cpu"):
     """Run a loaded build on the reference inputs; return its output in logical layout.
 
-    The output buffer is poisoned with NaN first, so unwritten elements fail.
+    The output buffer is poisoned with NaN first, so unwritten elements fail.  The build
+    runs twice, the output poisoned again before the second call, whose output is
+    checked: a buffer kept from one call to the next (the CPU kernels allocate theirs
+    once per loaded program) that is not rewritten or re-zeroed on every call fails.
     """
     import torch
     impl, layer = build.spec.impl, build.spec.layer
     out_role = PASS_SIGNATURE[impl.pass_][1]
     args = program_arrays(impl, layer, truth.inputs, device, build.spec.dtype.torch)
+    build(**args)
+    args[out_role].fill_(math.nan)
     build(**args)
     if device == "gpu":
         torch.cuda.synchronize()

@@ -169,7 +169,7 @@ def generated_program(layer, source, function, tag):
     from convbench.registry import Layout
     from impls._common import pad_input, program_from_source
     return pad_input(program_from_source(source, function, f"{function}_{layer.key()}_{tag}"),
-                     layer, Layout.NDHWC)
+                     layer, Layout.NDHWC, halo=True)
 
 
 def tile_pixels(pixel_tile_shape):
@@ -190,12 +190,16 @@ def signature(L, dtype_name, function, w_shape=None):
 
 def cpu_schedule(sdfg, layer, params):
     """OpenMP over every dimension of each top-level map (collapsed); everything else as
-    the frontend wrote it: sequential loops the C++ compiler vectorises and unrolls."""
+    the frontend wrote it: sequential loops the C++ compiler vectorises and unrolls.  The
+    buffers outside the maps (padded input, packed filter, partials) are allocated once
+    per loaded program (:func:`impls._common.persistent_buffers`)."""
+    from impls._common import persistent_buffers
     for node, _ in sdfg.all_nodes_recursive():
         if isinstance(node, dace.nodes.MapEntry) and node.map.schedule in (
                 dace.ScheduleType.Default, dace.ScheduleType.CPU_Multicore):
             node.map.schedule = dace.ScheduleType.CPU_Multicore
             node.map.collapse = len(node.map.params)
+    persistent_buffers(sdfg)
 
 
 def blocked_source(L, dtype_name, db, hb, wb, nb, k_outer, flip=False, nv=1, pack=True,

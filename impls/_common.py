@@ -41,12 +41,16 @@ def layer_constants(layer: Layer, layout: Layout) -> SimpleNamespace:
         y_shape=stored_shape(layout, "y", layer.output_shape))
 
 
-def pad_input(program, layer: Layer, layout: Layout):
+def pad_input(program, layer: Layer, layout: Layout, halo: bool = False):
     """SDFG of ``program(x=padded input, w, y)`` that takes the unpadded ``x``.
 
     Without padding the program's own SDFG is returned.  Otherwise its ``x``
-    becomes the transient ``xp``, and two states before the computation zero
-    ``xp`` and copy the new input ``x`` into its interior.
+    becomes the transient ``xp``, and states before the computation zero ``xp`` and
+    copy the new input ``x`` into its interior.  ``halo``: zero only the border (one
+    slab below and one above the interior per padded dimension, see
+    :func:`halo_slabs`) instead of the whole array, so the padded input is written once
+    per call rather than about twice.  (Not for the programs that go through DaCe's
+    auto-optimize: its stencil tiling fails on the slab maps.)
     """
     sdfg = program.to_sdfg(simplify=True)
     if not any(layer.pads):
@@ -59,9 +63,12 @@ def pad_input(program, layer: Layer, layout: Layout):
     sdfg.add_array("x", shape, padded.dtype, storage=padded.storage)
     idx = [f"i{d}" for d in range(5)]
     zero = sdfg.add_state_before(sdfg.start_state, "pad_zero")
-    zero.add_mapped_tasklet(
-        "pad_zero", {i: f"0:{s}" for i, s in zip(idx, padded.shape)}, {}, "out = 0",
-        {"out": dace.Memlet(f"xp[{','.join(idx)}]")}, external_edges=True)
+    boxes = (halo_slabs(padded.shape, shape, spatial, layer.pads) if halo
+             else [[f"0:{s}" for s in padded.shape]])
+    for n, ranges in enumerate(boxes):
+        zero.add_mapped_tasklet(
+            f"pad_zero_{n}", dict(zip(idx, ranges)), {}, "out = 0",
+            {"out": dace.Memlet(f"xp[{','.join(idx)}]")}, external_edges=True)
     copy = sdfg.add_state_after(zero, "pad_copy")
     pads = dict(zip(spatial, layer.pads))
     dst = [f"{i} + {pads[d]}" if d in spatial else i for d, i in enumerate(idx)]
@@ -70,6 +77,48 @@ def pad_input(program, layer: Layer, layout: Layout):
         {"inp": dace.Memlet(f"x[{','.join(idx)}]")}, "out = inp",
         {"out": dace.Memlet(f"xp[{','.join(dst)}]")}, external_edges=True)
     return sdfg
+
+
+def halo_slabs(padded_shape, shape, spatial, pads):
+    """The border of a padded array as disjoint boxes (``"lo:hi"`` per dimension): per
+    padded spatial dimension in turn, the slab below and the slab above the interior,
+    spanning the interior of the dimensions before it and all of those after it.
+    Together with the interior they cover the array exactly once."""
+    slabs = []
+    for n, (dim, pad) in enumerate(zip(spatial, pads)):
+        if pad == 0:
+            continue
+        for lo, hi in ((0, pad), (pad + shape[dim], padded_shape[dim])):
+            ranges = []
+            for d, size in enumerate(padded_shape):
+                if d == dim:
+                    ranges.append(f"{lo}:{hi}")
+                elif d in spatial[:n]:
+                    p = pads[spatial.index(d)]
+                    ranges.append(f"{p}:{p + shape[d]}")
+                else:
+                    ranges.append(f"0:{size}")
+            slabs.append(ranges)
+    return slabs
+
+
+def persistent_buffers(sdfg):
+    """Allocate each top-level transient array that lives outside every map (the padded
+    input ``xp``, a packed filter, partial sums) once per loaded program instead of on
+    every call: fresh memory costs a page fault per 4 KiB on its first touch (for the
+    80 MB padded input of CosmoFlow's conv2 backward-data pass at batch 2, a few ms per
+    call).  Only correct for buffers that every call writes before it reads them, which
+    is how the generated programs use them; the arrays a map defines per tile (its
+    accumulators) stay per-thread."""
+    scoped = set()
+    for state in sdfg.states():
+        for node in state.data_nodes():
+            if state.entry_node(node) is not None:
+                scoped.add(node.data)
+    for name, desc in sdfg.arrays.items():
+        if (desc.transient and name not in scoped and isinstance(desc, dace.data.Array)
+                and not isinstance(desc, dace.data.View)):
+            desc.lifetime = dace.AllocationLifetime.Persistent
 
 
 def auto_cpu(sdfg, layer, params):

@@ -245,7 +245,7 @@ def algorithm(layer, dtype, params):
     source = _source(L, dtype.name, *sizes)
     program = program_from_source(source, "bwd_filter_blocked", f"bwd_filter_blocked_"
                                   f"{layer.key()}_{'x'.join(str(int(v)) for v in sizes)}")
-    return pad_input(program, layer, Layout.NDHWC)
+    return pad_input(program, layer, Layout.NDHWC, halo=True)
 
 
 register(Implementation(

@@ -115,7 +115,8 @@ def _verify_source(name, function, source, pad_layer, pass_, layer, builds, refe
     from impls._common import pad_input, program_from_source
 
     def algorithm(layer, dtype, params):
-        sdfg = pad_input(program_from_source(source, function, name), pad_layer, "NDHWC")
+        sdfg = pad_input(program_from_source(source, function, name), pad_layer, "NDHWC",
+                         halo=True)
         return fix(sdfg) if fix else sdfg
     impl = Implementation(name=name, summary="a planted bug", layout="NDHWC", pass_=pass_,
                           algorithm=algorithm, schedules={"cpu": cpu_schedule})
@@ -184,7 +185,7 @@ def test_channel_blocks_catch_an_overwritten_output(pass_, plant, builds, refere
 @pytest.mark.parametrize("form, rows, plant", [
     (0, 0, None), (0, 0, "drop_partial"), (0, 0, "width_tap"), (1, 0, None), (1, 0, "width_tap"),
     (0, 2, None), (0, 2, "drop_partial"), (0, 2, "width_tap"), (0, 2, "restart_rows"),
-    (1, 5, "width_tap"), (0, None, None), (0, None, "drop_batch")])
+    (1, 5, "width_tap"), (0, None, None), (0, None, "drop_batch"), (0, 2, "stale_partial")])
 def test_blocked_bwd_filter_catches_planted_bugs(form, rows, plant, builds, reference):
     """``rows`` None: no slices (``SLICES=0``), the batch loops inside each tile."""
     from impls import direct_conv_ndhwc_blocked_bwd_filter as bf
@@ -208,6 +209,12 @@ def test_blocked_bwd_filter_catches_planted_bugs(form, rows, plant, builds, refe
     elif plant == "drop_batch":  # the second batch element is never reduced
         assert source.count("for b in range(2):") == 1
         source = source.replace("for b in range(2):", "for b in range(1):")
+    elif plant == "stale_partial":  # the partial is not zeroed: the sums of the call
+        # before stay in it (it is allocated once per loaded program; verification runs
+        # every build twice)
+        zero = "part[b, dc, z0, z1, z2, z3, z4, z5] = 0"
+        assert source.count(zero) == 1
+        source = source.replace(zero, f"{zero[:-4]} = {zero[:-4]}")
     elif plant == "restart_rows":  # each row block starts from zero, not from the partial
         loads = [line for line in source.splitlines() if "] = part[" in line]
         assert loads
@@ -266,6 +273,30 @@ def test_layer_pads_per_dimension():
     assert "p2,1,0" in layer.describe() and layer.key().endswith("_p2x1x0")
     iso = Layer("i", 1, 2, 3, 5, 6, 7, 3, 3, 3, pad=1, pad_d=1)
     assert not iso.anisotropic and iso.key() == Layer("j", 1, 2, 3, 5, 6, 7, 3, 3, 3, 1, 1).key()
+
+
+@pytest.mark.parametrize("layout", ["NDHWC", "NCDHW"])
+@pytest.mark.parametrize("pads", [(1, 1, 1), (2, 1, 0), (0, 0, 3), (0, 2, 0)])
+def test_halo_slabs_cover_the_border_exactly_once(layout, pads):
+    """The zeroed slabs and the copied interior together write every element of the
+    padded input once: a missed element would be read as whatever the buffer (allocated
+    once per loaded program) held."""
+    import numpy as np
+    from impls._common import halo_slabs
+    from convbench.registry import stored_shape
+    layer = Layer("h", 2, 3, 4, 5, 6, 7, 3, 3, 3, pad=pads[0], pad_d=pads[0], pad_h=pads[1],
+                  pad_w=pads[2])
+    spatial = (2, 3, 4) if layout == "NCDHW" else (1, 2, 3)
+    shape = stored_shape(layout, "x", layer.input_shape)
+    padded = list(shape)
+    for d, p in zip(spatial, pads):
+        padded[d] += 2 * p
+    count = np.zeros(padded, dtype=int)
+    for box in halo_slabs(tuple(padded), shape, spatial, pads):
+        count[tuple(slice(*map(int, r.split(":"))) for r in box)] += 1
+    count[tuple(slice(pads[spatial.index(d)], pads[spatial.index(d)] + s) if d in spatial
+                else slice(None) for d, s in enumerate(shape))] += 1
+    assert count.min() == count.max() == 1
 
 
 def test_csv_optional_pad_columns(write_csv):
