@@ -143,6 +143,12 @@ def _main(argv, prog: str = PROG, mode: Optional[str] = None) -> int:
                      outdir=args.outdir, plots=args.enableplots, threads=args.threads,
                      metadata={"layer_set": args.paramscsv, "batch": args.batch},
                      observer=Printer(args.paramscsv, args.strict))
+    refusals = [impl.unsupported_reason(layer, exp.params(impl, layer)) for layer in layers]
+    if all(refusals):
+        doing = " and ".join(w for w, on in (("verified", args.verify),
+                                             ("timed", args.compareprof)) if on)
+        raise UsageError(f"nothing to be {doing}: {impl.name} supports none of the "
+                         f"{len(layers)} selected layer(s) ({layers[0].name}: {refusals[0]})")
     exp.run()
     n = exp.counts()
     print(f"{impl.name}: {n['passed']} passed, {n['failed']} failed, "

@@ -36,6 +36,14 @@ class ArgumentParser(_argparse_base()):
     def error(self, message):
         raise UsageError(message)
 
+    def parse_args(self, args=None, namespace=None):
+        """Parse, then check the paths the flags name (``--outdir``, ``--cachedir``,
+        ``--out``: :func:`convbench.files.check_paths`) before any work starts."""
+        from .files import check_paths
+        parsed = super().parse_args(args, namespace)
+        check_paths(parsed)
+        return parsed
+
 
 def check_at_least(*checks) -> None:
     """For each ``(flag, value, least)``: a :class:`UsageError` naming the flag when
@@ -63,3 +71,7 @@ def run_main(prog: str, body, argv=None) -> int:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of the output went away (``| head``): not an error
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0

@@ -26,3 +26,58 @@ def write_atomic(path: Union[str, os.PathLike], data: Union[str, bytes], sync: b
             os.unlink(tmp)
         raise
     return path
+
+
+def writable_folder_problem(path: Union[str, os.PathLike]) -> Union[str, None]:
+    """Why ``path`` cannot be (or become) a folder this process writes into, or None.
+
+    A folder that exists must be writable; one that does not is created later, so its
+    nearest existing ancestor must be a writable folder.  Nothing is created here."""
+    path = Path(path)
+    if path.exists():
+        if not path.is_dir():
+            return "exists and is not a folder"
+        if not os.access(path, os.W_OK | os.X_OK):
+            return "is not writable"
+        return None
+    for parent in path.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                return f"cannot be created: {parent} is not a folder"
+            if not os.access(parent, os.W_OK | os.X_OK):
+                return f"cannot be created: {parent} is not writable"
+            return None
+    return "has no existing ancestor"
+
+
+def output_file_problem(path: Union[str, os.PathLike]) -> Union[str, None]:
+    """Why ``path`` cannot be written as a file, or None (its folder is created later)."""
+    path = Path(path)
+    if path.is_dir():
+        return "is a folder"
+    if path.exists() and not os.access(path, os.W_OK):
+        return "is not writable"
+    return writable_folder_problem(path.parent) if not path.exists() else None
+
+
+def check_paths(args, environ=os.environ) -> None:
+    """Check the paths of parsed flags before any work starts (:class:`UsageError`, one
+    line): ``--outdir`` and ``--cachedir`` (or ``$CONVBENCH_CACHE``) must be writable
+    folders or creatable, ``--out`` a writable file (where ``flags.add_out_flag`` declared
+    it: some commands' ``--out`` names a folder, or a path on another machine)."""
+    from .errors import UsageError
+    checks = [("--outdir", getattr(args, "outdir", None), writable_folder_problem)]
+    if getattr(args, "check_out_file", False):
+        checks.append(("--out", getattr(args, "out", None), output_file_problem))
+    if hasattr(args, "cachedir"):
+        if args.cachedir is not None:
+            checks.append(("--cachedir", args.cachedir, writable_folder_problem))
+        elif environ.get("CONVBENCH_CACHE"):
+            checks.append(("$CONVBENCH_CACHE", environ["CONVBENCH_CACHE"],
+                           writable_folder_problem))
+    for flag, value, problem_of in checks:
+        if value is None or not isinstance(value, (str, os.PathLike)):
+            continue
+        problem = problem_of(value)
+        if problem:
+            raise UsageError(f"{flag}: {value} {problem}")

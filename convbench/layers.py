@@ -18,9 +18,15 @@ from .errors import LayerFileError, UsageError
 
 CANONICAL_HEADER = ("layer", "batch", "in_channels", "out_channels", "in_d", "in_h", "in_w",
                     "k_d", "k_h", "k_w", "stride", "pad")
-#: Optional columns of the canonical format: per-dimension padding overriding ``pad``
-#: (an empty cell means ``pad``).
-OPTIONAL_COLUMNS = ("pad_d", "pad_h", "pad_w")
+#: Optional columns of the canonical format: per-dimension padding and stride overriding
+#: ``pad`` and ``stride`` (an empty cell means ``pad``, ``stride``), dilation (all
+#: dimensions, then per dimension), groups, and ``transposed`` (1: the row is a transposed
+#: convolution as torch's ``ConvTranspose3d`` takes it, with ``output_pad``).
+OPTIONAL_COLUMNS = ("pad_d", "pad_h", "pad_w", "stride_d", "stride_h", "stride_w", "dilation",
+                    "dilation_d", "dilation_h", "dilation_w", "groups", "transposed",
+                    "output_pad", "output_pad_d", "output_pad_h", "output_pad_w")
+#: Lines of a layer CSV that start with this (after blanks) are comments.
+COMMENT = "#"
 LEGACY_HEADER = ("InChannel", "InputDepth", "InputHeight", "InputWidth", "KernelDepth",
                  "KernelHeight", "KernelWidth", "OutputChannel", "OutputDepth", "OutputHeight",
                  "OutputWidth")
@@ -31,11 +37,22 @@ LEGACY_BATCH = 1
 CONVPARAMS_DIR = Path(__file__).resolve().parent.parent / "convparams"
 
 
+#: What a layer may need beyond the basic model (one stride, one padding, no dilation, no
+#: groups), as :meth:`Layer.features` names it; an implementation lists those it handles.
+FEATURES = ("anisotropic padding", "anisotropic stride", "dilation", "groups")
+
+
 @dataclasses.dataclass(frozen=True)
 class Layer:
     """One 3D convolution: NCDHW input of ``batch x in_channels x in_d x in_h x in_w``,
-    ``out_channels`` filters of ``k_d x k_h x k_w``, the same stride and padding
-    in every spatial dimension, no dilation, no groups."""
+    ``out_channels`` filters of ``k_d x k_h x k_w`` over ``in_channels / groups``
+    channels each, with a stride, a padding and a dilation per spatial dimension.
+
+    ``stride``, ``pad`` and ``dilation`` apply to every dimension unless a per-dimension
+    field (``stride_d`` ...) says otherwise.  ``transposed``: the layer is a transposed
+    convolution (torch's ``ConvTranspose3d``), stored as the convolution whose gradient
+    for the input it is, so its forward pass is this layer's ``bwd_data`` pass (see
+    :meth:`transposed_of`)."""
 
     name: str
     batch: int
@@ -54,6 +71,15 @@ class Layer:
     pad_d: Optional[int] = None
     pad_h: Optional[int] = None
     pad_w: Optional[int] = None
+    stride_d: Optional[int] = None
+    stride_h: Optional[int] = None
+    stride_w: Optional[int] = None
+    dilation: int = 1
+    dilation_d: Optional[int] = None
+    dilation_h: Optional[int] = None
+    dilation_w: Optional[int] = None
+    groups: int = 1
+    transposed: bool = False
 
     def __post_init__(self):
         problem = self.problem()
@@ -64,20 +90,29 @@ class Layer:
     def problem(self):
         """``(field, message)`` for the first thing wrong with this layer, or None."""
         for field in ("batch", "in_channels", "out_channels", "in_d", "in_h", "in_w", "k_d",
-                      "k_h", "k_w", "stride"):
+                      "k_h", "k_w", "stride", "dilation", "groups"):
             value = getattr(self, field)
-            if not isinstance(value, int) or value <= 0:
+            if not _is_int(value) or value <= 0:
                 return field, f"must be a positive integer, got {value!r}"
-        if not isinstance(self.pad, int) or self.pad < 0:
+        if not _is_int(self.pad) or self.pad < 0:
             return "pad", f"must be a non-negative integer, got {self.pad!r}"
         for dim in ("d", "h", "w"):
-            value = getattr(self, f"pad_{dim}")
-            if value is not None and (not isinstance(value, int) or value < 0):
-                return f"pad_{dim}", f"must be a non-negative integer, got {value!r}"
-        for dim, p in zip(("d", "h", "w"), self.pads):
+            for field, least in (("pad", 0), ("stride", 1), ("dilation", 1)):
+                value = getattr(self, f"{field}_{dim}")
+                if value is not None and (not _is_int(value) or value < least):
+                    kind = "non-negative" if least == 0 else "positive"
+                    return f"{field}_{dim}", f"must be a {kind} integer, got {value!r}"
+        for field, count in (("in_channels", self.in_channels),
+                             ("out_channels", self.out_channels)):
+            if count % self.groups:
+                return "groups", (f"{field}={count} is not a multiple of groups="
+                                  f"{self.groups}")
+        for dim, p, dl in zip(("d", "h", "w"), self.pads, self.dilations):
             size, k = getattr(self, f"in_{dim}"), getattr(self, f"k_{dim}")
-            if k > size + 2 * p:
-                return (f"k_{dim}", f"kernel size {k} is larger than the padded input "
+            span = dl * (k - 1) + 1
+            if span > size + 2 * p:
+                what = f"kernel size {k}" if dl == 1 else f"dilated kernel ({k} taps, span {span})"
+                return (f"k_{dim}", f"{what} is larger than the padded input "
                         f"({size} + 2*{p} = {size + 2 * p})")
         return None
 
@@ -87,25 +122,55 @@ class Layer:
         return tuple(self.pad if p is None else p for p in (self.pad_d, self.pad_h, self.pad_w))
 
     @property
+    def strides(self) -> Tuple[int, int, int]:
+        """Stride of depth, height and width."""
+        return tuple(self.stride if s is None else s
+                     for s in (self.stride_d, self.stride_h, self.stride_w))
+
+    @property
+    def dilations(self) -> Tuple[int, int, int]:
+        """Dilation of depth, height and width (1: taps next to each other)."""
+        return tuple(self.dilation if d is None else d
+                     for d in (self.dilation_d, self.dilation_h, self.dilation_w))
+
+    @property
     def anisotropic(self) -> bool:
         """True if the dimensions are not all padded alike."""
         return len(set(self.pads)) > 1
 
+    def features(self) -> Tuple[str, ...]:
+        """What this layer needs beyond the basic model (names from :data:`FEATURES`)."""
+        needs = {"anisotropic padding": self.anisotropic,
+                 "anisotropic stride": len(set(self.strides)) > 1,
+                 "dilation": any(d != 1 for d in self.dilations),
+                 "groups": self.groups != 1}
+        return tuple(f for f in FEATURES if needs[f])
+
+    def feature_text(self, feature: str) -> str:
+        """This layer's value of ``feature``, in words (for refusals)."""
+        return {"anisotropic padding": "pads d,h,w by " + ",".join(map(str, self.pads)),
+                "anisotropic stride": "strides d,h,w by " + ",".join(map(str, self.strides)),
+                "dilation": "dilation " + ",".join(map(str, self.dilations)),
+                "groups": f"{self.groups} groups"}[feature]
+
     # -- derived sizes ----------------------------------------------------------------------
-    def _out(self, size, k, pad):
-        return (size + 2 * pad - k) // self.stride + 1
+    def _out(self, axis):
+        size = (self.in_d, self.in_h, self.in_w)[axis]
+        k = (self.k_d, self.k_h, self.k_w)[axis]
+        span = self.dilations[axis] * (k - 1) + 1
+        return (size + 2 * self.pads[axis] - span) // self.strides[axis] + 1
 
     @property
     def out_d(self):
-        return self._out(self.in_d, self.k_d, self.pads[0])
+        return self._out(0)
 
     @property
     def out_h(self):
-        return self._out(self.in_h, self.k_h, self.pads[1])
+        return self._out(1)
 
     @property
     def out_w(self):
-        return self._out(self.in_w, self.k_w, self.pads[2])
+        return self._out(2)
 
     @property
     def input_shape(self):
@@ -114,8 +179,10 @@ class Layer:
 
     @property
     def filter_shape(self):
-        """KCTRS shape of the filter (torch's ``weight`` shape)."""
-        return (self.out_channels, self.in_channels, self.k_d, self.k_h, self.k_w)
+        """KCTRS shape of the filter (torch's ``weight`` shape: C is the channels of one
+        group)."""
+        return (self.out_channels, self.in_channels // self.groups, self.k_d, self.k_h,
+                self.k_w)
 
     @property
     def output_shape(self):
@@ -134,8 +201,8 @@ class Layer:
 
     @property
     def gemm_k(self):
-        """Reduction length of the forward pass: C * kd * kh * kw."""
-        return self.in_channels * self.k_d * self.k_h * self.k_w
+        """Reduction length of the forward pass: C/groups * kd * kh * kw."""
+        return self.in_channels // self.groups * self.k_d * self.k_h * self.k_w
 
     def flops(self):
         """Floating-point operations of one forward pass (a multiply-add counts 2)."""
@@ -144,21 +211,93 @@ class Layer:
     def with_batch(self, batch: int) -> "Layer":
         return dataclasses.replace(self, batch=batch)
 
+    @classmethod
+    def transposed_of(cls, name: str, batch: int, in_channels: int, out_channels: int,
+                      in_size, kernel, stride=(1, 1, 1), pad=(0, 0, 0), dilation=(1, 1, 1),
+                      groups: int = 1, output_pad=(0, 0, 0)) -> "Layer":
+        """The layer of a transposed convolution given as torch's ``ConvTranspose3d`` takes
+        it (its own input channels and size): the convolution from its output (size
+        ``(i - 1)*s - 2p + d*(k - 1) + 1 + output_pad`` per dimension) back to its input,
+        marked ``transposed``.  Raises ValueError for an output padding not below the
+        stride (torch also takes one below the dilation; that one is not the gradient of a
+        convolution of this size)."""
+        out = []
+        for i, k, s, p, dl, op in zip(in_size, kernel, stride, pad, dilation, output_pad):
+            if not 0 <= op < s:
+                raise ValueError(f"layer {name!r}: output padding {op} must be below the "
+                                 f"stride {s}")
+            out.append((i - 1) * s - 2 * p + dl * (k - 1) + 1 + op)
+        if min(out) <= 0:
+            raise ValueError(f"layer {name!r}: the transposed convolution's output would be "
+                             f"{'x'.join(map(str, out))}")
+        layer = cls(name, batch, out_channels, in_channels, *out, *kernel, stride=stride[0],
+                    pad=pad[0], pad_d=pad[0], pad_h=pad[1], pad_w=pad[2], stride_d=stride[0],
+                    stride_h=stride[1], stride_w=stride[2], dilation=dilation[0],
+                    dilation_d=dilation[0], dilation_h=dilation[1], dilation_w=dilation[2],
+                    groups=groups, transposed=True)
+        return layer.normalized()
+
+    @property
+    def output_pads(self) -> Tuple[int, int, int]:
+        """The output padding of the transposed convolution from this layer's output size
+        back to its input size (``ConvTranspose3d``'s ``output_padding``)."""
+        sizes = zip(self.input_shape[2:], self.output_shape[2:], self.strides, self.pads,
+                    self.dilations, (self.k_d, self.k_h, self.k_w))
+        return tuple(i - ((o - 1) * s - 2 * p + d * (k - 1) + 1) for i, o, s, p, d, k in sizes)
+
+    def normalized(self) -> "Layer":
+        """The same layer with per-dimension fields left None where they equal the
+        all-dimension one (so that equal layers compare and print alike)."""
+        values = {}
+        for field, base in (("pad", self.pads), ("stride", self.strides),
+                            ("dilation", self.dilations)):
+            common = base[0] if len(set(base)) == 1 else getattr(self, field)
+            values[field] = common
+            for dim, v in zip("dhw", base):
+                values[f"{field}_{dim}"] = None if v == common else v
+        return dataclasses.replace(self, **values)
+
     def describe(self) -> str:
         """A short human-readable form, e.g. ``16->32 66x66x66 k3x3x3 s1 p0 b16``."""
         def dims(a, b, c):
             return f"{a}^3" if a == b == c else f"{a}x{b}x{c}"
-        return (f"{self.in_channels}->{self.out_channels} @{dims(self.in_d, self.in_h, self.in_w)}"
-                f" k{dims(self.k_d, self.k_h, self.k_w)} s{self.stride} p{self._pad_text(',')}"
-                f" b{self.batch}")
+        text = (f"{self.in_channels}->{self.out_channels} @{dims(self.in_d, self.in_h, self.in_w)}"
+                f" k{dims(self.k_d, self.k_h, self.k_w)} s{_triple(self.strides, ',')}"
+                f" p{self._pad_text(',')}") + "".join(" " + e for e in self._extras(","))
+        if self.transposed:
+            text += " (transposed: fwd is bwd_data)"
+        return text + f" b{self.batch}"
 
     def _pad_text(self, sep: str) -> str:
         return str(self.pad) if not self.anisotropic else sep.join(map(str, self.pads))
 
     def key(self) -> str:
-        """Geometry (name excluded) as a stable string, for build names and caches."""
-        return (f"b{self.batch}_c{self.in_channels}_k{self.out_channels}_i{self.in_d}x{self.in_h}x"
-                f"{self.in_w}_f{self.k_d}x{self.k_h}x{self.k_w}_s{self.stride}_p{self._pad_text('x')}")
+        """Geometry (name excluded) as a stable string, for build names and caches.  The
+        fields of the basic model keep the form they always had, so keys (and the tuning
+        entries stored under them) stay valid."""
+        key = (f"b{self.batch}_c{self.in_channels}_k{self.out_channels}_i{self.in_d}x{self.in_h}x"
+               f"{self.in_w}_f{self.k_d}x{self.k_h}x{self.k_w}_s{_triple(self.strides, 'x')}"
+               f"_p{self._pad_text('x')}")
+        return key + "".join("_" + e for e in self._extras("x"))
+
+    def _extras(self, sep: str) -> List[str]:
+        """The fields beyond stride and padding that differ from their defaults, as
+        ``d<dilation>`` and ``g<groups>`` (for :meth:`describe` and :meth:`key`)."""
+        extras = []
+        if any(d != 1 for d in self.dilations):
+            extras.append("d" + _triple(self.dilations, sep))
+        if self.groups != 1:
+            extras.append(f"g{self.groups}")
+        return extras
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _triple(values, sep: str) -> str:
+    """``2`` for (2, 2, 2), else ``1<sep>2<sep>2``."""
+    return str(values[0]) if len(set(values)) == 1 else sep.join(map(str, values))
 
 
 # -- CSV reading ---------------------------------------------------------------------------
@@ -171,25 +310,30 @@ def _int_field(path, lineno, field, text):
         raise LayerFileError(path, lineno, f"not an integer: {text!r}", field=field) from None
 
 
-def _check_layer(path, lineno, values: dict, column_of=None) -> Layer:
+def _check_layer(path, lineno, values: dict, column_of=None, sizes: bool = True) -> Layer:
     """Build a Layer from parsed integers, turning validity problems into LayerFileErrors.
 
-    ``column_of`` maps Layer fields to the file's column names where they differ."""
+    ``column_of`` maps Layer fields to the file's column names where they differ.
+    ``sizes=False``: check the fields only, not that the kernel fits the input (the
+    fields of a transposed row, whose sizes are checked once it is a convolution)."""
     probe = object.__new__(Layer)  # validate without raising from __post_init__
     for f in dataclasses.fields(Layer):
         object.__setattr__(probe, f.name, values.get(f.name, f.default))
     problem = probe.problem()
-    if problem is not None:
+    if problem is not None and (sizes or not problem[0].startswith("k_")):
         field = (column_of or {}).get(problem[0], problem[0])
         raise LayerFileError(path, lineno, problem[1], field=field)
-    return Layer(**values)
+    return Layer(**values) if sizes else probe
 
 
 def parse_layers(text: str, path="<string>") -> List[Layer]:
-    """Parse a layer-set CSV (canonical or legacy header) held in ``text``."""
-    rows = list(csv.reader(io.StringIO(text)))
-    # Line numbers are 1-based; skip blank lines but keep numbering.
-    numbered = [(i + 1, row) for i, row in enumerate(rows) if any(cell.strip() for cell in row)]
+    """Parse a layer-set CSV (canonical or legacy header) held in ``text``.  A UTF-8
+    byte-order mark, CRLF line ends, blank lines and comment lines (``#``) are allowed."""
+    lines = text.lstrip("\ufeff").splitlines()
+    # Line numbers are 1-based; skip blank and comment lines but keep numbering.
+    numbered = [(i + 1, row) for i, line in enumerate(lines)
+                if not line.lstrip().startswith(COMMENT)
+                for row in csv.reader([line]) if any(cell.strip() for cell in row)]
     if not numbered:
         raise LayerFileError(path, None, "empty file: no header and no layers")
     header_line, header = numbered[0]
@@ -233,13 +377,81 @@ def parse_layers(text: str, path="<string>") -> List[Layer]:
             for f in OPTIONAL_COLUMNS:
                 if f in cells and cells[f].strip():
                     values[f] = _int_field(path, lineno, f, cells[f])
-            layer = _check_layer(path, lineno, values)
+            layer = _canonical_layer(path, lineno, values)
         if layer.name in seen:
             raise LayerFileError(path, lineno, f"duplicated layer name '{layer.name}' (first on "
                                  f"line {seen[layer.name]})", field="layer")
         seen[layer.name] = lineno
         layers.append(layer)
     return layers
+
+
+def _canonical_layer(path, lineno, values: dict) -> Layer:
+    """The layer of one canonical row (``values``: the name and the integer cells)."""
+    transposed = values.pop("transposed", 0)
+    output_pad = values.pop("output_pad", 0)
+    output_pads = tuple(values.pop(f"output_pad_{d}", output_pad) for d in "dhw")
+    if transposed not in (0, 1):
+        raise LayerFileError(path, lineno, f"must be 0 or 1, got {transposed}", field="transposed")
+    if any(output_pads) and not transposed:
+        raise LayerFileError(path, lineno, "only a transposed layer (transposed=1) has one",
+                             field="output_pad")
+    layer = _check_layer(path, lineno, values, sizes=not transposed)
+    if not transposed:
+        return layer
+    # The row is the transposed convolution's own view: turn it into the convolution.
+    try:
+        return Layer.transposed_of(
+            layer.name, layer.batch, layer.in_channels, layer.out_channels,
+            (layer.in_d, layer.in_h, layer.in_w), (layer.k_d, layer.k_h, layer.k_w),
+            layer.strides, layer.pads, layer.dilations, layer.groups, output_pads)
+    except ValueError as err:
+        raise LayerFileError(path, lineno, str(err).split(": ", 1)[-1],
+                             field="output_pad" if "output padding" in str(err) else None) \
+            from None
+
+
+def format_csv(layers: Sequence[Layer], comments: Sequence[str] = ()) -> str:
+    """``layers`` as a layer CSV that :func:`parse_layers` reads back to equal layers: the
+    canonical columns, and only the optional ones some layer needs.  A transposed layer is
+    written as ``ConvTranspose3d`` takes it (its own input), with ``transposed=1``."""
+    rows = []
+    for layer in layers:
+        row = {"layer": layer.name, "batch": layer.batch}
+        conv = layer
+        if layer.transposed:  # the transposed convolution's own view
+            row.update(in_channels=layer.out_channels, out_channels=layer.in_channels,
+                       in_d=layer.out_d, in_h=layer.out_h, in_w=layer.out_w, transposed=1)
+            ops = layer.output_pads
+            if len(set(ops)) == 1:
+                row["output_pad"] = ops[0] or ""
+            else:
+                row.update({f"output_pad_{d}": v for d, v in zip("dhw", ops)})
+        else:
+            row.update(in_channels=layer.in_channels, out_channels=layer.out_channels,
+                       in_d=layer.in_d, in_h=layer.in_h, in_w=layer.in_w)
+        row.update(k_d=conv.k_d, k_h=conv.k_h, k_w=conv.k_w)
+        for field in ("stride", "pad", "dilation"):
+            values = {"stride": conv.strides, "pad": conv.pads, "dilation": conv.dilations}[field]
+            common = max(set(values), key=values.count)
+            if field != "dilation" or common != 1:
+                row[field] = common
+            for d, v in zip("dhw", values):
+                if v != common:
+                    row[f"{field}_{d}"] = v
+        if conv.groups != 1:
+            row["groups"] = conv.groups
+        rows.append(row)
+    header = list(CANONICAL_HEADER) + [
+        c for c in OPTIONAL_COLUMNS if any(r.get(c) not in (None, "") for r in rows)]
+    out = io.StringIO()
+    for line in comments:
+        out.write(f"{COMMENT} {line}\n")
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(header)
+    for r in rows:
+        writer.writerow([r.get(c, "") for c in header])
+    return out.getvalue()
 
 
 def _legacy_layer(path, lineno, cells, index) -> Layer:
@@ -261,29 +473,41 @@ def _legacy_layer(path, lineno, cells, index) -> Layer:
     return layer
 
 
+#: File endings of the shipped layer sets: CSV, and benchdnn descriptor files.
+SET_SUFFIXES = (".csv", ".benchdnn")
+
+
 def resolve_layer_set(spec: str) -> Path:
     """Map ``--paramscsv`` (a set name in ``convparams/`` or a path) to a file path."""
     candidates = [Path(spec)]
     if os.sep not in spec and "/" not in spec:
-        candidates.insert(0, CONVPARAMS_DIR / (spec if spec.endswith(".csv") else spec + ".csv"))
+        named = [CONVPARAMS_DIR / spec] if spec.endswith(SET_SUFFIXES) else \
+            [CONVPARAMS_DIR / (spec + suffix) for suffix in SET_SUFFIXES]
+        candidates[:0] = named
     for cand in candidates:
         if cand.is_file():
             return cand
+    if Path(spec).exists():
+        raise UsageError(f"--paramscsv: '{spec}' is not a file")
     known = ", ".join(available_layer_sets()) or "none"
     raise UsageError(f"--paramscsv: no layer set or file named '{spec}' (known sets: {known})")
 
 
 def available_layer_sets() -> List[str]:
-    return sorted(p.stem for p in CONVPARAMS_DIR.glob("*.csv"))
+    return sorted(p.stem for suffix in SET_SUFFIXES for p in CONVPARAMS_DIR.glob("*" + suffix))
 
 
 def load_layers(spec: str) -> List[Layer]:
-    """Read a layer set by name or path."""
+    """Read a layer set by name or path: a layer CSV, or a file of benchdnn problem
+    descriptors (told apart by their first line that is not a comment)."""
+    from .benchdnn import looks_like_descriptors, parse_descriptors
     path = resolve_layer_set(spec)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as err:
         raise LayerFileError(path, None, f"cannot read: {err}") from None
+    if looks_like_descriptors(text):
+        return parse_descriptors(text, path=_display_path(path))
     return parse_layers(text, path=_display_path(path))
 
 

@@ -3,6 +3,7 @@
     convbench verify  --implementation implicitGemm --paramscsv cosmoflow
     convbench profile --implementation implicitGemm --enableplots
     convbench list [--pass bwd_data]
+    convbench layers --from-torch mymodels:net --input-shape 1,3,16,112,112 --out net.csv
     convbench bench | tune | precompile | end2end | stress | plot | campaign ... [--help]
 
 Each subcommand is the library function behind one of the project's scripts, with the
@@ -30,6 +31,8 @@ SUBCOMMANDS = {
                 "CosmoFlow networks with DaCe convolutions: check, train, time"),
     "stress": ("convbench.commands.stress", {}, "one very large layer, DaCe against torch"),
     "plot": ("convbench.commands.plot", {}, "redraw the plots of result folders"),
+    "layers": ("convbench.commands.layers", {},
+               "show a layer set, convert it to CSV, or take a torch model's Conv3d layers"),
     "campaign": ("convbench.campaign_cli", {},
                  "the GPU campaign: pack, run, unpack (see README)"),
     "validate-timing": ("convbench.commands.validate_timing", {},

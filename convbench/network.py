@@ -126,13 +126,15 @@ class TorchConv:
 
     def forward(self, x, w, recorder=None):
         import torch.nn.functional as F
-        return F.conv3d(x, w, None, self.layer.stride, self.layer.pads)
+        L = self.layer
+        return F.conv3d(x, w, None, L.strides, L.pads, L.dilations, L.groups)
 
     def backward(self, x, w, gy, need_x: bool, need_w: bool, recorder=None):
         import torch
         gx, gw, _ = torch.ops.aten.convolution_backward(
-            gy, x, w, None, [self.layer.stride] * 3, list(self.layer.pads), [1, 1, 1], False,
-            [0, 0, 0], 1, [need_x, need_w, False])
+            gy, x, w, None, list(self.layer.strides), list(self.layer.pads),
+            list(self.layer.dilations), False, [0, 0, 0], self.layer.groups,
+            [need_x, need_w, False])
         return gx, gw
 
 

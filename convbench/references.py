@@ -72,13 +72,17 @@ def torch_pass(layer: Layer, pass_: Pass, inputs):
     convolution, or autograd's gradients for the input and the filter."""
     import torch.nn.functional as F
     from torch.nn import grad
-    s, p = layer.stride, layer.pads
+    s, p, d, g = layer.strides, layer.pads, layer.dilations, layer.groups
     pass_ = Pass(pass_)
     if pass_ == Pass.FWD:
-        return F.conv3d(inputs["x"], inputs["w"], stride=s, padding=p)
+        return F.conv3d(inputs["x"], inputs["w"], stride=s, padding=p, dilation=d, groups=g)
     if pass_ == Pass.BWD_DATA:
-        return grad.conv3d_input(layer.input_shape, inputs["w"], inputs["y"], s, p)
-    return grad.conv3d_weight(inputs["x"], layer.filter_shape, inputs["y"], s, p)
+        if layer.transposed:  # the transposed convolution itself, as a user would call it
+            return F.conv_transpose3d(inputs["y"], inputs["w"], stride=s, padding=p,
+                                      output_padding=layer.output_pads, groups=g,
+                                      dilation=d)
+        return grad.conv3d_input(layer.input_shape, inputs["w"], inputs["y"], s, p, d, g)
+    return grad.conv3d_weight(inputs["x"], layer.filter_shape, inputs["y"], s, p, d, g)
 
 
 class TorchReference(Reference):
@@ -141,9 +145,9 @@ class CudnnReference(Reference):
                 like = next(iter(t.values()))
                 t[role] = torch.empty(shapes[role], dtype=like.dtype, device=like.device,
                                       memory_format=_format(layout))
-        plan = cudnn_bindings.plan(str(Pass(pass_)), t["x"], t["w"], t["y"], layer.stride,
-                                   layer.pads, 1, algo=options.cudnn_algo,
-                                   math=cudnn_math(options))
+        plan = cudnn_bindings.plan(str(Pass(pass_)), t["x"], t["w"], t["y"], layer.strides,
+                                   layer.pads, layer.dilations, algo=options.cudnn_algo,
+                                   math=cudnn_math(options), groups=layer.groups)
 
         def call():
             plan.run(t["x"], t["w"], t["y"])

@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 from .errors import UsageError
 # Layer, Layout, Pass and stored_shape are re-exported: implementations (impls/) import
 # the registry and DaCe only, never the harness (checked by import-linter, see setup.cfg).
-from .layers import Layer  # noqa: F401
+from .layers import FEATURES, Layer  # noqa: F401
 from .layouts import Layout, Pass, stored_shape  # noqa: F401
 
 TARGETS = ("cpu", "gpu")
@@ -77,8 +77,13 @@ class Implementation:
     #: are invalid together (a tile that does not divide another, too many threads).
     check_params: Optional[Callable[[Mapping[str, int]], Optional[str]]] = None
     #: True if the implementation handles a different padding per dimension
-    #: (``Layer.pads``); others refuse such layers.
+    #: (``Layer.pads``); others refuse such layers.  (Short for "anisotropic padding" in
+    #: ``handles``.)
     anisotropic_pad: bool = False
+    #: What the implementation handles beyond the basic model (names from
+    #: ``layers.FEATURES``: "anisotropic padding", "anisotropic stride", "dilation",
+    #: "groups"); layers that need anything else are refused with the reason.
+    handles: Tuple[str, ...] = ()
     #: The file of the module that registered this implementation (set by :func:`register`).
     module_file: str = dataclasses.field(default="", compare=False)
 
@@ -90,6 +95,11 @@ class Implementation:
             raise ValueError(f"{self.name}: unknown targets {sorted(unknown)}; known: {TARGETS}")
         if self.supports is not None and not self.constraints.strip():
             raise ValueError(f"{self.name}: describe the layers `supports` accepts in `constraints`")
+        unknown = set(self.handles) - set(FEATURES)
+        if unknown:
+            raise ValueError(f"{self.name}: unknown features {sorted(unknown)}; known: {FEATURES}")
+        if self.anisotropic_pad and "anisotropic padding" not in self.handles:
+            object.__setattr__(self, "handles", tuple(self.handles) + ("anisotropic padding",))
         names = [p.name for p in self.params]
         if len(set(names)) != len(names):
             raise ValueError(f"{self.name}: duplicated parameter names {names}")
@@ -118,9 +128,9 @@ class Implementation:
 
     def unsupported_reason(self, layer, params: Mapping[str, int]) -> Optional[str]:
         """None if this implementation handles ``layer`` with ``params``, else why not."""
-        if getattr(layer, "anisotropic", False) and not self.anisotropic_pad:
-            return (f"needs the same padding in every dimension (this layer pads d,h,w by "
-                    f"{','.join(map(str, layer.pads))})")
+        for feature in getattr(layer, "features", tuple)():
+            if feature not in self.handles:
+                return f"does not handle {feature} (this layer: {layer.feature_text(feature)})"
         if self.supports is None:
             return None
         return self.supports(layer, params)
@@ -209,4 +219,6 @@ def format_listing(impls: Mapping[str, Implementation]) -> str:
         else:
             lines.append("    params: none")
         lines.append(f"    supports: {impl.constraints.strip() or 'every layer'}")
+        lines.append(f"    handles: {', '.join(impl.handles) or 'the basic model only'} "
+                     f"(of: {', '.join(FEATURES)})")
     return "\n".join(lines)

@@ -86,6 +86,9 @@ def dace_settings(target: str, build_root: Path) -> Dict[Tuple[str, ...], Any]:
         # Fail loudly rather than silently reuse a stale binary: we name builds uniquely.
         ("compiler", "use_cache"): False,
     }
+    if target == "cpu":
+        settings[("compiler", "cpu", "args")] = _vector_width_args(
+            cfg.get("compiler", "cpu", "args"))
     if target == "gpu":
         cuda_args = cfg.get("compiler", "cuda", "args").replace("-march=native", PORTABLE_MARCH)
         # nvcc 13 fix (CUB 3): DaCe 1.0.2's runtime headers (dace/cuda/multidim_gbar.cuh,
@@ -196,18 +199,40 @@ def _tool_version(command: Tuple[str, ...], last: bool = False) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _native_march() -> str:
-    """What gcc's ``-march=native`` means on this host (e.g. ``znver3``)."""
+def _native_target() -> Dict[str, str]:
+    """What gcc's ``-march=native`` means on this host: its options and their values
+    (``{"-march=": "znver3", "-mavx512f": "[enabled]", "-mprefer-vector-width=": "256"}``)."""
     try:
         out = subprocess.run(("c++", "-march=native", "-Q", "--help=target"), capture_output=True,
                              text=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    for line in out.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[0] == "-march=":
-            return parts[1]
-    return "unknown"
+        return {}
+    return dict(parts for parts in (line.split() for line in out.splitlines()) if len(parts) == 2)
+
+
+def _native_march() -> str:
+    """What gcc's ``-march=native`` means on this host (e.g. ``znver3``)."""
+    return _native_target().get("-march=", "unknown")
+
+
+#: Added to CPU builds where ``-march=native`` enables AVX-512 but prefers narrower vectors.
+WIDE_VECTORS = "-mprefer-vector-width=512"
+
+
+def _vector_width_args(args: str) -> str:
+    """``args`` with :data:`WIDE_VECTORS` added where the host has AVX-512 and gcc's tuning
+    for it prefers 256-bit vectors (Intel cores since Skylake-X, which gcc tunes against
+    the frequency drop of 512-bit code).  The register-blocked kernels keep micro-tiles of
+    16-lane vectors in registers: split into 256-bit halves they spill, and run 3x slower
+    (cosmoflow_mlperf conv3 forward on a Xeon whose ``-march=native`` is rocketlake: 239
+    against 78 ms).  Hosts without AVX-512 are left alone: their tuned entries pick 8-lane
+    vectors."""
+    target = _native_target()
+    if ("-march=native" not in args or "-mprefer-vector-width" in args
+            or target.get("-mavx512f") != "[enabled]"
+            or target.get("-mprefer-vector-width=") in (None, "512")):
+        return args
+    return f"{args} {WIDE_VECTORS}"
 
 
 @contextlib.contextmanager

@@ -28,7 +28,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 from .errors import UsageError
 
@@ -111,6 +111,18 @@ def tuned_entry(impl_name: str, layer, target: str) -> Dict[str, int]:
               f"({machine_id(target)}), only for others: its defaults are used (tune it here "
               f"with scripts/tune_cpu.py --implementation {impl_name} --store)", file=sys.stderr)
     return dict(mine.get(impl_name, {}).get(layer.key(), {}))
+
+
+def entries_elsewhere(impl_name: str, layer, target: str) -> List[Dict[str, int]]:
+    """The entries of ``impl_name`` on ``layer`` tuned on other machines (distinct, in the
+    file's order of machines): the candidates of a short retune here."""
+    found: List[Dict[str, int]] = []
+    here = machine_id(target)
+    for name, section in load(target).get("machines", {}).items():
+        entry = section.get("entries", {}).get(impl_name, {}).get(layer.key())
+        if name != here and entry and dict(entry) not in found:
+            found.append(dict(entry))
+    return found
 
 
 def tuned_params(impl, layer, target: str,

@@ -78,16 +78,16 @@ def make_inputs(layer: Layer, pass_: Pass, seed: int, dtype="float32"):
 def reduction_length(layer: Layer, pass_: Pass) -> int:
     """The most terms an output element of the pass sums (the tolerance scales with it).
 
-    Backward data: an input element meets each output channel through at most
-    ceil(k/stride) taps per dimension; backward filter: every output pixel."""
+    Backward data: an input element meets each output channel of its group through at
+    most ceil(k/stride) taps per dimension; backward filter: every output pixel."""
     pass_ = Pass(pass_)
     if pass_ == Pass.FWD:
         return layer.gemm_k
     if pass_ == Pass.BWD_DATA:
         taps = 1
-        for k in (layer.k_d, layer.k_h, layer.k_w):
-            taps *= -(-k // layer.stride)
-        return layer.out_channels * taps
+        for k, s in zip((layer.k_d, layer.k_h, layer.k_w), layer.strides):
+            taps *= -(-k // s)
+        return layer.out_channels // layer.groups * taps
     return layer.gemm_m
 
 

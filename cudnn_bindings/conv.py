@@ -146,11 +146,14 @@ class ConvolutionDescriptor(_Owned):
     _destroy = "cudnnDestroyConvolutionDescriptor"
 
     def __init__(self, pad: Sequence[int], stride: Sequence[int], dilation: Sequence[int],
-                 compute: DataType, math: MathType, lib: Optional[Library] = None):
+                 compute: DataType, math: MathType, lib: Optional[Library] = None,
+                 groups: int = 1):
         super().__init__(lib or load(), "cudnnCreateConvolutionDescriptor")
         self.lib("cudnnSetConvolutionNdDescriptor", self.ptr, len(pad), _ints(pad),
                  _ints(stride), _ints(dilation), int(ConvolutionMode.CROSS_CORRELATION),
                  int(compute))
+        if groups != 1:  # the filter then holds C/groups input channels
+            self.lib("cudnnSetConvolutionGroupCount", self.ptr, int(groups))
         self.set_math(math)
 
     def set_math(self, math: MathType) -> None:
@@ -259,7 +262,7 @@ class ConvPlan:
     """
 
     def __init__(self, handle: Handle, pass_: str, x, w, y, stride, padding, dilation,
-                 algo="find", math: Optional[str] = None):
+                 algo="find", math: Optional[str] = None, groups: int = 1):
         if pass_ not in PASSES:
             raise ValueError(f"unknown pass {pass_!r} (one of {', '.join(PASSES)})")
         self.handle, self.lib, self.pass_ = handle, handle.lib, pass_
@@ -273,7 +276,7 @@ class ConvPlan:
         self.yd = TensorDescriptor(dtype, y.shape, y.stride(), self.lib)
         self.wd = FilterDescriptor(dtype, filter_format(w), w.shape, self.lib)
         self.cd = ConvolutionDescriptor(_triple(padding), _triple(stride), _triple(dilation),
-                                        compute, MATH[math], self.lib)
+                                        compute, MATH[math], self.lib, groups)
         expected = output_dims(self.xd, self.wd, self.cd)
         if tuple(y.shape) != expected:
             raise ValueError(f"output shape {tuple(y.shape)} does not match cuDNN's {expected}")
@@ -442,13 +445,15 @@ _PLANS: Dict[tuple, ConvPlan] = {}
 
 
 def plan(pass_: str, x, w, y, stride=1, padding=0, dilation=1, algo="find",
-         math: Optional[str] = None) -> ConvPlan:
-    """The cached plan for these tensors' shapes, strides, dtype and device."""
+         math: Optional[str] = None, groups: int = 1) -> ConvPlan:
+    """The cached plan for these tensors' shapes, strides, dtype and device (``groups``:
+    grouped convolution, ``w`` holding ``C / groups`` input channels)."""
     key = (pass_, tuple(x.shape), tuple(x.stride()), tuple(w.shape), tuple(w.stride()),
            tuple(y.shape), tuple(y.stride()), x.dtype, x.device, _triple(stride),
-           _triple(padding), _triple(dilation), str(algo).lower(), math)
+           _triple(padding), _triple(dilation), str(algo).lower(), math, groups)
     if key not in _PLANS:
-        _PLANS[key] = ConvPlan(handle(), pass_, x, w, y, stride, padding, dilation, algo, math)
+        _PLANS[key] = ConvPlan(handle(), pass_, x, w, y, stride, padding, dilation, algo, math,
+                               groups)
     return _PLANS[key]
 
 
@@ -472,28 +477,30 @@ def _like(t, shape):
     return torch.empty(tuple(shape), dtype=t.dtype, device=t.device, memory_format=fmt)
 
 
-def conv3d_forward(x, w, stride=1, padding=0, dilation=1, algo="find", math=None, out=None):
+def conv3d_forward(x, w, stride=1, padding=0, dilation=1, algo="find", math=None, out=None,
+                   groups=1):
     """``y = conv3d(x, w)`` (cross-correlation, like torch) on CUDA tensors, NCDHW or
     channels_last_3d.  Returns ``y`` (``out`` if given) in ``x``'s memory format."""
     s, p, d = _triple(stride), _triple(padding), _triple(dilation)
     if out is None:
         out = _like(x, (x.shape[0], w.shape[0]) + tuple(
             _out_size(x.shape[2 + i], w.shape[2 + i], s[i], p[i], d[i]) for i in range(3)))
-    plan("fwd", x, w, out, s, p, d, algo, math).run(x, w, out)
+    plan("fwd", x, w, out, s, p, d, algo, math, groups).run(x, w, out)
     return out
 
 
 def conv3d_backward_data(dy, w, input_shape, stride=1, padding=0, dilation=1, algo="find",
-                         math=None, out=None):
+                         math=None, out=None, groups=1):
     """dL/dx for ``y = conv3d(x, w)`` given ``dy`` = dL/dy; ``out`` takes ``dy``'s format."""
     out = _like(dy, input_shape) if out is None else out
-    plan("bwd_data", out, w, dy, stride, padding, dilation, algo, math).run(out, w, dy)
+    plan("bwd_data", out, w, dy, stride, padding, dilation, algo, math, groups).run(out, w, dy)
     return out
 
 
 def conv3d_backward_filter(x, dy, filter_shape, stride=1, padding=0, dilation=1, algo="find",
-                           math=None, out=None):
+                           math=None, out=None, groups=1):
     """dL/dw for ``y = conv3d(x, w)`` given ``x`` and ``dy``; ``out`` takes ``x``'s format."""
     out = _like(x, filter_shape) if out is None else out
-    plan("bwd_filter", x, out, dy, stride, padding, dilation, algo, math).run(x, out, dy)
+    plan("bwd_filter", x, out, dy, stride, padding, dilation, algo, math,
+         groups).run(x, out, dy)
     return out

@@ -80,6 +80,7 @@ _PROTOTYPES = {
     "cudnnCreateConvolutionDescriptor": [ctypes.POINTER(_P)],
     "cudnnSetConvolutionNdDescriptor": [_P, _I, _INTS, _INTS, _INTS, _I, _I],
     "cudnnSetConvolutionMathType": [_P, _I],
+    "cudnnSetConvolutionGroupCount": [_P, _I],
     "cudnnDestroyConvolutionDescriptor": [_P],
     "cudnnGetConvolutionNdForwardOutputDim": [_P, _P, _P, _I, _INTS],
 }

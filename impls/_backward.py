@@ -1,5 +1,9 @@
 """The backward passes as implicit GEMMs on NDHWC (shared by the backward modules).
 
+Both handle the whole layer model: per-dimension stride ``S`` and dilation ``E`` (tap
+``kd`` reads input ``od*S + kd*E``) and groups (channel ``g*C/G + c`` meets only the
+output channels ``g*K/G + j`` of its group g).
+
 Backward data, dL/dx = "full" convolution of dL/dy with the flipped filter: the GEMM
 ``dX[M, C] = A[M, K*J] * B[K*J, C]`` with M = N*D*H*W input pixels.  For input
 position ``d`` (per dimension), the taps that reach it are ``kd = (d + P) % S + S*j``
@@ -30,33 +34,61 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _add_tap_table(sdfg, pos_table: str, tap_table: str, size: int, J: int, P: int, S: int,
-                   KX: int, OX: int) -> None:
+def _add_tap_table(sdfg, pos_table: str, tap_table, size: int, J: int, P: int, S: int,
+                   E: int, KX: int, OX: int) -> None:
     """Make the program arguments ``pos_table`` and ``tap_table`` (shape ``[size, J]``)
     transients, filled by a map in front of the computation: for position ``i`` and
-    ``j < J``, the tap ``(i + P) % S + S*j`` of ``i``'s stride phase and the output
-    position ``(i + P) // S - j`` it meets, or the zero plane ``OX`` and tap 0 where
-    that tap does not exist (beyond the kernel or the output)."""
+    ``j < J``, the ``j``-th tap that reaches ``i`` and the output position it meets, or the
+    zero plane ``OX`` and tap 0 where that tap does not exist (beyond the kernel or the
+    output).  Without dilation (``E == 1``) the taps of ``i``'s stride phase are
+    ``(i + P) % S + S*j`` at output ``(i + P) // S - j``.  With dilation, or with
+    ``tap_table=None`` (a table per tap, ``J = KX``: tap ``j`` itself), tap ``j`` reaches
+    ``i`` from output ``(i + P - E*j) / S`` where that divides."""
     for name in (pos_table, tap_table):
-        sdfg.arrays[name].transient = True
+        if name is not None:
+            sdfg.arrays[name].transient = True
     state = sdfg.add_state_before(sdfg.start_state, f"fill_{pos_table}")
-    state.add_mapped_tasklet(
-        f"fill_{pos_table}", {"i": f"0:{size}", "j": f"0:{J}"}, {},
-        f"tap = (i + {P}) % {S} + {S} * j\n"
-        f"pos = (i + {P}) // {S} - j\n"
-        f"ok = tap < {KX} and pos >= 0 and pos < {OX}\n"
-        f"o = pos if ok else {OX}\n"
-        "t = tap if ok else 0",
-        {"o": dace.Memlet(f"{pos_table}[i, j]"), "t": dace.Memlet(f"{tap_table}[i, j]")},
-        external_edges=True)
+    if E == 1 and tap_table is not None:
+        code = (f"tap = (i + {P}) % {S} + {S} * j\n"
+                f"pos = (i + {P}) // {S} - j\n"
+                f"ok = tap < {KX} and pos >= 0 and pos < {OX}\n")
+    else:
+        code = (f"q = i + {P} - {E} * j\n"
+                "tap = j\n"
+                f"pos = q // {S} if q >= 0 else -1\n"
+                f"ok = q >= 0 and q % {S} == 0 and pos < {OX}\n")
+    outputs = {"o": dace.Memlet(f"{pos_table}[i, j]")}
+    code += f"o = pos if ok else {OX}"
+    if tap_table is not None:
+        outputs["t"] = dace.Memlet(f"{tap_table}[i, j]")
+        code += "\nt = tap if ok else 0"
+    state.add_mapped_tasklet(f"fill_{pos_table}", {"i": f"0:{size}", "j": f"0:{J}"}, {}, code,
+                             outputs, external_edges=True)
+
+
+def add_position_tables(sdfg, L, names=("od_t", "oh_t", "ow_t")) -> None:
+    """Per-tap tables of the direct backward-data pass: ``od_t[d, kd]`` is the output
+    plane that tap ``kd`` reaches input plane ``d`` from, or the zero plane ``OD``
+    (likewise for height and width)."""
+    for name, size, P, S, E, KX, OX in zip(names, (L.D, L.H, L.W), (L.PD, L.PH, L.PW),
+                                           (L.SD, L.SH, L.SW), (L.ED, L.EH, L.EW),
+                                           (L.KD, L.KH, L.KW), (L.OD, L.OH, L.OW)):
+        _add_tap_table(sdfg, name, None, size, KX, P, S, E, KX, OX)
+
+
+def taps_per_position(k: int, s: int, e: int) -> int:
+    """The table width J of one dimension: ``ceil(k/s)`` taps per stride phase, or every
+    tap with dilation (see :func:`_add_tap_table`)."""
+    return _ceil_div(k, s) if e == 1 else k
 
 
 def bwd_data_algorithm(layer, dtype, params):
     L = layer_constants(layer, Layout.NDHWC)
     dt, zero = dtype.dace, dtype.numpy(0)
-    N, C, K, S = L.N, L.C, L.K, L.S
+    N, C, K, G, CG, KG = L.N, L.C, L.K, L.G, L.CG, L.KG
     D, H, W, KD, KH, KW, OD, OH, OW = L.D, L.H, L.W, L.KD, L.KH, L.KW, L.OD, L.OH, L.OW
-    JD, JH, JW = _ceil_div(KD, S), _ceil_div(KH, S), _ceil_div(KW, S)
+    JD, JH, JW = (taps_per_position(k, s, e) for k, s, e in
+                  ((KD, L.SD, L.ED), (KH, L.SH, L.EH), (KW, L.SW, L.EW)))
     x_shape = (N, D, H, W, C)
     i32 = dace.int32
 
@@ -67,48 +99,53 @@ def bwd_data_algorithm(layer, dtype, params):
         # dL/dy with one zero plane appended per spatial dimension (index OD, OH, OW)
         yz = np.zeros((N, OD + 1, OH + 1, OW + 1, K), dtype=dt)
         yz[:, 0:OD, 0:OH, 0:OW, :] = y
-        for b, d, h, v, c in dace.map[0:N, 0:D, 0:H, 0:W, 0:C]:
+        # input channel g * CG + c meets the KG output channels of its group g
+        for b, d, h, v, g, c in dace.map[0:N, 0:D, 0:H, 0:W, 0:G, 0:CG]:
             acc = zero
             for jd in range(JD):
                 for jh in range(JH):
                     for jw in range(JW):
-                        for k in range(K):
-                            acc += (yz[b, od_t[d, jd], oh_t[h, jh], ow_t[v, jw], k]
-                                    * w[k, kd_t[d, jd], kh_t[h, jh], kw_t[v, jw], c])
-            x[b, d, h, v, c] = acc
+                        for k in range(KG):
+                            acc += (yz[b, od_t[d, jd], oh_t[h, jh], ow_t[v, jw], g * KG + k]
+                                    * w[g * KG + k, kd_t[d, jd], kh_t[h, jh], kw_t[v, jw], c])
+            x[b, d, h, v, g * CG + c] = acc
 
     sdfg = bwd_data.to_sdfg(simplify=True)
-    for pos, tap, size, J, P, KX, OX in (("od_t", "kd_t", D, JD, L.PD, KD, OD),
-                                         ("oh_t", "kh_t", H, JH, L.PH, KH, OH),
-                                         ("ow_t", "kw_t", W, JW, L.PW, KW, OW)):
-        _add_tap_table(sdfg, pos, tap, size, J, P, S, KX, OX)
+    for pos, tap, size, J, P, S, E, KX, OX in (
+            ("od_t", "kd_t", D, JD, L.PD, L.SD, L.ED, KD, OD),
+            ("oh_t", "kh_t", H, JH, L.PH, L.SH, L.EH, KH, OH),
+            ("ow_t", "kw_t", W, JW, L.PW, L.SW, L.EW, KW, OW)):
+        _add_tap_table(sdfg, pos, tap, size, J, P, S, E, KX, OX)
     return sdfg
 
 
 def bwd_filter_algorithm(layer, dtype, params, nsplit: int = 1):
     L = layer_constants(layer, Layout.NDHWC)
     dt, zero = dtype.dace, dtype.numpy(0)
-    N, C, K, S = L.N, L.C, L.K, L.S
+    N, C, K, G, CG, KG = L.N, L.C, L.K, L.G, L.CG, L.KG
     KD, KH, KW, OD, OH, OW = L.KD, L.KH, L.KW, L.OD, L.OH, L.OW
+    SD, SH, SW, ED, EH, EW = L.SD, L.SH, L.SW, L.ED, L.EH, L.EW
 
     if nsplit == 1:
         @dace.program
         def bwd_filter(x: dt[L.xp_shape], y: dt[L.y_shape], w: dt[L.w_shape]):
-            for n, kd, kh, kw, c in dace.map[0:K, 0:KD, 0:KH, 0:KW, 0:C]:
+            # filter g * KG + j of group g sees the CG input channels of that group
+            for g, j, kd, kh, kw, c in dace.map[0:G, 0:KG, 0:KD, 0:KH, 0:KW, 0:CG]:
                 acc = zero
                 for b in range(N):
                     for od in range(OD):
                         for oh in range(OH):
                             for ow in range(OW):
-                                acc += (y[b, od, oh, ow, n]
-                                        * x[b, od * S + kd, oh * S + kh, ow * S + kw, c])
-                w[n, kd, kh, kw, c] = acc
+                                acc += (y[b, od, oh, ow, g * KG + j]
+                                        * x[b, od * SD + kd * ED, oh * SH + kh * EH,
+                                            ow * SW + kw * EW, g * CG + c])
+                w[g * KG + j, kd, kh, kw, c] = acc
 
         return pad_input(bwd_filter, layer, Layout.NDHWC)
 
-    CH = _ceil_div(OD, nsplit)           # output planes per chunk
-    ODZ = nsplit * CH                    # dL/dy depth, zero-extended to whole chunks
-    DZ = max(L.DP, (ODZ - 1) * S + KD)   # input depth the chunks read, zero-extended
+    CH = _ceil_div(OD, nsplit)                     # output planes per chunk
+    ODZ = nsplit * CH                              # dL/dy depth, zero-extended to whole chunks
+    DZ = max(L.DP, (ODZ - 1) * SD + (KD - 1) * ED + 1)  # input depth the chunks read
     DP, HP, WP = L.DP, L.HP, L.WP
 
     @dace.program
@@ -117,17 +154,18 @@ def bwd_filter_algorithm(layer, dtype, params, nsplit: int = 1):
         yz[:, 0:OD, :, :, :] = y
         xz = np.zeros((N, DZ, HP, WP, C), dtype=dt)
         xz[:, 0:DP, :, :, :] = x
-        part = np.ndarray((nsplit, K, KD, KH, KW, C), dtype=dt)
-        for s, n, kd, kh, kw, c in dace.map[0:nsplit, 0:K, 0:KD, 0:KH, 0:KW, 0:C]:
+        part = np.ndarray((nsplit, K, KD, KH, KW, CG), dtype=dt)
+        for s, g, j, kd, kh, kw, c in dace.map[0:nsplit, 0:G, 0:KG, 0:KD, 0:KH, 0:KW, 0:CG]:
             acc = zero
             for b in range(N):
                 for t in range(CH):
                     for oh in range(OH):
                         for ow in range(OW):
-                            acc += (yz[b, s * CH + t, oh, ow, n]
-                                    * xz[b, (s * CH + t) * S + kd, oh * S + kh, ow * S + kw, c])
-            part[s, n, kd, kh, kw, c] = acc
-        for n, kd, kh, kw, c in dace.map[0:K, 0:KD, 0:KH, 0:KW, 0:C]:
+                            acc += (yz[b, s * CH + t, oh, ow, g * KG + j]
+                                    * xz[b, (s * CH + t) * SD + kd * ED, oh * SH + kh * EH,
+                                         ow * SW + kw * EW, g * CG + c])
+            part[s, g * KG + j, kd, kh, kw, c] = acc
+        for n, kd, kh, kw, c in dace.map[0:K, 0:KD, 0:KH, 0:KW, 0:CG]:
             total = zero
             for s in range(nsplit):
                 total += part[s, n, kd, kh, kw, c]

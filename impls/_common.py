@@ -24,8 +24,10 @@ def layer_constants(layer: Layer, layout: Layout) -> SimpleNamespace:
 
     Fields: ``N C K D H W KD KH KW S P DP HP WP OD OH OW`` (``DP = D + 2*PD`` ...), the
     per-dimension padding ``PD PH PW`` (``P`` is ``Layer.pad``, the same in every
-    dimension unless the layer says otherwise), the GEMM sizes ``GM GN GK``, and the shapes
-    ``xp_shape`` (padded input), ``w_shape``, ``y_shape``.
+    dimension unless the layer says otherwise), stride ``SD SH SW`` (``S``: ``Layer.stride``)
+    and dilation ``ED EH EW``, the groups ``G`` with ``CG = C/G`` input and ``KG = K/G``
+    output channels each, the GEMM sizes ``GM GN GK``, and the shapes ``xp_shape`` (padded
+    input), ``w_shape``, ``y_shape``.
     """
     pd, ph, pw = layer.pads
     padded = (layer.batch, layer.in_channels, layer.in_d + 2 * pd, layer.in_h + 2 * ph,
@@ -33,7 +35,9 @@ def layer_constants(layer: Layer, layout: Layout) -> SimpleNamespace:
     return SimpleNamespace(
         N=layer.batch, C=layer.in_channels, K=layer.out_channels, D=layer.in_d, H=layer.in_h,
         W=layer.in_w, KD=layer.k_d, KH=layer.k_h, KW=layer.k_w, S=layer.stride, P=layer.pad,
-        PD=pd, PH=ph, PW=pw,
+        PD=pd, PH=ph, PW=pw, SD=layer.strides[0], SH=layer.strides[1], SW=layer.strides[2],
+        ED=layer.dilations[0], EH=layer.dilations[1], EW=layer.dilations[2], G=layer.groups,
+        CG=layer.in_channels // layer.groups, KG=layer.out_channels // layer.groups,
         DP=padded[2], HP=padded[3], WP=padded[4], OD=layer.out_d, OH=layer.out_h,
         OW=layer.out_w, GM=layer.gemm_m, GN=layer.gemm_n, GK=layer.gemm_k,
         xp_shape=stored_shape(layout, "x", padded),

@@ -1,12 +1,15 @@
 """``directConvNCDHW``: direct convolution on NCDHW, scheduled by DaCe's auto-optimize.
 
-One parallel map over every output element (n, k, od, oh, ow); each element
-sums over input channels and the kd x kh x kw taps of the (padded) input.
+One parallel map over every output element (n, k, od, oh, ow), with k = g * K/G + j for
+group g; each element sums over the C/G input channels of its group and the
+kd x kh x kw taps of the (padded) input, tap kd reading plane ``od * SD + kd * ED``
+(stride and dilation per dimension).  With ``directConvNCDHWBwdData`` and
+``directConvNCDHWBwdFilter`` it is the direct family that handles the whole layer model.
 """
 
 import dace
 
-from convbench.registry import Layout, Pass
+from convbench.registry import FEATURES, Layout, Pass
 from convbench.registry import Implementation, register
 from impls._common import auto_cpu, auto_gpu, layer_constants, pad_input
 
@@ -14,19 +17,20 @@ from impls._common import auto_cpu, auto_gpu, layer_constants, pad_input
 def algorithm(layer, dtype, params):
     L = layer_constants(layer, Layout.NCDHW)
     dt, zero = dtype.dace, dtype.numpy(0)
-    N, C, K, KD, KH, KW, S = L.N, L.C, L.K, L.KD, L.KH, L.KW, L.S
-    OD, OH, OW = L.OD, L.OH, L.OW
+    N, KD, KH, KW, G, CG, KG = L.N, L.KD, L.KH, L.KW, L.G, L.CG, L.KG
+    OD, OH, OW, SD, SH, SW, ED, EH, EW = L.OD, L.OH, L.OW, L.SD, L.SH, L.SW, L.ED, L.EH, L.EW
 
     @dace.program
     def direct_conv(x: dt[L.xp_shape], w: dt[L.w_shape], y: dt[L.y_shape]):
-        for n, k, od, oh, ow in dace.map[0:N, 0:K, 0:OD, 0:OH, 0:OW]:
+        for n, g, j, od, oh, ow in dace.map[0:N, 0:G, 0:KG, 0:OD, 0:OH, 0:OW]:
             acc = zero
-            for c in range(C):
+            for c in range(CG):
                 for kd in range(KD):
                     for kh in range(KH):
                         for kw in range(KW):
-                            acc += x[n, c, od * S + kd, oh * S + kh, ow * S + kw] * w[k, c, kd, kh, kw]
-            y[n, k, od, oh, ow] = acc
+                            acc += (x[n, g * CG + c, od * SD + kd * ED, oh * SH + kh * EH,
+                                      ow * SW + kw * EW] * w[g * KG + j, c, kd, kh, kw])
+            y[n, g * KG + j, od, oh, ow] = acc
 
     return pad_input(direct_conv, layer, Layout.NCDHW)
 
@@ -38,4 +42,5 @@ register(Implementation(
     pass_=Pass.FWD,
     algorithm=algorithm,
     schedules={"cpu": auto_cpu, "gpu": auto_gpu},
+    handles=FEATURES,
 ))

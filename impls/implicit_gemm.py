@@ -7,9 +7,11 @@ The convolution is the GEMM ``Y[M, N] = A[M, K] * B[K, N]`` with
 * K = C * kd * kh * kw (column kk is the tap (kd, kh, kw, c), c fastest),
 
 where ``A`` is never formed: ``A[m, kk]`` is read from the (padded) input at the
-pixel and tap that ``m`` and ``kk`` stand for, and ``B[kk, n]`` is the KTRSC
+pixel and tap that ``m`` and ``kk`` stand for (tap kd of pixel od at ``od*SD + kd*ED``:
+stride and dilation per dimension), and ``B[kk, n]`` is the KTRSC
 filter ``w[n, kd, kh, kw, c]``.  In NDHWC, ``Y`` is the output itself, row-major
-``[M, N]``.
+``[M, N]``.  With G groups it is G GEMMs side by side: output channel ``g*K/G + j``
+reduces over the C/G input channels of group g only (K = C/G * kd * kh * kw).
 
 The M and K indices are written in their decoded, multi-dimensional form (a map
 over (b, od, oh, ow, n), a loop nest over (kd, kh, kw, c)).  Flat indices would
@@ -19,7 +21,7 @@ size is 1 (the expression folds to a sympy zero and parsing fails).
 
 import dace
 
-from convbench.registry import Layout, Pass
+from convbench.registry import FEATURES, Layout, Pass
 from convbench.registry import Implementation, register
 from impls._common import auto_cpu, auto_gpu, layer_constants, pad_input
 
@@ -27,19 +29,21 @@ from impls._common import auto_cpu, auto_gpu, layer_constants, pad_input
 def algorithm(layer, dtype, params):
     L = layer_constants(layer, Layout.NDHWC)
     dt, zero = dtype.dace, dtype.numpy(0)
-    N, C, K, KD, KH, KW, S = L.N, L.C, L.K, L.KD, L.KH, L.KW, L.S
-    OD, OH, OW = L.OD, L.OH, L.OW
+    N, KD, KH, KW, G, CG, KG = L.N, L.KD, L.KH, L.KW, L.G, L.CG, L.KG
+    OD, OH, OW, SD, SH, SW, ED, EH, EW = L.OD, L.OH, L.OW, L.SD, L.SH, L.SW, L.ED, L.EH, L.EW
 
     @dace.program
     def implicit_gemm(x: dt[L.xp_shape], w: dt[L.w_shape], y: dt[L.y_shape]):
-        for b, od, oh, ow, n in dace.map[0:N, 0:OD, 0:OH, 0:OW, 0:K]:  # (m, n)
+        # (m, n) with n = g * KG + j: group g's GEMM reads its own CG input channels
+        for b, od, oh, ow, g, j in dace.map[0:N, 0:OD, 0:OH, 0:OW, 0:G, 0:KG]:
             acc = zero
             for kd in range(KD):  # kk
                 for kh in range(KH):
                     for kw in range(KW):
-                        for c in range(C):
-                            acc += x[b, od * S + kd, oh * S + kh, ow * S + kw, c] * w[n, kd, kh, kw, c]
-            y[b, od, oh, ow, n] = acc
+                        for c in range(CG):
+                            acc += (x[b, od * SD + kd * ED, oh * SH + kh * EH, ow * SW + kw * EW,
+                                      g * CG + c] * w[g * KG + j, kd, kh, kw, c])
+            y[b, od, oh, ow, g * KG + j] = acc
 
     return pad_input(implicit_gemm, layer, Layout.NDHWC)
 
@@ -51,5 +55,5 @@ register(Implementation(
     pass_=Pass.FWD,
     algorithm=algorithm,
     schedules={"cpu": auto_cpu, "gpu": auto_gpu},
-    anisotropic_pad=True,
+    handles=FEATURES,
 ))

@@ -39,6 +39,7 @@ def _main(argv) -> int:
     from convbench import devices
     from convbench.errors import UsageError
     from convbench.layers import load_layers
+    from convbench.references import torch_pass
     problem = devices.gpu_problem()
     if problem:
         raise UsageError(f"no usable GPU: {problem}")
@@ -59,12 +60,8 @@ def _main(argv) -> int:
             for dtype in args.dtype or ["float32", "float16"]:
                 t = {k: v.to(getattr(torch, dtype)) for k, v in base.items()}
                 exact = {k: v.double() for k, v in t.items()}
-                ref = {"fwd": torch.nn.functional.conv3d(exact["x"], exact["w"], stride=layer.stride,
-                                                         padding=layer.pads),
-                       "bwd_data": torch.nn.grad.conv3d_input(layer.input_shape, exact["w"],
-                                                              exact["dy"], layer.stride, layer.pads),
-                       "bwd_filter": torch.nn.grad.conv3d_weight(exact["x"], layer.filter_shape,
-                                                                 exact["dy"], layer.stride, layer.pads)}
+                ref = {p: torch_pass(layer, p, {"x": exact["x"], "w": exact["w"], "y": exact["dy"]})
+                       for p in cb.PASSES}
                 g = {k: v.cuda() for k, v in t.items()}
                 for pass_ in cb.PASSES:
                     if pass_ == "fwd":
@@ -78,7 +75,8 @@ def _main(argv) -> int:
                         w = torch.empty(layer.filter_shape, dtype=g["x"].dtype, device="cuda")
                         x, y, out = g["x"], g["dy"], w
                     t0 = time.perf_counter()
-                    plan = cb.plan(pass_, x, w, y, layer.stride, layer.pads, 1, algo=args.algo)
+                    plan = cb.plan(pass_, x, w, y, layer.strides, layer.pads, layer.dilations,
+                                   algo=args.algo, groups=layer.groups)
                     plan.run(x, w, y)
                     torch.cuda.synchronize()
                     seconds = time.perf_counter() - t0

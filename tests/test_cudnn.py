@@ -106,6 +106,10 @@ def test_handle_without_gpu_fails_clearly():
     Layer("b", 1, 4, 6, 9, 8, 7, 3, 1, 5, stride=2, pad=1),
     Layer("c", 1, 1, 16, 130, 130, 130, 3, 3, 3),
     Layer("d", 3, 8, 2, 5, 5, 5, 1, 1, 1, stride=2),
+    # the whole layer model: per-dimension stride and dilation, groups (and depthwise)
+    Layer("e", 1, 6, 4, 9, 7, 8, 3, 2, 3, stride=2, pad=2, pad_d=1, stride_d=3, dilation=2,
+          dilation_h=1, groups=2),
+    Layer("f", 2, 6, 6, 6, 6, 6, 3, 3, 3, stride=2, stride_d=1, pad=1, groups=6),
 ], ids=lambda x: x.name)
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_descriptors_give_the_layer_output_shape(layer, channels_last):
@@ -118,8 +122,9 @@ def test_descriptors_give_the_layer_output_shape(layer, channels_last):
     fmt = enums.TensorFormat.NHWC if channels_last else enums.TensorFormat.NCHW
     with cb.TensorDescriptor(enums.DataType.FLOAT, layer.input_shape, strides) as x, \
             cb.FilterDescriptor(enums.DataType.FLOAT, fmt, layer.filter_shape) as wd, \
-            cb.ConvolutionDescriptor((layer.pad,) * 3, (layer.stride,) * 3, (1, 1, 1),
-                                     enums.DataType.FLOAT, enums.MathType.FMA_MATH) as cd:
+            cb.ConvolutionDescriptor(layer.pads, layer.strides, layer.dilations,
+                                     enums.DataType.FLOAT, enums.MathType.FMA_MATH,
+                                     groups=layer.groups) as cd:
         assert cb.output_dims(x, wd, cd) == layer.output_shape
 
 
@@ -174,17 +179,16 @@ def test_cli_rejects_unknown_cudnn_algo(capsys):
 # -- on a GPU ---------------------------------------------------------------------------------
 
 GPU_LAYERS = [Layer("g1", 2, 3, 5, 6, 7, 8, 3, 3, 3, pad=1),
-              Layer("g2", 1, 4, 6, 9, 8, 7, 3, 1, 5, stride=2, pad=1)]
+              Layer("g2", 1, 4, 6, 9, 8, 7, 3, 1, 5, stride=2, pad=1),
+              Layer("g3", 1, 6, 4, 9, 7, 8, 3, 2, 3, stride=2, pad=2, pad_d=1, stride_d=3,
+                    dilation=2, dilation_h=1, groups=2),
+              Layer("g4", 2, 6, 6, 6, 6, 6, 3, 3, 3, stride=2, stride_d=1, pad=1, groups=6)]
 
 
 def _torch_passes(layer, x, w, dy):
-    import torch
-    import torch.nn.functional as F
-    x64, w64, dy64 = x.double().cpu(), w.double().cpu(), dy.double().cpu()
-    return {"fwd": F.conv3d(x64, w64, stride=layer.stride, padding=layer.pad),
-            "bwd_data": torch.nn.grad.conv3d_input(x.shape, w64, dy64, layer.stride, layer.pad),
-            "bwd_filter": torch.nn.grad.conv3d_weight(x64, w.shape, dy64, layer.stride,
-                                                      layer.pad)}
+    from convbench.references import torch_pass
+    exact = {"x": x.double().cpu(), "w": w.double().cpu(), "y": dy.double().cpu()}
+    return {p: torch_pass(layer, p, exact) for p in ("fwd", "bwd_data", "bwd_filter")}
 
 
 @pytest.mark.gpu
@@ -199,11 +203,11 @@ def test_gpu_three_passes_match_torch(layer, dtype, tol, algo):
     w = torch.rand(layer.filter_shape, device="cuda").mul(2).sub(1).to(tdt)
     dy = torch.rand(layer.output_shape, device="cuda").mul(2).sub(1).to(tdt)
     ref = _torch_passes(layer, x, w, dy)
-    got = {"fwd": cb.conv3d_forward(x, w, layer.stride, layer.pad, algo=algo),
-           "bwd_data": cb.conv3d_backward_data(dy, w, x.shape, layer.stride, layer.pad,
-                                               algo=algo),
-           "bwd_filter": cb.conv3d_backward_filter(x, dy, w.shape, layer.stride, layer.pad,
-                                                   algo=algo)}
+    geo = dict(stride=layer.strides, padding=layer.pads, dilation=layer.dilations,
+               groups=layer.groups, algo=algo)
+    got = {"fwd": cb.conv3d_forward(x, w, **geo),
+           "bwd_data": cb.conv3d_backward_data(dy, w, x.shape, **geo),
+           "bwd_filter": cb.conv3d_backward_filter(x, dy, w.shape, **geo)}
     torch.cuda.synchronize()
     for name, out in got.items():
         err = (out.double().cpu() - ref[name]).abs().max() / ref[name].abs().max()

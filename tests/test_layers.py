@@ -60,7 +60,7 @@ def test_legacy_header():
     ("layer,batch,in_channels,out_channels,in_d,in_h,in_w,k_d,k_h,k_w,stride\n"
      "a,1,1,1,4,4,4,3,3,3,1\n", 1, None, "missing column 'pad'"),
     # unknown column
-    (HEADER.strip() + ",dilation\na,1,1,1,4,4,4,3,3,3,1,0,1\n", 1, None, "unknown column 'dilation'"),
+    (HEADER.strip() + ",bias\na,1,1,1,4,4,4,3,3,3,1,0,1\n", 1, None, "unknown column 'bias'"),
     # non-integer
     (HEADER + "a,1,1,1,4,4.5,4,3,3,3,1,0\n", 2, "in_h", "not an integer"),
     (HEADER + "a,1,x,1,4,4,4,3,3,3,1,0\n", 2, "in_channels", "not an integer"),

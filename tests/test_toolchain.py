@@ -324,3 +324,24 @@ def _check_tiled_kernel(name, text):
     assert ("__shared__" in text) == staged, name
     assert f"float acc[{per_thread}]" in text, name
     assert "reduce_atomic" not in text and "atomicAdd" not in text, name
+
+
+@pytest.mark.parametrize("target, added", [
+    # AVX-512 with gcc preferring 256-bit vectors (Intel): the CPU builds ask for 512
+    ({"-march=": "rocketlake", "-mavx512f": "[enabled]", "-mprefer-vector-width=": "256"}, True),
+    # AVX-512 already preferred, or no AVX-512 at all (AVX2): left alone
+    ({"-march=": "znver5", "-mavx512f": "[enabled]", "-mprefer-vector-width=": "512"}, False),
+    ({"-march=": "znver3", "-mavx512f": "[disabled]", "-mprefer-vector-width=": "256"}, False),
+    ({}, False),
+])
+def test_cpu_builds_use_the_full_vector_width(monkeypatch, tmp_path, target, added):
+    """The register-blocked kernels keep 16-lane vectors in registers: where gcc's
+    -march=native tuning would split them into 256-bit halves, CPU builds add
+    -mprefer-vector-width=512 (and the cache key, which records the arguments, follows)."""
+    import dace
+    monkeypatch.setattr(toolchain, "_native_target", lambda: target)
+    with toolchain.dace_config("cpu", tmp_path):
+        args = dace.config.Config.get("compiler", "cpu", "args")
+    assert (toolchain.WIDE_VECTORS in args) == added, args
+    with toolchain.dace_config("gpu", tmp_path):  # GPU builds' host code stays portable
+        assert toolchain.WIDE_VECTORS not in dace.config.Config.get("compiler", "cpu", "args")

@@ -17,6 +17,8 @@ from ..toolchain import PROJECT_ROOT
 PROG = "tune_cpu.py"
 DEFAULT_IMPLEMENTATION = "directConvNDHWCblocked"
 DEFAULT_SETS = ["cosmoflow_mlperf", "cosmoflow"]
+#: ``--space elsewhere``: per layer, the defaults and the other machines' entries.
+ELSEWHERE = "elsewhere"
 #: The search space per implementation (``--space`` replaces it).
 DEFAULT_SPACES = {"directConvNDHWCblocked": "PIX=2,4,8,16;NV=1,2,4,8;KOUTER=0,1",
                   "directConvNDHWCdot": "PIX=2,4,6;KT=4,8;KOUTER=0,1",
@@ -34,7 +36,8 @@ def build_parser(prog: str = PROG):
     p.add_argument("--space", default=None, metavar="P=a,b;Q=c",
                    help="values to try per parameter (default per implementation: "
                    + "; ".join(f"{k}: {v!r}" for k, v in DEFAULT_SPACES.items())
-                   + "); the other parameters keep their defaults")
+                   + "); the other parameters keep their defaults. 'elsewhere': a short "
+                   "retune, each layer's defaults and the entries tuned for it on other machines")
     p.add_argument("--samples", type=int, default=5, metavar="N",
                    help="timed calls per configuration, after one warm-up call (default 5)")
     p.add_argument("--store", action="store_true", help="write the winners to the tuning file")
@@ -84,7 +87,7 @@ def _main(argv, prog: str) -> int:
     space = args.space or DEFAULT_SPACES.get(impl.name)
     if space is None:
         raise UsageError(f"--space: give one for {impl.name} (no default space)")
-    configs = parse_space(space, impl)
+    configs = None if space == ELSEWHERE else parse_space(space, impl)
     sets = args.paramscsv or DEFAULT_SETS
     layers = [(s, layer.with_batch(args.batch)) for s in sets for layer in load_layers(s)]
     set_threads(args.threads)
@@ -92,6 +95,24 @@ def _main(argv, prog: str) -> int:
                      cachedir=args.cachedir, threads=args.threads,
                      timing=TimingOptions(warmup=1, iterations=args.samples))
     return tune(exp, args, space, configs, layers)
+
+
+def candidates(impl, layer, configs):
+    """The configurations to try on ``layer``: ``configs``, or (``--space elsewhere``, when
+    ``configs`` is None) the defaults and what other machines stored for it."""
+    if configs is not None:
+        return configs
+    from .. import tuning
+    found = [impl.resolve_params()]
+    for entry in tuning.entries_elsewhere(impl.name, layer, "cpu"):
+        try:
+            params = impl.resolve_params({k: v for k, v in entry.items()
+                                          if k in {p.name for p in impl.params}})
+        except UsageError:  # an entry the implementation no longer takes
+            continue
+        if params not in found:
+            found.append(params)
+    return found
 
 
 def tune(exp, args, space, configs, layers) -> int:
@@ -108,7 +129,7 @@ def tune(exp, args, space, configs, layers) -> int:
         print(f"{label}: {layer.describe()}", flush=True)
         truth = exp.truth(impl.pass_, layer)
         results = []
-        for params in configs:
+        for params in candidates(impl, layer, configs):
             if impl.unsupported_reason(layer, params):
                 continue
             build = exp.build(impl, layer, params)
