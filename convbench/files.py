@@ -79,5 +79,7 @@ def check_paths(args, environ=os.environ) -> None:
         if value is None or not isinstance(value, (str, os.PathLike)):
             continue
         problem = problem_of(value)
+        if problem and problem.startswith("cannot be created: "):
+            raise UsageError(f"{flag}: cannot create {value}: {problem[19:]}")
         if problem:
             raise UsageError(f"{flag}: {value} {problem}")

@@ -105,7 +105,7 @@ ANISO = [Layer("a2d", 2, 3, 4, 1, 7, 6, 1, 3, 3, pad=1, pad_d=0),
          Layer("a3d", 1, 2, 3, 5, 6, 7, 3, 3, 3, stride=2, pad=1, pad_d=2, pad_w=0),
          Layer("alcf1", 1, 32, 32, 1, 7, 7, 1, 3, 3),
          Layer("alcf2_b1", 1, 128, 256, 1, 14, 14, 1, 3, 3, pad=1, pad_d=0)]
-ANISO_IMPLS = sorted(n for n in IMPLS if registry.get(n).anisotropic_pad)
+ANISO_IMPLS = sorted(n for n in IMPLS if "anisotropic padding" in registry.get(n).handles)
 
 COSMOFLOW_SETS = ("cosmoflow_mlperf", "cosmoflow")
 
