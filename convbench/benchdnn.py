@@ -114,11 +114,9 @@ def descriptor_layer(fields: Dict[str, object]) -> Layer:
         values[d] = (i, k, s, p, dl)
     (di, dk, ds, dp, dd), (hi, hk, hs, hp, hd), (wi, wk, ws, wp, wd) = (
         values[d] for d in order)
-    layer = Layer(str(f["name"]), int(f.get("mb", 2)), int(f["ic"]), int(f["oc"]), di, hi, wi,
-                  dk, hk, wk, stride=ds, pad=dp, pad_d=dp, pad_h=hp, pad_w=wp, stride_d=ds,
-                  stride_h=hs, stride_w=ws, dilation=dd, dilation_d=dd, dilation_h=hd,
-                  dilation_w=wd, groups=int(f.get("g", 1)))
-    return layer.normalized()
+    return Layer.from_triples(str(f["name"]), int(f.get("mb", 2)), int(f["ic"]), int(f["oc"]),
+                              (di, hi, wi), (dk, hk, wk), (ds, hs, ws), (dp, hp, wp),
+                              (dd, hd, wd), int(f.get("g", 1)))
 
 
 def parse_descriptors(text: str, path="<string>") -> List[Layer]:

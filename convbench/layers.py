@@ -230,11 +230,21 @@ class Layer:
         if min(out) <= 0:
             raise ValueError(f"layer {name!r}: the transposed convolution's output would be "
                              f"{'x'.join(map(str, out))}")
-        layer = cls(name, batch, out_channels, in_channels, *out, *kernel, stride=stride[0],
-                    pad=pad[0], pad_d=pad[0], pad_h=pad[1], pad_w=pad[2], stride_d=stride[0],
-                    stride_h=stride[1], stride_w=stride[2], dilation=dilation[0],
-                    dilation_d=dilation[0], dilation_h=dilation[1], dilation_w=dilation[2],
-                    groups=groups, transposed=True)
+        layer = cls.from_triples(name, batch, out_channels, in_channels, out, kernel, stride,
+                                 pad, dilation, groups)
+        return dataclasses.replace(layer, transposed=True)
+
+    @classmethod
+    def from_triples(cls, name: str, batch: int, in_channels: int, out_channels: int, in_size,
+                     kernel, stride=(1, 1, 1), pad=(0, 0, 0), dilation=(1, 1, 1),
+                     groups: int = 1) -> "Layer":
+        """A layer from per-dimension (depth, height, width) triples, with the
+        per-dimension fields set only where the dimensions differ (:meth:`normalized`)."""
+        layer = cls(name, batch, in_channels, out_channels, *in_size, *kernel,
+                    stride=stride[0], pad=pad[0], pad_d=pad[0], pad_h=pad[1], pad_w=pad[2],
+                    stride_d=stride[0], stride_h=stride[1], stride_w=stride[2],
+                    dilation=dilation[0], dilation_d=dilation[0], dilation_h=dilation[1],
+                    dilation_w=dilation[2], groups=groups)
         return layer.normalized()
 
     @property
@@ -418,7 +428,6 @@ def format_csv(layers: Sequence[Layer], comments: Sequence[str] = ()) -> str:
     rows = []
     for layer in layers:
         row = {"layer": layer.name, "batch": layer.batch}
-        conv = layer
         if layer.transposed:  # the transposed convolution's own view
             row.update(in_channels=layer.out_channels, out_channels=layer.in_channels,
                        in_d=layer.out_d, in_h=layer.out_h, in_w=layer.out_w, transposed=1)
@@ -430,17 +439,17 @@ def format_csv(layers: Sequence[Layer], comments: Sequence[str] = ()) -> str:
         else:
             row.update(in_channels=layer.in_channels, out_channels=layer.out_channels,
                        in_d=layer.in_d, in_h=layer.in_h, in_w=layer.in_w)
-        row.update(k_d=conv.k_d, k_h=conv.k_h, k_w=conv.k_w)
-        for field in ("stride", "pad", "dilation"):
-            values = {"stride": conv.strides, "pad": conv.pads, "dilation": conv.dilations}[field]
+        row.update(k_d=layer.k_d, k_h=layer.k_h, k_w=layer.k_w)
+        for field, values in (("stride", layer.strides), ("pad", layer.pads),
+                              ("dilation", layer.dilations)):
             common = max(set(values), key=values.count)
             if field != "dilation" or common != 1:
                 row[field] = common
             for d, v in zip("dhw", values):
                 if v != common:
                     row[f"{field}_{d}"] = v
-        if conv.groups != 1:
-            row["groups"] = conv.groups
+        if layer.groups != 1:
+            row["groups"] = layer.groups
         rows.append(row)
     header = list(CANONICAL_HEADER) + [
         c for c in OPTIONAL_COLUMNS if any(r.get(c) not in (None, "") for r in rows)]

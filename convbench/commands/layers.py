@@ -198,11 +198,8 @@ def module_layer(name: str, module, input_shape) -> Layer:
     if isinstance(module, torch.nn.ConvTranspose3d):
         return Layer.transposed_of(name, n, c, module.out_channels, (di, hi, wi), k, s,
                                    tuple(pad), d, module.groups, tuple(module.output_padding))
-    layer = Layer(name, n, c, module.out_channels, di, hi, wi, *k, stride=s[0], pad=pad[0],
-                  pad_d=pad[0], pad_h=pad[1], pad_w=pad[2], stride_d=s[0], stride_h=s[1],
-                  stride_w=s[2], dilation=d[0], dilation_d=d[0], dilation_h=d[1],
-                  dilation_w=d[2], groups=module.groups)
-    return layer.normalized()
+    return Layer.from_triples(name, n, c, module.out_channels, (di, hi, wi), k, s, tuple(pad),
+                              d, module.groups)
 
 
 if __name__ == "__main__":
