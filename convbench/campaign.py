@@ -837,11 +837,19 @@ def update_index(results_dir: Path) -> Optional[Path]:
         rows.append([f"[{sub.name}]({sub.name}/README.md)", meta.get("tier"), meta.get("target"),
                      meta.get("device"), len(list((sub / "cases").glob("*.json")))])
     path = results_dir / "README.md"
+    old = path.read_text() if path.exists() else ""
+    kept = old[old.index(INDEX_KEEP_MARKER):] if INDEX_KEEP_MARKER in old else ""
     write_atomic(path, "\n".join([
         "# GPU campaigns", "", "One folder per campaign (`scripts/gpu_campaign.py run`), named "
         "`<date>_<device>`; each has its own README.md.", "",
-        tables.markdown(["campaign", "tier", "target", "device", "cases"], rows, "lllll")]) + "\n")
+        tables.markdown(["campaign", "tier", "target", "device", "cases"], rows, "lllll")]) + "\n"
+        + ("\n" + kept if kept else ""))
     return path
+
+
+#: Text of ``results/gpu/README.md`` from this line on is written by hand (the analysis
+#: of the campaigns) and kept when the index above it is rewritten.
+INDEX_KEEP_MARKER = "<!-- written by hand below; kept by update_index -->"
 
 
 # -- phase: roofline ------------------------------------------------------------------------

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, Mapping, Optional, Tuple
 
+from . import launch
 from .errors import UsageError
 from .layers import Layer
 from .registry import Implementation
@@ -322,6 +323,11 @@ def make_sdfg(spec: BuildSpec):
     sdfg = program if isinstance(program, dace.SDFG) else program.to_sdfg(simplify=True)
     sdfg.name = spec.name
     spec.impl.schedules[spec.target](sdfg, spec.layer, dict(spec.params))
+    if spec.target == "gpu":
+        launch.fit_grids(sdfg)
+        problems = launch.grid_problems(sdfg)
+        if problems:
+            raise ValueError(f"{spec.name}: " + "; ".join(problems))
     sdfg.validate()
     return sdfg
 

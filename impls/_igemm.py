@@ -202,4 +202,25 @@ def warp_variant(name: str, summary: str, layout: Layout, split_k: bool = False)
     return Implementation(
         name=name, summary=summary, layout=layout, pass_=Pass.FWD, algorithm=algorithm,
         schedules=WARP_SCHEDULES, params=params, check_params=check_tiles,
-        supports=T.int32_offsets, constraints=T.INT32_CONSTRAINT)
+        supports=_split_k_partials if split_k else T.int32_offsets,
+        constraints=T.INT32_CONSTRAINT + (SPLIT_K_CONSTRAINT if split_k else ""))
+
+
+SPLIT_K_CONSTRAINT = "; nsplitK x padded GEMM rows x padded GEMM columns below 2^31 (partial sums)"
+
+
+def _split_k_partials(layer: Layer, params) -> Optional[str]:
+    """Why the split-K partial-sum buffer of ``layer`` is out of int32 range, or None.
+
+    DaCe indexes arrays with int; at 2^31 elements and above the index wraps (seen on
+    an H100: an illegal memory access on MLPerf conv1 at batch 8 with nsplitK=4)."""
+    reason = T.int32_offsets(layer, params)
+    if reason:
+        return reason
+    G = geometry(layer, Layout.NCDHW, params["CTAtileM"], params["CTAtileN"], params["CTAtileK"],
+                 params["nsplitK"])
+    elements = params["nsplitK"] * G.GMp * G.GNp
+    if elements > T.INT32_MAX:
+        return (f"partial sums of nsplitK={params['nsplitK']} chunks ({elements} elements) exceed "
+                f"int32 indexing ({T.INT32_MAX}); use fewer chunks or implicitGemmNCDHW")
+    return None

@@ -308,3 +308,20 @@ def test_time_budget_leaves_work_for_resume(main, tmp_path, cachedir, monkeypatc
     assert result.returncode == 3, result.stdout + result.stderr
     assert "time budget spent" in result.stdout and "--resume" in result.stdout
     assert not list((tmp_path / "b" / "cases").glob("*.json"))
+
+
+def test_index_keeps_the_text_written_by_hand(tmp_path):
+    from convbench import campaign
+    sub = tmp_path / "2026-01-01_GPU"
+    (sub / "cases").mkdir(parents=True)
+    (sub / "campaign.json").write_text(json.dumps({"tier": "core", "target": "gpu", "device": "GPU"}))
+    (sub / "cases" / "a.json").write_text("{}")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# old index\n\n{campaign.INDEX_KEEP_MARKER}\n\n## Analysis\nwhy it is slow\n")
+    campaign.update_index(tmp_path)
+    text = readme.read_text()
+    assert "# old index" not in text and "[2026-01-01_GPU]" in text and "| 1 |" in text
+    assert text.endswith(f"{campaign.INDEX_KEEP_MARKER}\n\n## Analysis\nwhy it is slow\n")
+    readme.write_text("# no marker\n")
+    campaign.update_index(tmp_path)
+    assert "no marker" not in readme.read_text()

@@ -33,6 +33,20 @@ def _verify_on_gpu(case, builds, reference, coverage):
         f"{c.reference}: {c.summary()}" for c in bad)
 
 
-@pytest.mark.parametrize("case", case_params(SMALL, FIRST))
+#: GPU builds DaCe 1.0.2 cannot schedule (impls._common.DACE_NESTED_PROPAGATION_BUG); the
+#: build stops with that reason.  Strict: a DaCe that builds them turns these into failures.
+KNOWN_GPU_BUILD_FAILURES = {("directConvNCDHW", "gpu_stride2"), ("implicitGemm", "gpu_stride2")}
+
+
+def _params():
+    for param in case_params(SMALL, FIRST):
+        case = param.values[0]
+        if (case.impl, case.layer.name) in KNOWN_GPU_BUILD_FAILURES:
+            param = pytest.param(case, id=param.id, marks=(*param.marks, pytest.mark.xfail(
+                strict=True, raises=ValueError, reason="DaCe 1.0.2 nested-SDFG propagation")))
+        yield param
+
+
+@pytest.mark.parametrize("case", list(_params()))
 def test_gpu_verify(case, builds, reference, coverage):
     _verify_on_gpu(case, builds, reference, coverage)

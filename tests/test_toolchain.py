@@ -88,11 +88,16 @@ def test_gpu_backend_is_fixed_not_detected(tmp_path, monkeypatch):
     for name in ("CUDA_HOME", "HIP_PLATFORM"):
         monkeypatch.delenv(name, raising=False)
     import dace
-    with dace.config.set_temporary("compiler", "cuda", "backend", value="auto"):
-        with pytest.raises(RuntimeError, match="Cannot autodetect"):
-            common.get_gpu_backend()
-        with toolchain.dace_config("gpu", tmp_path):
-            assert common.get_gpu_backend() == "cuda"
+    # DaCe caches the answer: an earlier GPU build in this process must not decide it.
+    common.get_gpu_backend.cache_clear()
+    try:
+        with dace.config.set_temporary("compiler", "cuda", "backend", value="auto"):
+            with pytest.raises(RuntimeError, match="Cannot autodetect"):
+                common.get_gpu_backend()
+            with toolchain.dace_config("gpu", tmp_path):
+                assert common.get_gpu_backend() == "cuda"
+    finally:
+        common.get_gpu_backend.cache_clear()
 
 
 @needs_nvcc
