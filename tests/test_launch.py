@@ -48,6 +48,16 @@ def test_fit_moves_the_largest_to_x_when_y_overflows():
     assert launch.grid_problems(sdfg) == []
 
 
+def test_fit_prefers_the_order_that_fills_the_block():
+    # The filter-matrix shape: keeping the 3-wide last parameter on x fits, but runs 3 of
+    # 256 threads; the largest parameter on x fits too and fills them.
+    sdfg, state, entry = _kernel([256, 256, 3, 3])
+    assert launch.grid(state, entry) == [1, 3, 65536]
+    launch.fit_grids(sdfg)
+    assert entry.map.params == ["p2", "p3", "p0", "p1"]
+    assert launch.grid(state, entry) == [1, 256, 9] and launch.x_lane_use(state, entry) == 1.0
+
+
 def test_a_grid_that_cannot_fit_is_named_and_left_alone():
     sdfg, state, entry = _kernel([70000, 70000, 70000])
     assert launch.fit_grids(sdfg) == []
