@@ -13,13 +13,19 @@ import tempfile
 import time
 from typing import Dict, Optional
 
-#: 12 independent chains of 64-byte vector FMAs per thread (GCC vector extension: one
-#: AVX-512 FMA each where the host has it, two AVX2 FMAs otherwise), so that neither the
-#: FMA latency nor loads limit them; prints GFLOP/s of the best of 3 rounds.
+from . import isa
+
+#: ``CHAINS`` independent chains of vector FMAs per thread, each vector one register of
+#: the host (``LANES`` floats: GCC's vector extension), so that neither the FMA latency
+#: nor loads nor register spills limit them; prints GFLOP/s of the best of 3 rounds.
+#: (A fixed 12 x 16 floats took 24 of AVX2's 16 registers and spilled: 9.2 GFLOP/s on
+#: the 2-core AVX2 EPYC, against 125 for this probe, both measured beside a busy tuner.)
 _FMA_SOURCE = r"""
 #include <stdio.h>
 #include <omp.h>
-typedef float v16 __attribute__((vector_size(64)));
+#define LANES @LANES@
+#define CHAINS @CHAINS@
+typedef float vec __attribute__((vector_size(4 * LANES)));
 int main(void) {
     const long iters = 40000000L;
     double best = 0.0;
@@ -28,16 +34,17 @@ int main(void) {
         double t0 = omp_get_wtime();
         #pragma omp parallel reduction(+:sink)
         {
-            v16 acc[12], b, c;
-            for (int j = 0; j < 16; ++j) { b[j] = 1.0000001f; c[j] = 1e-7f; }
-            for (int i = 0; i < 12; ++i) for (int j = 0; j < 16; ++j) acc[i][j] = (float)i;
+            vec acc[CHAINS], b, c;
+            for (int j = 0; j < LANES; ++j) { b[j] = 1.0000001f; c[j] = 1e-7f; }
+            for (int i = 0; i < CHAINS; ++i) for (int j = 0; j < LANES; ++j) acc[i][j] = (float)i;
             for (long it = 0; it < iters; ++it) {
-                #pragma GCC unroll 12
-                for (int i = 0; i < 12; ++i) acc[i] = acc[i] * b + c;
+                #pragma GCC unroll 32
+                for (int i = 0; i < CHAINS; ++i) acc[i] = acc[i] * b + c;
             }
-            for (int i = 0; i < 12; ++i) for (int j = 0; j < 16; ++j) sink += acc[i][j];
+            for (int i = 0; i < CHAINS; ++i) for (int j = 0; j < LANES; ++j) sink += acc[i][j];
         }
-        double gflops = 2.0 * 16 * 12 * iters * omp_get_max_threads() / (omp_get_wtime() - t0) / 1e9;
+        double gflops = 2.0 * LANES * CHAINS * iters * omp_get_max_threads()
+                        / (omp_get_wtime() - t0) / 1e9;
         if (gflops > best) best = gflops;
         if (sink == 12345.0f) printf("#");
     }
@@ -47,6 +54,14 @@ int main(void) {
 """
 
 
+def fma_source() -> str:
+    """The FMA probe for this CPU: one vector register per chain, and as many chains as
+    a micro-tile may keep accumulators (:func:`convbench.isa.accumulator_budget`, at
+    most 12: enough to hide the FMA latency on two ports)."""
+    return (_FMA_SOURCE.replace("@LANES@", str(isa.vector_floats()))
+            .replace("@CHAINS@", str(min(12, isa.accumulator_budget()))))
+
+
 def cpu_fma_peak(threads: int) -> Optional[float]:
     """GFLOP/s of back-to-back vector FMAs on ``threads`` threads, compiled with the host
     compiler (``c++ -O2 -march=native -ffp-contract=fast -fopenmp``), or None where that
@@ -54,7 +69,7 @@ def cpu_fma_peak(threads: int) -> Optional[float]:
     with tempfile.TemporaryDirectory() as tmp:
         src, exe = os.path.join(tmp, "fma.c"), os.path.join(tmp, "fma")
         with open(src, "w") as f:
-            f.write(_FMA_SOURCE)
+            f.write(fma_source())
         try:
             subprocess.run(["c++", "-x", "c", "-O2", "-march=native", "-ffp-contract=fast",
                             "-fopenmp", src, "-o", exe], check=True, capture_output=True,

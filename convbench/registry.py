@@ -84,6 +84,10 @@ class Implementation:
     #: ``layers.FEATURES``: "anisotropic padding", "anisotropic stride", "dilation",
     #: "groups"); layers that need anything else are refused with the reason.
     handles: Tuple[str, ...] = ()
+    #: ``registers(layer, params) -> int``: the vector registers one micro-tile's
+    #: accumulators take on this CPU (register-blocked CPU kernels).  The tuner leaves out
+    #: configurations over :func:`convbench.isa.accumulator_budget`, which would spill.
+    registers: Optional[Callable[..., int]] = None
     #: The file of the module that registered this implementation (set by :func:`register`).
     module_file: str = dataclasses.field(default="", compare=False)
 

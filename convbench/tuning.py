@@ -30,13 +30,12 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
+from . import isa
 from .errors import UsageError
 
 TUNING_DIR = Path(__file__).resolve().parent.parent / "tuning"
 _CACHE: Dict[str, Dict[str, Any]] = {}
 _WARNED: set = set()
-#: Vector ISAs, widest first, as /proc/cpuinfo names them.
-ISAS = ("avx512f", "avx2", "avx", "sse4_2", "asimd", "neon")
 
 
 @functools.lru_cache(maxsize=None)
@@ -47,19 +46,11 @@ def machine_id(target: str = "cpu") -> str:
     if target != "cpu":
         return target
     import platform
-    info: Dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                info.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    flags = set((info.get("flags") or info.get("Features") or "").split())
+    info = isa.cpuinfo()
     generation = (f" (family {info['cpu family']} model {info['model']})"
                   if "cpu family" in info and "model" in info else "")
     model = info.get("model name") or platform.processor() or platform.machine()
-    return f"{model}{generation} | {next((i for i in ISAS if i in flags), 'scalar')}"
+    return f"{model}{generation} | {isa.widest_isa()}"
 
 
 def tuning_file(target: str) -> Optional[Path]:

@@ -6,6 +6,8 @@ import math
 
 import dace
 
+from convbench.isa import registers_per_vector, vector_floats, widest_isa
+
 
 def largest_divisor(n: int, limit: int) -> int:
     """The largest divisor of ``n`` that is at most ``limit``."""
@@ -33,6 +35,20 @@ def nv_param(default=1):
     from convbench.registry import Param
     return Param("NV", default, "vectors of NB channels per micro-tile: PIX x NV accumulators, "
                           "NV filter loads per PIX broadcasts")
+
+
+def lanes_param(name, help_):
+    """``NB``/``CV``: the channels of one vector, by default one vector of this CPU (16
+    floats with AVX-512, 8 with AVX2)."""
+    from convbench.registry import Param
+    lanes = vector_floats()
+    return Param(name, lanes, f"{help_} (default {lanes}: one {widest_isa()} vector of this CPU)")
+
+
+def tile_registers(pixels, vectors, width):
+    """Vector registers of a micro-tile of ``pixels`` x ``vectors`` accumulators of
+    ``width`` floats each (a vector wider than the CPU's takes several registers)."""
+    return pixels * vectors * registers_per_vector(width)
 
 
 def channel_block(channels: int, cblk: int) -> int:

@@ -42,7 +42,9 @@ from convbench.registry import Layout, Pass
 from convbench.registry import Implementation, Param, register
 from impls._blocked import (blocked_source, channel_tiles_outer, cpu_schedule,
                             generated_program, kouter_param, largest_divisor, pixel_tile,
-                            channel_vectors, nv_param, channel_block, cblk_param)
+                            channel_vectors, nv_param, channel_block, cblk_param,
+                            lanes_param, tile_registers)
+from convbench.isa import fit_tile
 from impls._common import layer_constants
 
 __all__ = ["largest_divisor", "tile_sizes"]
@@ -54,6 +56,12 @@ def tile_sizes(layer, params):
     ``nb`` output channels."""
     return pixel_tile(layer, params["PIX"], params["WB"]) + channel_vectors(
         layer.out_channels, params["NB"], params["NV"])
+
+
+def registers(layer, params):
+    """Accumulator registers of one micro-tile on this CPU (for the tuner)."""
+    db, hb, wb, nb, nv = tile_sizes(layer, params)
+    return tile_registers(db * hb * wb, nv, nb)
 
 
 def algorithm(layer, dtype, params):
@@ -69,7 +77,7 @@ def algorithm(layer, dtype, params):
 register(Implementation(
     name="directConvNDHWCblocked",
     summary="direct convolution on NDHWC for the CPU: register-blocked micro-tiles of WB "
-            "output pixels x NB output channels (one AVX-512 vector), packed filter, "
+            "output pixels x NV vectors of NB output channels, packed filter, "
             "unrolled broadcast-FMAs, OpenMP over all tiles",
     layout=Layout.NDHWC,
     pass_=Pass.FWD,
@@ -78,10 +86,11 @@ register(Implementation(
     params=(Param("PIX", 8, "output pixels per micro-tile: accumulator vectors (width "
                              "first, then height and depth, by divisors of the output size)"),
             Param("WB", 16, "at most this many of them along the width"),
-            Param("NB", 16, "output channels per micro-tile (the largest divisor of K up "
-                            "to NB; 16 floats = one AVX-512 vector)"),
-            nv_param(2),
+            lanes_param("NB", "output channels per vector (the largest divisor of K up "
+                              "to NB)"),
+            nv_param(fit_tile(8, 2)),
             kouter_param(),
             cblk_param()),
     anisotropic_pad=True,
+    registers=registers,
 ))

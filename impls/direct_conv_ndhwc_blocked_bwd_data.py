@@ -23,8 +23,10 @@ import math
 from convbench.registry import Implementation, Layer, Layout, Pass, Param, register
 from impls._blocked import (blocked_source, channel_tiles_outer, cpu_schedule,
                             generated_program, kouter_param, largest_divisor, pixel_tile,
-                            channel_vectors, nv_param, channel_block, cblk_param)
+                            channel_vectors, nv_param, channel_block, cblk_param,
+                            lanes_param, tile_registers)
 from impls._common import layer_constants
+from convbench.isa import fit_tile
 
 
 def transposed_layer(layer: Layer) -> Layer:
@@ -50,6 +52,12 @@ def tile_sizes(layer, params):
     t = transposed_layer(layer)
     return pixel_tile(t, params["PIX"], params["WB"]) + channel_vectors(
         t.out_channels, params["NB"], params["NV"])
+
+
+def registers(layer, params):
+    """Accumulator registers of one micro-tile on this CPU (for the tuner)."""
+    db, hb, wb, nb, nv = tile_sizes(layer, params)
+    return tile_registers(db * hb * wb, nv, nb)
 
 
 def algorithm(layer, dtype, params):
@@ -92,9 +100,9 @@ register(Implementation(
     schedules={"cpu": cpu_schedule},
     params=(Param("PIX", 8, "input pixels per micro-tile: accumulator vectors"),
             Param("WB", 16, "at most this many of them along the width"),
-            Param("NB", 16, "input channels per micro-tile (the largest divisor of C up "
-                            "to NB)"),
-            nv_param(2),
+            lanes_param("NB", "input channels per vector (the largest divisor of C up "
+                              "to NB)"),
+            nv_param(fit_tile(8, 2)),
             Param("PACK", 2, "1: copy the filter into tile order first; 0: read its "
                              "channel vectors in place (no copy, strided filter stream); 2: "
                              "copy it when it is smaller than dL/dy",
@@ -104,4 +112,5 @@ register(Implementation(
     supports=supports,
     constraints="stride 1, padding at most kernel - 1",
     anisotropic_pad=True,
+    registers=registers,
 ))

@@ -33,7 +33,7 @@ from collections import namedtuple
 
 from convbench.registry import Implementation, Layout, Pass, Param, register
 from impls._blocked import (channel_vectors, cpu_schedule, largest_divisor, map_header,
-                            nv_param, signature)
+                            nv_param, signature, lanes_param, tile_registers)
 from impls._common import layer_constants, pad_input, program_from_source
 
 
@@ -239,6 +239,12 @@ def _sum_partials(L, chunks, cw=None, form=0, vblocks=None):
         f"{rind}w[{where}] = tot[0]"]
 
 
+def registers(layer, params):
+    """Accumulator registers of one micro-tile on this CPU (for the tuner)."""
+    _, tw, cb, nb, nv = tile_sizes(layer, params)[:5]
+    return tile_registers(tw * cb, nv, nb)
+
+
 def algorithm(layer, dtype, params):
     L = layer_constants(layer, Layout.NDHWC)
     sizes = tile_sizes(layer, params)
@@ -266,8 +272,8 @@ register(Implementation(
                   minimum=0),
             Param("CB", 4, "broadcast channels per micro-tile: input channels (FORM 0, a "
                            "divisor of C) or output channels (FORM 1, of K)"),
-            Param("NB", 16, "vector lanes: output channels (FORM 0, a divisor of K) or "
-                            "input channels (FORM 1, of C)"),
+            lanes_param("NB", "vector lanes: output channels (FORM 0, a divisor of K) or "
+                              "input channels (FORM 1, of C)"),
             nv_param(),
             Param("TAPW", 1, "1: the kernel's width taps share each dy load in one tile",
                   minimum=0, check=lambda v: None if v in (0, 1) else "must be 0 or 1"),
@@ -286,4 +292,5 @@ register(Implementation(
                              "dL/dy, so that both operands' cache lines are used whole",
                   minimum=0, check=lambda v: None if v in (0, 1) else "must be 0 or 1")),
     anisotropic_pad=True,
+    registers=registers,
 ))

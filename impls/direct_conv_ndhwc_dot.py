@@ -29,10 +29,13 @@ from convbench.registry import Layout, Pass
 from convbench.registry import Implementation, Param, register
 from impls._blocked import (channel_tiles_outer, cpu_schedule, generated_program, input_at,
                             kouter_param, largest_divisor, map_header, store_tile, pixel_tile,
-                            reduction_nest, signature, tile_pixels)
+                            reduction_nest, signature, tile_pixels, lanes_param,
+                            tile_registers)
+from convbench.isa import fit_tile
 from impls._common import layer_constants
 
-#: at most this many accumulator vectors (AVX-512 has 32 registers; the loads need some)
+#: at most this many accumulator vectors on any CPU (AVX-512's 32 registers less the
+#: loads); the tuner keeps to :func:`convbench.isa.accumulator_budget` of this one
 MAX_ACCUMULATORS = 28
 
 
@@ -94,9 +97,9 @@ def algorithm(layer, dtype, params):
 PARAMS = (Param("PIX", 4, "output pixels per micro-tile (width first, then height and "
                           "depth, by divisors of the output size)"),
           Param("WB", 8, "at most this many of them along the width"),
-          Param("KT", 4, "output channels per micro-tile (the largest divisor of K up to KT)"),
-          Param("CV", 16, "input channels per vector (the largest divisor of C up to CV; "
-                          "16 floats = one AVX-512 vector)"),
+          Param("KT", fit_tile(4, 4), "output channels per micro-tile (the largest divisor "
+                                      "of K up to KT)"),
+          lanes_param("CV", "input channels per vector (the largest divisor of C up to CV)"),
           kouter_param())
 
 
@@ -104,8 +107,14 @@ def check_params_dot(values):
     n = values["PIX"] * values["KT"]
     if n > MAX_ACCUMULATORS:
         return (f"PIX*KT={n} accumulator vectors; at most {MAX_ACCUMULATORS} fit in the "
-                "32 AVX-512 registers next to the loads")
+                "the registers of any CPU next to the loads")
     return None
+
+
+def registers(layer, params):
+    """Accumulator registers of one micro-tile on this CPU (for the tuner)."""
+    db, hb, wb, kt, cv = tile_sizes(layer, params)
+    return tile_registers(db * hb * wb, kt, cv)
 
 
 register(Implementation(
@@ -121,4 +130,5 @@ register(Implementation(
     params=PARAMS,
     check_params=check_params_dot,
     anisotropic_pad=True,
+    registers=registers,
 ))

@@ -14,7 +14,7 @@ from convbench.registry import Implementation, Layout, Pass, register
 from impls._blocked import channel_tiles_outer, cpu_schedule, generated_program
 from impls._common import layer_constants
 from impls.direct_conv_ndhwc_blocked_bwd_data import supports, swap_roles, transposed_layer
-from impls.direct_conv_ndhwc_dot import check_params_dot, dot_source, tile_sizes
+from impls.direct_conv_ndhwc_dot import check_params_dot, dot_source, registers, tile_sizes
 from impls.direct_conv_ndhwc_dot import PARAMS
 
 
@@ -43,4 +43,5 @@ register(Implementation(
     supports=supports,
     constraints="stride 1, padding at most kernel - 1",
     anisotropic_pad=True,
+    registers=lambda layer, params: registers(transposed_layer(layer), params),
 ))

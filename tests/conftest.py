@@ -295,12 +295,9 @@ def _git_state():
 
 
 def _vector_isa():
-    """The widest x86 vector extension the CPU reports (the kernels are compiled for it)."""
-    try:
-        flags = set(Path("/proc/cpuinfo").read_text().split())
-    except OSError:
-        return "unknown"
-    return next((isa for isa in ("avx512f", "avx2", "avx", "sse4_2") if isa in flags), "unknown")
+    """The widest vector extension the CPU reports (the kernels are compiled for it)."""
+    from convbench.isa import widest_isa
+    return widest_isa()
 
 
 def _metadata(session, coverage):

@@ -37,11 +37,12 @@ def test_no_file_edits_sys_path():
 
 def test_impls_contract_forbids_every_harness_module_but_the_registry():
     """A new harness module is forbidden to impls/ as soon as it exists: the forbidden
-    list must name every module of convbench except the registry and the DaCe library
-    environments (MKL, cuBLAS) that a program's library nodes use."""
+    list must name every module of convbench except the registry, the DaCe library
+    environments (MKL, cuBLAS) that a program's library nodes use, and the CPU's vector
+    ISA that sizes the CPU kernels' tiles."""
     forbidden = set(_lines(_contracts()["importlinter:contract:impls"]["forbidden_modules"]))
     modules = {f"convbench.{m.name}" for m in pkgutil.iter_modules(convbench.__path__)}
-    allowed = {"convbench.registry", "convbench.environments"}
+    allowed = {"convbench.registry", "convbench.environments", "convbench.isa"}
     assert allowed <= modules
     assert forbidden == modules - allowed
 

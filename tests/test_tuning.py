@@ -28,14 +28,16 @@ def tuning_file(tmp_path, monkeypatch):
 def test_precedence_defaults_file_overrides(tuning_file):
     impl = registry.get(BLOCKED)
     assert tuning.tuned_params(impl, LAYER, "cpu") == impl.resolve_params()
-    tuning.store("cpu", BLOCKED, LAYER, {"PIX": 8, "NV": 1, "KOUTER": 1}, {"cpu": "test"})
-    assert tuning.tuned_params(impl, LAYER, "cpu")["NV"] == 1
-    assert tuning.tuned_params(impl, LAYER.with_batch(3), "cpu")["NV"] == 2  # other key
+    tuning.store("cpu", BLOCKED, LAYER, {"PIX": 8, "NV": 4, "KOUTER": 1}, {"cpu": "test"})
+    assert tuning.tuned_params(impl, LAYER, "cpu")["NV"] == 4
+    default_nv = impl.resolve_params()["NV"]
+    assert default_nv != 4 and tuning.tuned_params(impl, LAYER.with_batch(3), "cpu")["NV"] \
+        == default_nv  # other key
     assert tuning.tuned_params(impl, LAYER, "cpu", {"PIX": "12"})["PIX"] == 12
     assert tuning.tuned_params(impl, LAYER, "cpu")["KOUTER"] == 1
     data = json.loads(tuning_file.read_text())
     mine = data["machines"][tuning.machine_id()]
-    assert mine["entries"][BLOCKED][LAYER.key()] == {"PIX": 8, "NV": 1, "KOUTER": 1}
+    assert mine["entries"][BLOCKED][LAYER.key()] == {"PIX": 8, "NV": 4, "KOUTER": 1}
     assert mine["machine"] == {"cpu": "test"}
 
 
@@ -123,7 +125,7 @@ def test_blocked_tiles_and_parallel_map():
     import dace
     from impls.direct_conv_ndhwc_blocked import largest_divisor, tile_sizes
     assert largest_divisor(12, 8) == 6 and largest_divisor(7, 16) == 7 and largest_divisor(17, 16) == 1
-    params = registry.get(BLOCKED).resolve_params()
+    params = registry.get(BLOCKED).resolve_params({"NB": 16, "NV": 2})
     layer = load_layers("cosmoflow_mlperf")[4].with_batch(2)  # 8^3 out, K = 512
     assert tile_sizes(layer, params) == (1, 1, 8, 16, 2)  # 8 pixels x 2 vectors
     assert tile_sizes(layer, dict(params, PIX=16, NV=1)) == (1, 2, 8, 16, 1)  # 16 x 1
@@ -157,8 +159,8 @@ def test_dot_tile_and_statements():
     from impls.direct_conv_ndhwc_dot import dot_source as _source, tile_sizes
     impl = registry.get(DOT)
     layer = load_layers("cosmoflow_mlperf")[4].with_batch(2)  # 8^3 out, C = 256, K = 512
-    assert tile_sizes(layer, impl.resolve_params()) == (1, 1, 4, 4, 16)
-    assert tile_sizes(layer, impl.resolve_params({"PIX": 6, "KT": 3})) == (1, 1, 4, 2, 16)
+    assert tile_sizes(layer, impl.resolve_params({"KT": 4, "CV": 16})) == (1, 1, 4, 4, 16)
+    assert tile_sizes(layer, impl.resolve_params({"PIX": 6, "KT": 3, "CV": 16})) == (1, 1, 4, 2, 16)
     text = _source(layer_constants(layer, Layout.NDHWC), "float32", 1, 2, 2, 4, 16, True)
     # 4 pixels x 4 channels: 4 input and 4 filter vector loads, 16 FMA statements
     assert text.count("] += x") == 16 and text.count("acc[15, j] += x3 * w3") == 1
@@ -335,3 +337,64 @@ def test_tune_cpu_stores_the_winner(tmp_path, cachedir, monkeypatch, capsys):
     assert len(records) == 4 and all(r["ok"] for r in records)
     assert tune.main(["--space", "PIX=0", "--cachedir", str(cachedir)]) == 2
     assert "PIX must be >= 1" in capsys.readouterr().err
+
+
+# -- the host's vector ISA sizes the micro-tiles ------------------------------------------------
+
+def test_isa_widths_and_budgets():
+    from convbench import isa
+    assert isa.widest_of("fpu sse4_2 avx avx2 fma".split()) == "avx2"
+    assert isa.widest_of("avx2 avx512f avx512bw".split()) == "avx512f"
+    assert isa.widest_of(["fpu"]) == "scalar"
+    assert (isa.vector_floats("avx512f"), isa.vector_floats("avx2"), isa.vector_floats("sse4_2")) \
+        == (16, 8, 4)
+    assert (isa.accumulator_budget("avx512f"), isa.accumulator_budget("avx2")) == (28, 12)
+    assert isa.registers_per_vector(16, "avx2") == 2 and isa.registers_per_vector(16, "avx512f") == 1
+    assert isa.fit_tile(8, 2, "avx512f") == 2 and isa.fit_tile(8, 2, "avx2") == 1
+    assert isa.fit_tile(4, 4, "avx2") == 2 and isa.fit_tile(16, 1, "avx2") == 1
+
+
+def test_channel_vectors_default_to_this_cpu():
+    from convbench import isa
+    lanes = isa.vector_floats()
+    for name, param in ((BLOCKED, "NB"), ("directConvNDHWCblockedBwdData", "NB"),
+                        ("directConvNDHWCblockedBwdFilter", "NB"), (DOT, "CV"),
+                        ("directConvNDHWCdotBwdData", "CV")):
+        impl = registry.get(name)
+        params = impl.resolve_params()
+        assert params[param] == lanes, name
+        layer = load_layers("cosmoflow_mlperf")[2].with_batch(2)
+        assert impl.registers(layer, params) <= isa.accumulator_budget(), name  # no spills
+
+
+@pytest.mark.parametrize("host,registers", [("avx512f", 16), ("avx2", 32)])
+def test_tile_registers_count_vectors_wider_than_the_cpu(host, registers, monkeypatch):
+    from convbench import isa
+    monkeypatch.setattr(isa, "widest_isa", lambda: host)
+    impl = registry.get(BLOCKED)
+    layer = load_layers("cosmoflow_mlperf")[2].with_batch(2)
+    # 8 pixels x 2 vectors of 16 floats: 16 zmm, or 32 ymm (two per vector)
+    assert impl.registers(layer, impl.resolve_params({"PIX": 8, "NB": 16, "NV": 2})) == registers
+
+
+def test_tuner_leaves_out_tiles_that_spill(monkeypatch):
+    from convbench import isa
+    monkeypatch.setattr(isa, "widest_isa", lambda: "avx2")
+    impl = registry.get(BLOCKED)
+    layer = load_layers("cosmoflow_mlperf")[2].with_batch(2)
+    configs = tune.parse_space("NB=8;PIX=4,8;NV=1,2,4", impl)
+    kept, spilled = tune.within_registers(impl, layer, configs)
+    assert sorted((p["PIX"], p["NV"]) for p in kept) == [(4, 1), (4, 2), (8, 1)]
+    assert spilled == 3
+    # if every configuration spills, the smallest is still tried
+    kept, spilled = tune.within_registers(impl, layer, tune.parse_space("NB=16;PIX=8;NV=2,4", impl))
+    assert [(p["NB"], p["NV"]) for p in kept] == [(16, 2)] and spilled == 1
+
+
+def test_fma_probe_fits_the_registers(monkeypatch):
+    from convbench import ceilings, isa
+    for host, lanes, chains in (("avx512f", 16, 12), ("avx2", 8, 12), ("sse4_2", 4, 12)):
+        monkeypatch.setattr(isa, "widest_isa", lambda host=host: host)
+        text = ceilings.fma_source()
+        assert f"#define LANES {lanes}\n" in text and f"#define CHAINS {chains}\n" in text
+        assert chains + 2 <= isa.vector_registers(host)  # the chains, b and c in registers

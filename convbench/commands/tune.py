@@ -10,7 +10,7 @@ import dataclasses
 import itertools
 from pathlib import Path
 
-from .. import flags
+from .. import flags, isa
 from ..errors import ArgumentParser, UsageError, check_at_least, run_main
 from ..toolchain import PROJECT_ROOT
 
@@ -36,7 +36,9 @@ def build_parser(prog: str = PROG):
     p.add_argument("--space", default=None, metavar="P=a,b;Q=c",
                    help="values to try per parameter (default per implementation: "
                    + "; ".join(f"{k}: {v!r}" for k, v in DEFAULT_SPACES.items())
-                   + "); the other parameters keep their defaults. 'elsewhere': a short "
+                   + "); the other parameters keep their defaults, and configurations whose "
+                   "accumulators would not fit this CPU's vector registers are left out. "
+                   "'elsewhere': a short "
                    "retune, each layer's defaults and the entries tuned for it on other machines")
     p.add_argument("--samples", type=int, default=5, metavar="N",
                    help="timed calls per configuration, after one warm-up call (default 5)")
@@ -115,6 +117,19 @@ def candidates(impl, layer, configs):
     return found
 
 
+def within_registers(impl, layer, configs):
+    """``(kept, left out)``: the configurations whose micro-tile keeps its accumulators in
+    this CPU's vector registers (:func:`convbench.isa.accumulator_budget`), and how many
+    would spill.  If all would, the one with the fewest registers is kept."""
+    if impl.registers is None or not configs:
+        return configs, 0
+    budget = isa.accumulator_budget()
+    kept = [p for p in configs if impl.registers(layer, p) <= budget]
+    if not kept:
+        kept = [min(configs, key=lambda p: impl.registers(layer, p))]
+    return kept, len(configs) - len(kept)
+
+
 def tune(exp, args, space, configs, layers) -> int:
     """Build, verify and time every configuration on every layer; store the winners."""
     import torch
@@ -129,9 +144,13 @@ def tune(exp, args, space, configs, layers) -> int:
         print(f"{label}: {layer.describe()}", flush=True)
         truth = exp.truth(impl.pass_, layer)
         results = []
-        for params in candidates(impl, layer, configs):
-            if impl.unsupported_reason(layer, params):
-                continue
+        tried, spilled = within_registers(impl, layer, [
+            params for params in candidates(impl, layer, configs)
+            if not impl.unsupported_reason(layer, params)])
+        if spilled:
+            print(f"  left out {spilled} configuration(s) over {isa.accumulator_budget()} "
+                  f"accumulator registers ({isa.widest_isa()})", flush=True)
+        for params in tried:
             build = exp.build(impl, layer, params)
             check = exp.check(build, truth)[0]
             record = {"layer": label, "key": layer.key(), "params": params, "ok": check.ok,

@@ -1,0 +1,82 @@
+"""The host CPU as the register-blocked kernels see it: its widest vector ISA, the floats
+in one vector and the number of vector registers.
+
+The CPU kernels (``impls/_blocked.py`` and the ``directConvNDHWC*`` implementations)
+size their micro-tiles from these: a channel vector is one vector of the host (16
+floats with AVX-512, 8 with AVX2), and a tile holds at most :func:`accumulator_budget`
+accumulator vectors (the registers less a few for the loads).  Nothing here assumes a
+vector width: it is read from ``/proc/cpuinfo`` (the kernels are compiled with
+``-march=native`` for the same CPU).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Dict, Iterable
+
+#: Vector ISAs, widest first, as /proc/cpuinfo names them.
+ISAS = ("avx512f", "avx2", "avx", "sse4_2", "asimd", "neon")
+#: Bits of one vector register per ISA ("scalar": none of them).
+VECTOR_BITS = {"avx512f": 512, "avx2": 256, "avx": 256, "sse4_2": 128, "asimd": 128,
+               "neon": 128, "scalar": 32}
+#: Vector registers per ISA (x86-64 has 16 below AVX-512; AArch64 has 32).
+VECTOR_REGISTERS = {"avx512f": 32, "asimd": 32}
+#: Registers a micro-tile leaves for its operand loads and broadcasts.
+LOAD_REGISTERS = 4
+
+
+@functools.lru_cache(maxsize=None)
+def cpuinfo() -> Dict[str, str]:
+    """The first processor's fields of ``/proc/cpuinfo`` (empty where there is none)."""
+    info: Dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                info.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    return info
+
+
+def widest_of(flags: Iterable[str]) -> str:
+    """The widest vector ISA among CPU ``flags`` ("scalar" for none)."""
+    flags = set(flags)
+    return next((isa for isa in ISAS if isa in flags), "scalar")
+
+
+def widest_isa() -> str:
+    """This CPU's widest vector ISA (``avx512f``, ``avx2``, ... or ``scalar``)."""
+    info = cpuinfo()
+    return widest_of((info.get("flags") or info.get("Features") or "").split())
+
+
+def vector_floats(isa: str = "") -> int:
+    """float32 lanes of one vector of ``isa`` (default: this CPU's widest)."""
+    return VECTOR_BITS[isa or widest_isa()] // 32
+
+
+def vector_registers(isa: str = "") -> int:
+    """Vector registers of ``isa`` (default: this CPU's widest)."""
+    return VECTOR_REGISTERS.get(isa or widest_isa(), 16)
+
+
+def accumulator_budget(isa: str = "") -> int:
+    """How many accumulator vectors a micro-tile may hold without spilling: the
+    registers less :data:`LOAD_REGISTERS` (28 with AVX-512, 12 with AVX2)."""
+    return vector_registers(isa) - LOAD_REGISTERS
+
+
+def registers_per_vector(width: int, isa: str = "") -> int:
+    """Registers that a channel vector of ``width`` floats takes on ``isa``."""
+    return math.ceil(width / vector_floats(isa))
+
+
+def fit_tile(pixels: int, vectors: int, isa: str = "") -> int:
+    """The largest of ``vectors``, ``vectors / 2``, ... (at least 1) for which a tile of
+    ``pixels`` x that many one-register vectors stays within the budget: the default
+    number of channel vectors per tile on this CPU."""
+    while vectors > 1 and pixels * vectors > accumulator_budget(isa):
+        vectors //= 2
+    return vectors
