@@ -51,6 +51,17 @@ def tile_registers(pixels, vectors, width):
     return pixels * vectors * registers_per_vector(width)
 
 
+def registers_of(tile_sizes, width_first=True):
+    """``registers(layer, params)`` (for the tuner) of a kernel whose ``tile_sizes`` are
+    ``(db, hb, wb, width, vectors)``, or ``(db, hb, wb, vectors, width)`` when not
+    ``width_first``: the tile's pixels times its accumulator vectors per pixel."""
+    def registers(layer, params):
+        db, hb, wb, first, second = tile_sizes(layer, params)
+        width, vectors = (first, second) if width_first else (second, first)
+        return tile_registers(db * hb * wb, vectors, width)
+    return registers
+
+
 def channel_block(channels: int, cblk: int) -> int:
     """``CBLK``: input channels per reduction block (the largest divisor of ``channels``
     up to ``CBLK``), 0 when the reduction is not blocked (``CBLK`` 0 or at least

@@ -43,7 +43,7 @@ from convbench.registry import Implementation, Param, register
 from impls._blocked import (blocked_source, channel_tiles_outer, cpu_schedule,
                             generated_program, kouter_param, largest_divisor, pixel_tile,
                             channel_vectors, nv_param, channel_block, cblk_param,
-                            lanes_param, tile_registers)
+                            lanes_param, registers_of)
 from convbench.isa import fit_tile
 from impls._common import layer_constants
 
@@ -56,12 +56,6 @@ def tile_sizes(layer, params):
     ``nb`` output channels."""
     return pixel_tile(layer, params["PIX"], params["WB"]) + channel_vectors(
         layer.out_channels, params["NB"], params["NV"])
-
-
-def registers(layer, params):
-    """Accumulator registers of one micro-tile on this CPU (for the tuner)."""
-    db, hb, wb, nb, nv = tile_sizes(layer, params)
-    return tile_registers(db * hb * wb, nv, nb)
 
 
 def algorithm(layer, dtype, params):
@@ -92,5 +86,5 @@ register(Implementation(
             kouter_param(),
             cblk_param()),
     anisotropic_pad=True,
-    registers=registers,
+    registers=registers_of(tile_sizes),
 ))

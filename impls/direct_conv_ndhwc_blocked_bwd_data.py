@@ -24,7 +24,7 @@ from convbench.registry import Implementation, Layer, Layout, Pass, Param, regis
 from impls._blocked import (blocked_source, channel_tiles_outer, cpu_schedule,
                             generated_program, kouter_param, largest_divisor, pixel_tile,
                             channel_vectors, nv_param, channel_block, cblk_param,
-                            lanes_param, tile_registers)
+                            lanes_param, registers_of)
 from impls._common import layer_constants
 from convbench.isa import fit_tile
 
@@ -52,12 +52,6 @@ def tile_sizes(layer, params):
     t = transposed_layer(layer)
     return pixel_tile(t, params["PIX"], params["WB"]) + channel_vectors(
         t.out_channels, params["NB"], params["NV"])
-
-
-def registers(layer, params):
-    """Accumulator registers of one micro-tile on this CPU (for the tuner)."""
-    db, hb, wb, nb, nv = tile_sizes(layer, params)
-    return tile_registers(db * hb * wb, nv, nb)
 
 
 def algorithm(layer, dtype, params):
@@ -112,5 +106,5 @@ register(Implementation(
     supports=supports,
     constraints="stride 1, padding at most kernel - 1",
     anisotropic_pad=True,
-    registers=registers,
+    registers=registers_of(tile_sizes),
 ))

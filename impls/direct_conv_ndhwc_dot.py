@@ -30,7 +30,7 @@ from convbench.registry import Implementation, Param, register
 from impls._blocked import (channel_tiles_outer, cpu_schedule, generated_program, input_at,
                             kouter_param, largest_divisor, map_header, store_tile, pixel_tile,
                             reduction_nest, signature, tile_pixels, lanes_param,
-                            tile_registers)
+                            registers_of)
 from convbench.isa import fit_tile
 from impls._common import layer_constants
 
@@ -111,10 +111,8 @@ def check_params_dot(values):
     return None
 
 
-def registers(layer, params):
-    """Accumulator registers of one micro-tile on this CPU (for the tuner)."""
-    db, hb, wb, kt, cv = tile_sizes(layer, params)
-    return tile_registers(db * hb * wb, kt, cv)
+#: Accumulator registers of one micro-tile on this CPU (for the tuner).
+registers = registers_of(tile_sizes, width_first=False)
 
 
 register(Implementation(

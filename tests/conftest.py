@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 from cases import Case  # noqa: E402
 from convbench import devices  # noqa: E402
 from convbench.cache import BuildCache, fill  # noqa: E402
+from convbench.isa import widest_isa  # noqa: E402
 from convbench.verify import make_truth  # noqa: E402
 
 PYTHON = sys.executable
@@ -294,12 +295,6 @@ def _git_state():
             "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
 
 
-def _vector_isa():
-    """The widest vector extension the CPU reports (the kernels are compiled for it)."""
-    from convbench.isa import widest_isa
-    return widest_isa()
-
-
 def _metadata(session, coverage):
     import dace
     import torch
@@ -308,7 +303,7 @@ def _metadata(session, coverage):
             "minutes": (time.time() - coverage.started) / 60,
             "git": coverage.git,
             "device": devices.describe("gpu" if devices.gpu_usable() else "cpu"),
-            "cpu_vector_isa": _vector_isa(),
+            "cpu_vector_isa": widest_isa(),  # the kernels are compiled for it
             "host": platform.node(), "cores": os.cpu_count(),
             "versions": {"python": platform.python_version(), "dace": dace.__version__,
                          "torch": torch.__version__},
