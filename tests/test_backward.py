@@ -182,10 +182,16 @@ def test_channel_blocks_catch_an_overwritten_output(pass_, plant, builds, refere
     assert check.ok is (plant is None), check.summary()
 
 
+#: The same plants in a second configuration each (one configuration of each stays in the
+#: fast tier, with its control): full tier.
+_REPEATS = [pytest.param(*p, marks=pytest.mark.full) for p in (
+    (0, 0, "width_tap"), (0, 2, "drop_partial"), (0, 2, "width_tap"))]
+
+
 @pytest.mark.parametrize("form, rows, plant", [
-    (0, 0, None), (0, 0, "drop_partial"), (0, 0, "width_tap"), (1, 0, None), (1, 0, "width_tap"),
-    (0, 2, None), (0, 2, "drop_partial"), (0, 2, "width_tap"), (0, 2, "restart_rows"),
-    (1, 5, "width_tap"), (0, None, None), (0, None, "drop_batch"), (0, 2, "stale_partial")])
+    (0, 0, None), (0, 0, "drop_partial"), (1, 0, None), (1, 0, "width_tap"), (0, 2, None),
+    (0, 2, "restart_rows"), (0, 2, "stale_partial"), (1, 5, "width_tap"), (0, None, None),
+    (0, None, "drop_batch")] + _REPEATS)
 def test_blocked_bwd_filter_catches_planted_bugs(form, rows, plant, builds, reference):
     """``rows`` None: no slices (``SLICES=0``), the batch loops inside each tile."""
     from impls import direct_conv_ndhwc_blocked_bwd_filter as bf

@@ -16,6 +16,8 @@ BLOCKED = "directConvNDHWCblocked"
 LAYER = Layer("tt", 2, 3, 32, 6, 6, 8, 3, 3, 3, pad=1)
 SMALL_SET = ("layer,batch,in_channels,out_channels,in_d,in_h,in_w,k_d,k_h,k_w,stride,pad\n"
              "a,1,3,32,6,6,8,3,3,3,1,1\nb,1,16,16,4,4,4,3,3,3,1,1\n")
+#: Its first layer alone.
+ONE_LAYER = "\n".join(SMALL_SET.splitlines()[:2]) + "\n"
 
 
 @pytest.fixture
@@ -76,7 +78,7 @@ def test_tuning_off(monkeypatch):
 
 def test_cli_builds_with_the_tuned_entry(tuning_file, tmp_path, cachedir, capsys):
     csv = tmp_path / "one.csv"
-    csv.write_text(SMALL_SET.splitlines()[0] + "\n" + SMALL_SET.splitlines()[1] + "\n")
+    csv.write_text(ONE_LAYER)
     layer = load_layers(str(csv))[0]
     tuning.store("cpu", BLOCKED, layer, {"PIX": 4}, {"cpu": "test"})
     args = ["--implementation", BLOCKED, "--verify", "--device", "cpu", "--paramscsv", str(csv),
@@ -274,7 +276,7 @@ def test_bench_cpu_backward_passes(tmp_path, cachedir, capsys, tuning_file):
     from convbench import network
     from convbench.layouts import Pass
     csv = tmp_path / "small.csv"
-    csv.write_text(SMALL_SET)
+    csv.write_text(ONE_LAYER)
     out = tmp_path / "bench"
     data_impls = ("directConvNDHWCblockedBwdData", "directConvNDHWCdotBwdData")
     status = bench.main([
