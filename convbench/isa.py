@@ -73,6 +73,16 @@ def registers_per_vector(width: int, isa: str = "") -> int:
     return math.ceil(width / vector_floats(isa))
 
 
+def fit_pixels(pixels: int, vectors: int, isa: str = "") -> int:
+    """The largest of ``pixels``, ``pixels / 2``, ... (at least 1) for which a tile of that
+    many pixels x ``vectors`` one-register vectors stays within the budget: the default
+    pixels per tile of the register-blocked kernels, which keep two channel vectors per
+    broadcast (AVX-512: 8 x 2; AVX2: 4 x 2)."""
+    while pixels > 1 and pixels * vectors > accumulator_budget(isa):
+        pixels //= 2
+    return pixels
+
+
 def fit_tile(pixels: int, vectors: int, isa: str = "") -> int:
     """The largest of ``vectors``, ``vectors / 2``, ... (at least 1) for which a tile of
     ``pixels`` x that many one-register vectors stays within the budget: the default

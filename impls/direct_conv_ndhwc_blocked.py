@@ -44,7 +44,7 @@ from impls._blocked import (blocked_source, channel_tiles_outer, cpu_schedule,
                             generated_program, kouter_param, largest_divisor, pixel_tile,
                             channel_vectors, nv_param, channel_block, cblk_param,
                             lanes_param, registers_of)
-from convbench.isa import fit_tile
+from convbench.isa import fit_pixels
 from impls._common import layer_constants
 
 __all__ = ["largest_divisor", "tile_sizes"]
@@ -77,12 +77,13 @@ register(Implementation(
     pass_=Pass.FWD,
     algorithm=algorithm,
     schedules={"cpu": cpu_schedule},
-    params=(Param("PIX", 8, "output pixels per micro-tile: accumulator vectors (width "
-                             "first, then height and depth, by divisors of the output size)"),
+    params=(Param("PIX", fit_pixels(8, 2),
+                  "output pixels per micro-tile: accumulator vectors (width first, then "
+                  "height and depth, by divisors of the output size)"),
             Param("WB", 16, "at most this many of them along the width"),
             lanes_param("NB", "output channels per vector (the largest divisor of K up "
                               "to NB)"),
-            nv_param(fit_tile(8, 2)),
+            nv_param(2),
             kouter_param(),
             cblk_param()),
     anisotropic_pad=True,

@@ -26,7 +26,7 @@ from impls._blocked import (blocked_source, channel_tiles_outer, cpu_schedule,
                             channel_vectors, nv_param, channel_block, cblk_param,
                             lanes_param, registers_of)
 from impls._common import layer_constants
-from convbench.isa import fit_tile
+from convbench.isa import fit_pixels
 
 
 def transposed_layer(layer: Layer) -> Layer:
@@ -92,11 +92,11 @@ register(Implementation(
     pass_=Pass.BWD_DATA,
     algorithm=algorithm,
     schedules={"cpu": cpu_schedule},
-    params=(Param("PIX", 8, "input pixels per micro-tile: accumulator vectors"),
+    params=(Param("PIX", fit_pixels(8, 2), "input pixels per micro-tile: accumulator vectors"),
             Param("WB", 16, "at most this many of them along the width"),
             lanes_param("NB", "input channels per vector (the largest divisor of C up "
                               "to NB)"),
-            nv_param(fit_tile(8, 2)),
+            nv_param(2),
             Param("PACK", 2, "1: copy the filter into tile order first; 0: read its "
                              "channel vectors in place (no copy, strided filter stream); 2: "
                              "copy it when it is smaller than dL/dy",
