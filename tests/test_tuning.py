@@ -80,13 +80,13 @@ def test_cli_builds_with_the_tuned_entry(tuning_file, tmp_path, cachedir, capsys
     csv = tmp_path / "one.csv"
     csv.write_text(ONE_LAYER)
     layer = load_layers(str(csv))[0]
-    tuning.store("cpu", BLOCKED, layer, {"PIX": 4}, {"cpu": "test"})
+    tuning.store("cpu", BLOCKED, layer, {"PIX": 2}, {"cpu": "test"})  # no host's default
     args = ["--implementation", BLOCKED, "--verify", "--device", "cpu", "--paramscsv", str(csv),
             "--cachedir", str(cachedir)]
     assert cli.main(args) == 0
     out = capsys.readouterr().out
-    assert "params PIX=4," in out and "PASS" in out
-    assert cli.main(args + ["--param", "PIX=8"]) == 0
+    assert "params PIX=2," in out and "PASS" in out
+    assert cli.main(args + ["--param", "PIX=4"]) == 0
     assert "params PIX" not in capsys.readouterr().out  # --param wins: the defaults
 
 
@@ -127,7 +127,7 @@ def test_blocked_tiles_and_parallel_map():
     import dace
     from impls.direct_conv_ndhwc_blocked import largest_divisor, tile_sizes
     assert largest_divisor(12, 8) == 6 and largest_divisor(7, 16) == 7 and largest_divisor(17, 16) == 1
-    params = registry.get(BLOCKED).resolve_params({"NB": 16, "NV": 2})
+    params = registry.get(BLOCKED).resolve_params({"PIX": 8, "NB": 16, "NV": 2})
     layer = load_layers("cosmoflow_mlperf")[4].with_batch(2)  # 8^3 out, K = 512
     assert tile_sizes(layer, params) == (1, 1, 8, 16, 2)  # 8 pixels x 2 vectors
     assert tile_sizes(layer, dict(params, PIX=16, NV=1)) == (1, 2, 8, 16, 1)  # 16 x 1
@@ -328,13 +328,13 @@ def test_tune_cpu_stores_the_winner(tmp_path, cachedir, monkeypatch, capsys):
     csv.write_text(SMALL_SET)
     store = tmp_path / "tuned.json"
     monkeypatch.setenv("CONVBENCH_TUNING", str(store))
-    status = tune.main(["--paramscsv", str(csv), "--batch", "1", "--space", "PIX=4,8",
+    status = tune.main(["--paramscsv", str(csv), "--batch", "1", "--space", "PIX=2,4",
                         "--samples", "2", "--store", "--out", str(tmp_path / "t.json"),
                         "--cachedir", str(cachedir)])
     stdout, stderr = capsys.readouterr()
     assert status == 0, stdout[-3000:] + stderr[-3000:]
     entries = json.loads(store.read_text())["machines"][tuning.machine_id()]["entries"][BLOCKED]
-    assert len(entries) == 2 and all(e["PIX"] in (4, 8) for e in entries.values())
+    assert len(entries) == 2 and all(e["PIX"] in (2, 4) for e in entries.values())
     records = json.loads((tmp_path / "t.json").read_text())["records"]
     assert len(records) == 4 and all(r["ok"] for r in records)
     assert tune.main(["--space", "PIX=0", "--cachedir", str(cachedir)]) == 2
