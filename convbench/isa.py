@@ -86,7 +86,6 @@ def fit_pixels(pixels: int, vectors: int, isa: str = "") -> int:
 def fit_tile(pixels: int, vectors: int, isa: str = "") -> int:
     """The largest of ``vectors``, ``vectors / 2``, ... (at least 1) for which a tile of
     ``pixels`` x that many one-register vectors stays within the budget: the default
-    number of channel vectors per tile on this CPU."""
-    while vectors > 1 and pixels * vectors > accumulator_budget(isa):
-        vectors //= 2
-    return vectors
+    number of channel vectors per tile on this CPU (:func:`fit_pixels` with the roles
+    swapped)."""
+    return fit_pixels(vectors, pixels, isa)
