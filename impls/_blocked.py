@@ -3,6 +3,7 @@
 generated map headers and the OpenMP schedule."""
 
 import math
+import re
 
 import dace
 
@@ -190,6 +191,35 @@ def store_tile(indent, t, pixel_tile_shape, var, channels, value, vectors=1, add
     return lines
 
 
+def group_param():
+    from convbench.registry import Param
+    return Param("GROUP", 0, "pixels per vector loop: 0 all of the micro-tile's in one loop, "
+                             "else loops of GROUP pixels each, so that fewer broadcasts are "
+                             "live at a time", minimum=0)
+
+
+def vector_loops(indent, width, loads, groups, size=0):
+    """``for j in range(width)`` loops at ``indent`` minus one level, each with the
+    ``loads`` (``(name, value)``) that its statements use and the statements of ``size``
+    consecutive ``groups`` (0: all in one loop).
+    GCC's vectoriser puts every broadcast of a loop body at its top, so a micro-tile of
+    many broadcasts in one loop has them all live beside its accumulators, and on 16
+    vector registers some accumulators then live on the stack (every FMA a load-add-store
+    chain); loops of a few groups each keep only theirs live (the loads that repeat are
+    shared by the compiler).  The first line is the first loop's header."""
+    size = size or len(groups)
+    outer = indent[:-4]
+    lines = []
+    for start in range(0, len(groups), size):
+        body = [line for group in groups[start:start + size] for line in group]
+        used = [(name, value) for name, value in loads
+                if any(re.search(rf"\b{name}\b", line) for line in body)]
+        lines.append(f"{outer}for j in range({width}):")
+        lines += [f"{indent}{name} = {value}" for name, value in used]
+        lines += [f"{indent}{line}" for line in body]
+    return lines
+
+
 def generated_program(layer, source, function, tag):
     """The SDFG of the generated ``source`` (a program on the padded input), taking the
     unpadded input as the harness passes it."""
@@ -230,7 +260,7 @@ def cpu_schedule(sdfg, layer, params):
 
 
 def blocked_source(L, dtype_name, db, hb, wb, nb, k_outer, flip=False, nv=1, pack=True,
-                   cblk=0):
+                   cblk=0, group=0):
     """``directConvNDHWCblocked``'s program text (see its module) for layer constants
     ``L`` and a ``db x hb x wb`` x ``nv * nb`` tile: ``nv`` vectors of ``nb`` output
     channels per pixel.  ``flip``: ``w`` is the filter of the convolution that ``L``
@@ -241,7 +271,10 @@ def blocked_source(L, dtype_name, db, hb, wb, nb, k_outer, flip=False, nv=1, pac
     innermost one) the kernel reads them from ``w`` in place.  ``cblk`` (a divisor of
     ``C`` below it): the reduction over input channels runs in blocks of ``cblk``, one
     parallel tile map per block, each adding its tile to ``y`` (zeroed first), so that a
-    thread's filter block of ``cblk`` channels stays in cache across its pixel tiles."""
+    thread's filter block of ``cblk`` channels stays in cache across its pixel tiles.
+    ``group`` (0: all): pixels per vector loop; the tile's statements are cut into vector
+    loops of ``group`` pixels each, so that only their broadcasts are live at a time (see
+    :func:`vector_loops`)."""
     cw, S = nb * nv, L.S
     kblk = L.K // cw
     pixels = db * hb * wb
@@ -273,12 +306,11 @@ def blocked_source(L, dtype_name, db, hb, wb, nb, k_outer, flip=False, nv=1, pac
     channel = f"cc * {cblk} + c" if blocks > 1 else "c"
     nest, ind, depth, t = reduction_nest(L, kblk, tile, k_outer, pixels * nv, nb,
                                          ("c", L.C // blocks))
-    for v in range(nv):
-        nest.append(f"{depth}wv{v} = {filter_at(t['kb'], f'{v * nb} + j' if v else 'j', channel)}")
-    for p, offset in enumerate(tile_pixels(tile)):
-        xv = input_at(t, tile, offset, S, channel)
-        for v in range(nv):
-            nest.append(f"{depth}acc[{p * nv + v}, j] += {xv} * wv{v}")
+    loads = [(f"wv{v}", filter_at(t['kb'], f'{v * nb} + j' if v else 'j', channel))
+             for v in range(nv)]
+    statements = [[f"acc[{p * nv + v}, j] += {input_at(t, tile, offset, S, channel)} * wv{v}"
+                   for v in range(nv)] for p, offset in enumerate(tile_pixels(tile))]
+    nest += vector_loops(depth, nb, loads, statements, group)[1:]
     nest += store_tile(ind, t, tile, "j1", nb, lambda p, v=0: f"acc[{p * nv + v}, j1]", nv,
                        add=blocks > 1)
     if blocks > 1:

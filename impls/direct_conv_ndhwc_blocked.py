@@ -42,7 +42,7 @@ from convbench.registry import Layout, Pass
 from convbench.registry import Implementation, Param, register
 from impls._blocked import (blocked_source, channel_tiles_outer, cpu_schedule,
                             generated_program, kouter_param, largest_divisor, pixel_tile,
-                            channel_vectors, nv_param, channel_block, cblk_param,
+                            channel_vectors, nv_param, channel_block, cblk_param, group_param,
                             lanes_param, registers_of)
 from convbench.isa import fit_pixels
 from impls._common import layer_constants
@@ -64,8 +64,9 @@ def algorithm(layer, dtype, params):
     k_outer = channel_tiles_outer(layer, params["KOUTER"])
     cblk = channel_block(layer.in_channels, params["CBLK"])
     return generated_program(layer, blocked_source(L, dtype.name, db, hb, wb, nb, k_outer, nv=nv,
-                                                   cblk=cblk),
-                             "direct_blocked", f"{db}x{hb}x{wb}x{nb}x{nv}_{int(k_outer)}_{cblk}")
+                                                   cblk=cblk, group=params["GROUP"]),
+                             "direct_blocked",
+                             f"{db}x{hb}x{wb}x{nb}x{nv}_{int(k_outer)}_{cblk}_{params['GROUP']}")
 
 
 register(Implementation(
@@ -85,7 +86,8 @@ register(Implementation(
                               "to NB)"),
             nv_param(2),
             kouter_param(),
-            cblk_param()),
+            cblk_param(),
+            group_param()),
     anisotropic_pad=True,
     registers=registers_of(tile_sizes),
 ))

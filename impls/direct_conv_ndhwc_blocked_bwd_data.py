@@ -23,7 +23,7 @@ import math
 from convbench.registry import Implementation, Layer, Layout, Pass, Param, register
 from impls._blocked import (blocked_source, channel_tiles_outer, cpu_schedule,
                             generated_program, kouter_param, largest_divisor, pixel_tile,
-                            channel_vectors, nv_param, channel_block, cblk_param,
+                            channel_vectors, nv_param, channel_block, cblk_param, group_param,
                             lanes_param, registers_of)
 from impls._common import layer_constants
 from convbench.isa import fit_pixels
@@ -62,9 +62,10 @@ def algorithm(layer, dtype, params):
     pack = packed(layer, params["PACK"])
     cblk = channel_block(t.in_channels, params["CBLK"])
     sdfg = generated_program(t, blocked_source(L, dtype.name, db, hb, wb, nb, k_outer, flip=True,
-                                               nv=nv, pack=pack, cblk=cblk),
-                             "direct_blocked",
-                             f"bwdd_{db}x{hb}x{wb}x{nb}x{nv}_{int(k_outer)}_{int(pack)}_{cblk}")
+                                               nv=nv, pack=pack, cblk=cblk,
+                                               group=params["GROUP"]),
+                             "direct_blocked", f"bwdd_{db}x{hb}x{wb}x{nb}x{nv}_{int(k_outer)}_"
+                             f"{int(pack)}_{cblk}_{params['GROUP']}")
     return swap_roles(sdfg)
 
 
@@ -102,7 +103,8 @@ register(Implementation(
                              "copy it when it is smaller than dL/dy",
                   minimum=0, check=lambda v: None if v in (0, 1, 2) else "must be 0, 1 or 2"),
             kouter_param(),
-            cblk_param()),
+            cblk_param(),
+            group_param()),
     supports=supports,
     constraints="stride 1, padding at most kernel - 1",
     anisotropic_pad=True,

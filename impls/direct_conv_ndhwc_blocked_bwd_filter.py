@@ -15,7 +15,13 @@ does with thread-private buffers).  Within a slice, a micro-tile is
                                                # TW*CB statements, written out
 
 so each ``dy`` vector is loaded once per ``TW * CB`` FMAs into fixed accumulators (the
-compiler keeps them in registers).  With ``NV`` vectors of output channels per tile
+compiler keeps them in registers).  With ``SPLIT`` = 1 the statements of each width tap
+get a vector loop of their own (``for j`` once per tap inside the pixel loop): GCC's
+vectoriser materialises every broadcast of a vector loop at the top of its body, so with
+one loop per pixel all ``TW * CB`` broadcasts are live at once beside the accumulators
+(a 3 x 2 x 2 tile on AVX2: 12 accumulators, 2 ``dy`` vectors and 6 broadcasts for 16
+registers, so GCC kept 4 accumulators on the stack, each FMA a load-add-store chain);
+split per tap only ``CB`` of them are (the ``dy`` loads are shared between the loops).  With ``NV`` vectors of output channels per tile
 (``dv0 .. dv{NV-1}``) each ``x`` value also feeds ``NV`` FMAs; past about 24
 accumulators GCC spills some of them to the stack, so ``TW * CB * NV`` stays small.  ``TW`` is the kernel width when ``TAPW`` = 1 (the
 width taps share the ``dy`` load: what keeps a one-channel first layer busy), else 1.
@@ -33,7 +39,7 @@ from collections import namedtuple
 
 from convbench.registry import Implementation, Layout, Pass, Param, register
 from impls._blocked import (channel_vectors, cpu_schedule, largest_divisor, map_header,
-                            nv_param, signature, lanes_param, tile_registers)
+                            nv_param, signature, lanes_param, tile_registers, vector_loops)
 from impls._common import layer_constants, pad_input, program_from_source
 
 
@@ -58,14 +64,15 @@ def tile_sizes(layer, params):
     cb = largest_divisor(bcast, params["CB"])
     nb, nv = channel_vectors(vec, params["NB"], params["NV"])
     inner = bool(params["TAPS"])
+    split = bool(params["SPLIT"]) and tw > 1
     if params["SLICES"] == 0:  # no slices: each tile reduces over every pixel into w
-        return 0, tw, cb, nb, nv, inner, form, 0, False
+        return 0, tw, cb, nb, nv, inner, form, 0, False, split
     per_slice = 4 * layer.batch * layer.out_channels * layer.in_channels * layer.k_d \
         * layer.k_h * layer.k_w
     slices = max(1, min(params["SLICES"], PARTIAL_BYTES // per_slice))
     rows = largest_divisor(layer.out_h, params["ROWS"]) if params["ROWS"] else 0
     return (largest_divisor(layer.out_d, slices), tw, cb, nb, nv, inner, form, rows,
-            bool(params["KFIRST"]))
+            bool(params["KFIRST"]), split)
 
 
 #: One accumulator of a micro-tile: its index in ``acc``; its filter element (output
@@ -82,7 +89,8 @@ def _zero(indent, array, prefix, dims):
                     f"{', '.join(name for name, _ in dims)}] = 0"]
 
 
-def _source(L, dtype_name, chunks, tw, cb, nb, nv, inner, form=0, rows=0, kfirst=False):
+def _source(L, dtype_name, chunks, tw, cb, nb, nv, inner, form=0, rows=0, kfirst=False,
+            split=False):
     """The program's text.  ``form`` 0: ``nv`` vectors of ``nb`` output channels (from
     dL/dy) times ``cb`` broadcast input channels; 1: ``nv`` vectors of ``nb`` input
     channels (from x) times ``cb`` broadcast output channels.  ``rows`` 0: each tile
@@ -190,10 +198,11 @@ def _source(L, dtype_name, chunks, tw, cb, nb, nv, inner, form=0, rows=0, kfirst
             lines += [f"{deep}    for kd in range({L.KD}):", f"{deep}        for kh in range({L.KH}):"]
             deep += "        "
     deep += "    "
-    lines += [f"{deep}for ow in range({L.OW}):", f"{deep}    for j in range({nb}):"]
-    deep += "        "
-    lines += [f"{deep}{name} = {value}" for name, value in loads]
-    lines += [f"{deep}acc[{s.acc}, j] += {s.scalar} * {s.vector}" for s in slots]
+    lines.append(f"{deep}for ow in range({L.OW}):")
+    per_tap = len(slots) // tw  # slots are in width-tap order
+    taps = [[f"acc[{s.acc}, j] += {s.scalar} * {s.vector}"
+             for s in slots[a * per_tap:(a + 1) * per_tap]] for a in range(tw)]
+    lines += vector_loops(deep + "        ", nb, loads, taps, 1 if split else 0)
     if rows:
         lines.append(f"{body}for j1 in range({nb}):")
         lines += [f"{body}    part[{t['b']}, {t['dc']}, {s.at.replace('@', 'j1')}] = "
@@ -286,6 +295,10 @@ register(Implementation(
                   minimum=0),
             Param("KFIRST", 0, "1 (with ROWS): the vector-channel blocks loop outside the "
                                "row blocks, so that a large partial is swept in shares",
+                  minimum=0, check=lambda v: None if v in (0, 1) else "must be 0 or 1"),
+            Param("SPLIT", 1, "1: one vector loop per width tap in each output pixel, "
+                              "so that only that tap's broadcasts are live at a time; 0: one "
+                              "loop for the whole micro-tile",
                   minimum=0, check=lambda v: None if v in (0, 1) else "must be 0 or 1"),
             Param("FORM", 0, "0: vectors over the output channels (dL/dy), broadcasts of "
                              "x; 1: vectors over the input channels (x), broadcasts of "

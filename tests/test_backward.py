@@ -4,6 +4,7 @@ kernels an unflipped filter, a dropped partial and a shifted width tap are caugh
 
 import importlib.util
 import inspect
+import re
 import sys
 
 import pytest
@@ -152,6 +153,33 @@ def test_blocked_bwd_data_catches_an_unflipped_filter(pack, plant, builds, refer
     assert check.ok is (plant is None), check.summary()
 
 
+@pytest.mark.parametrize("plant", [None, "stale_filter"])
+def test_pixel_groups_catch_a_stale_filter_vector(plant, builds, reference):
+    """With the micro-tile's pixels in several vector loops (``GROUP``), each loop loads
+    the filter vectors again; a planted loop that reuses the previous loop's (the last
+    lane's value, in the program's semantics) must be caught."""
+    from impls import direct_conv_ndhwc_blocked as fw
+    from impls._blocked import blocked_source, channel_tiles_outer
+    from impls._common import layer_constants
+    layer = Layer("groups", 2, 5, 16, 5, 6, 7, 3, 3, 3, pad=1)
+    params = dict(registry.get("directConvNDHWCblocked").resolve_params(), PIX=7, NB=8,
+                  NV=2, GROUP=3)
+    db, hb, wb, nb, nv = fw.tile_sizes(layer, params)
+    assert (db * hb * wb, nv) == (7, 2)
+    source = blocked_source(layer_constants(layer, "NDHWC"), "float32", db, hb, wb, nb,
+                            channel_tiles_outer(layer, 2), nv=nv, group=3)
+    lines = source.splitlines()
+    loops = [n for n, line in enumerate(lines) if line.strip() == "for j in range(8):"]
+    assert len(loops) == 3  # 3 + 3 + 1 pixels
+    if plant:  # the second loop keeps the first loop's filter vectors
+        assert lines[loops[1] + 1].strip().startswith("wv0 = ")
+        del lines[loops[1] + 1:loops[1] + 3]
+        source = "\n".join(lines) + "\n"
+    check = _verify_source(f"grp_{plant}", "direct_blocked", source, layer, Pass.FWD, layer,
+                           builds, reference)
+    assert check.ok is (plant is None), check.summary()
+
+
 @pytest.mark.parametrize("pass_", [Pass.FWD, Pass.BWD_DATA])
 @pytest.mark.parametrize("plant", [None, "overwrite"])
 def test_channel_blocks_catch_an_overwritten_output(pass_, plant, builds, reference):
@@ -185,19 +213,23 @@ def test_channel_blocks_catch_an_overwritten_output(pass_, plant, builds, refere
 #: The same plants in a second configuration each (one configuration of each stays in the
 #: fast tier, with its control): full tier.
 _REPEATS = [pytest.param(*p, marks=pytest.mark.full) for p in (
-    (0, 0, "width_tap"), (0, 2, "drop_partial"), (0, 2, "width_tap"))]
+    (0, 0, "width_tap", 0), (0, 2, "drop_partial", 0), (0, 2, "width_tap", 0),
+    (1, 0, "width_tap", 1))]
 
 
-@pytest.mark.parametrize("form, rows, plant", [
-    (0, 0, None), (0, 0, "drop_partial"), (1, 0, None), (1, 0, "width_tap"), (0, 2, None),
-    (0, 2, "restart_rows"), (0, 2, "stale_partial"), (1, 5, "width_tap"), (0, None, None),
-    (0, None, "drop_batch")] + _REPEATS)
-def test_blocked_bwd_filter_catches_planted_bugs(form, rows, plant, builds, reference):
-    """``rows`` None: no slices (``SLICES=0``), the batch loops inside each tile."""
+@pytest.mark.parametrize("form, rows, plant, split", [
+    (0, 0, None, 0), (0, 0, "drop_partial", 0), (1, 0, None, 0), (1, 0, "width_tap", 0),
+    (0, 2, None, 0), (0, 2, "restart_rows", 0), (0, 2, "stale_partial", 0),
+    (1, 5, "width_tap", 0), (0, None, None, 0), (0, None, "drop_batch", 0),
+    (0, 2, None, 1), (0, 2, "width_tap", 1), (0, 0, "last_tap", 1)] + _REPEATS)
+def test_blocked_bwd_filter_catches_planted_bugs(form, rows, plant, split, builds, reference):
+    """``rows`` None: no slices (``SLICES=0``), the batch loops inside each tile.
+    ``split``: one vector loop per width tap (``SPLIT=1``)."""
     from impls import direct_conv_ndhwc_blocked_bwd_filter as bf
     from impls._common import layer_constants
     params = dict(registry.get("directConvNDHWCblockedBwdFilter").resolve_params(),
-                  SLICES=2 if rows is not None else 0, FORM=form, ROWS=rows or 0)
+                  SLICES=2 if rows is not None else 0, FORM=form, ROWS=rows or 0,
+                  SPLIT=split)
     layer = BLOCKED_LAYER  # output depth 6: 2 chunks of 3 planes
     source = bf._source(layer_constants(layer, "NDHWC"), "float32",
                         *bf.tile_sizes(layer, params))
@@ -211,6 +243,13 @@ def test_blocked_bwd_filter_catches_planted_bugs(form, rows, plant, builds, refe
                  if ("acc[0, 3, j] +=" if form == 0 else "xv1_0 = x[") in line)
         assert lines[i].count("3 + 1, ") == 1
         lines[i] = lines[i].replace("3 + 1, ", "3 + 0, ")
+        source = "\n".join(lines) + "\n"
+    elif plant == "last_tap":  # the last width tap's vector loop runs no lane
+        loops = [n for n, line in enumerate(source.splitlines())
+                 if re.fullmatch(r"for j in range\(\d+\):", line.strip())]
+        assert len(loops) == 3, loops  # one per width tap
+        lines = source.splitlines()
+        lines[loops[-1]] = re.sub(r"range\(\d+\)", "range(0)", lines[loops[-1]])
         source = "\n".join(lines) + "\n"
     elif plant == "drop_batch":  # the second batch element is never reduced
         assert source.count("for b in range(2):") == 1
@@ -226,7 +265,7 @@ def test_blocked_bwd_filter_catches_planted_bugs(form, rows, plant, builds, refe
         assert loads
         for line in loads:
             source = source.replace(line, line.split("] = part[")[0] + "] = 0")
-    check = _verify_source(f"bf_{form}_{rows}_{plant}", "bwd_filter_blocked", source, layer,
+    check = _verify_source(f"bf_{form}_{rows}_{plant}_{split}", "bwd_filter_blocked", source, layer,
                            Pass.BWD_FILTER, layer, builds, reference)
     assert check.ok is (plant is None), check.summary()
 

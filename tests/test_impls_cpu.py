@@ -102,7 +102,8 @@ def test_split_k_tail_bug_is_caught(monkeypatch, builds, reference):
 
 
 #: Micro-tiles of several channel vectors (NV > 1), both filter reads of the
-#: backward-data kernel and both forms of the backward-filter one: odd pixel counts,
+#: backward-data kernel and both forms (and the single vector loop) of the backward-filter
+#: one: odd pixel counts,
 #: padding, and vectors of 4 or 8 lanes.
 MULTI_VECTOR = [
     Case("directConvNDHWCblocked", Layer("mv", 1, 3, 32, 5, 6, 7, 3, 3, 3, pad=1), "odd",
@@ -122,6 +123,13 @@ MULTI_VECTOR = [
          "odd", params=(("FORM", 1), ("CB", 3), ("NB", 4), ("NV", 2), ("ROWS", 7))),
     Case("directConvNDHWCblockedBwdFilter", Layer("noslice", 2, 5, 16, 6, 7, 5, 3, 3, 3, pad=1),
          "odd", params=(("NB", 8), ("NV", 2), ("CB", 3), ("SLICES", 0))),
+    # Vector loops of GROUP pixels (data gradient: 3 pixels in loops of 2 and 1)
+    Case("directConvNDHWCblockedBwdData", Layer("grp", 2, 16, 5, 5, 6, 6, 3, 3, 3, pad=1),
+         "odd", params=(("PIX", 5), ("NB", 8), ("NV", 2), ("PACK", 0), ("GROUP", 2))),
+    # One vector loop for the whole micro-tile (SPLIT 0; the default is one per width tap)
+    Case("directConvNDHWCblockedBwdFilter", Layer("split", 2, 6, 16, 6, 7, 5, 3, 3, 3, pad=1),
+         "odd", params=(("NB", 4), ("NV", 2), ("CB", 2), ("SPLIT", 0), ("SLICES", 2),
+                        ("ROWS", 3))),
     Case("directConvNDHWCblocked", Layer("cblk", 2, 12, 32, 5, 6, 7, 3, 3, 3, pad=1), "odd",
          params=(("PIX", 6), ("NB", 8), ("NV", 2), ("CBLK", 5))),
     Case("directConvNDHWCblockedBwdData", Layer("cblk", 2, 16, 12, 5, 6, 7, 3, 3, 3, pad=1),
