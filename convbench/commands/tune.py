@@ -22,7 +22,7 @@ ELSEWHERE = "elsewhere"
 #: The search space per implementation (``--space`` replaces it).
 DEFAULT_SPACES = {"directConvNDHWCblocked": "PIX=2,4,8,16;NV=1,2,4,8;KOUTER=0,1",
                   "directConvNDHWCdot": "PIX=2,4,6;KT=4,8;KOUTER=0,1",
-                  "directConvNDHWCblockedBwdData": "PIX=2,3,4,6,8,16;NV=1,2,4,8;PACK=0,1;GROUP=2",
+                  "directConvNDHWCblockedBwdData": "PIX=2,3,4,6,8,16;NV=1,2,4,8;PACK=0,1;GROUP=2;KOUTER=0,1",
                   "directConvNDHWCdotBwdData": "PIX=4,6;KT=1,4",
                   "directConvNDHWCblockedBwdFilter": "SLICES=0,8;CB=2,8;NV=1,2;ROWS=0,4,8;SPLIT=0,1"}
 
