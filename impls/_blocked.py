@@ -15,10 +15,13 @@ def largest_divisor(n: int, limit: int) -> int:
     return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)
 
 
-def pixel_tile(layer, pix: int, wmax: int):
+def pixel_tile(layer, pix: int, wmax: int, ragged: bool = False):
     """``(db, hb, wb)``: a micro-tile of up to ``pix`` output pixels, width first (at most
-    ``wmax`` along it), then height, then depth, each a divisor of the output size."""
-    wb = largest_divisor(layer.out_w, min(wmax, pix))
+    ``wmax`` along it), then height, then depth, each a divisor of the output size;
+    ``ragged``: ``wb`` is ``min(pix, wmax, output width)`` whether it divides the width or
+    not (the last width tile is then shorter, see :func:`width_cases`)."""
+    wb = (min(layer.out_w, wmax, pix) if ragged
+          else largest_divisor(layer.out_w, min(wmax, pix)))
     hb = largest_divisor(layer.out_h, max(1, pix // wb))
     db = largest_divisor(layer.out_d, max(1, pix // (wb * hb)))
     return db, hb, wb
@@ -110,9 +113,10 @@ def map_header(dims, indent):
 def tile_loop(L, k_blocks, pixel_tile_shape, k_outer):
     """The header of the parallel tile map (batch, output-depth/height/width tiles and
     channel tiles, in ``k_outer`` order), the indentation of its body, and the index
-    text of each tile dimension (``b odb ohb owb kb``)."""
+    text of each tile dimension (``b odb ohb owb kb``).  The last width tile may be
+    shorter than ``wb`` (``ceil(OW / wb)`` width tiles)."""
     db, hb, wb = pixel_tile_shape
-    tiles = [("b", L.N), ("odb", L.OD // db), ("ohb", L.OH // hb), ("owb", L.OW // wb)]
+    tiles = [("b", L.N), ("odb", L.OD // db), ("ohb", L.OH // hb), ("owb", -(-L.OW // wb))]
     # Channel tiles outermost when the filter is the larger operand: each thread then
     # sweeps all pixels with one filter block in cache.
     order = [("kb", k_blocks)] + tiles if k_outer else tiles + [("kb", k_blocks)]
@@ -173,14 +177,18 @@ def input_at(t, pixel_tile_shape, offset, S, channel):
             f"{channel}]")
 
 
-def store_tile(indent, t, pixel_tile_shape, var, channels, value, vectors=1, add=False):
+def store_tile(indent, t, pixel_tile_shape, var, channels, value, vectors=1, add=False,
+               width=None):
     """The loop ``var < channels`` that writes the tile's outputs: pixel ``p`` (in
     accumulator order), channel ``kb * channels * vectors + v * channels + var`` for each
     of the ``vectors`` channel vectors ``v``, gets the text ``value(p)`` (``vectors`` = 1)
-    or ``value(p, v)`` (``add``: plus what it holds)."""
+    or ``value(p, v)`` (``add``: plus what it holds).  ``width``: only the tile's first
+    ``width`` pixels along the width (a shorter last width tile)."""
     db, hb, wb = pixel_tile_shape
     lines = [f"{indent}for {var} in range({channels}):"]
     for p, (di, hi, wi) in enumerate(tile_pixels(pixel_tile_shape)):
+        if width is not None and wi >= width:
+            continue
         for v in range(vectors):
             channel = (f"{t['kb']} * {channels * vectors} + {v * channels} + {var}" if vectors > 1
                        else f"{t['kb']} * {channels} + {var}")
@@ -189,6 +197,16 @@ def store_tile(indent, t, pixel_tile_shape, var, channels, value, vectors=1, add
             lines.append(f"{indent}    {out} = {out + ' + ' if add else ''}"
                          f"{value(p, v) if vectors > 1 else value(p)}")
     return lines
+
+
+def edge_param(default=1):
+    from convbench.registry import Param
+    return Param("EDGE", default, "width tiles: 1 the first and last of them run only the "
+                                  "taps that read the input, pixel by pixel; 2 that, and tiles "
+                                  "of exactly min(PIX, WB, width) pixels (the last one "
+                                  "shorter) instead of a divisor of the width; 0 every tile "
+                                  "runs the taps of all its pixels", minimum=0,
+                 check=lambda v: None if v in (0, 1, 2) else "must be 0, 1 or 2")
 
 
 def group_param():
@@ -259,8 +277,48 @@ def cpu_schedule(sdfg, layer, params):
     persistent_buffers(sdfg)
 
 
+def width_cases(L, pixel_tile_shape, owb):
+    """The bodies of the micro-tile along the width: ``(condition, taps, width)`` each,
+    ``condition`` the ``if``/``elif``/``else`` text on the width tile index ``owb`` (None:
+    one body for all tiles), ``width`` the tile's pixels along the width (None: ``wb``).
+    ``taps`` None: the width taps run as a loop bounded per tile (:func:`tap_loops`);
+    else ``[(kw, columns)]``, the taps written out, each for the tile columns whose input
+    it reads (not the zero border), for a tile whose index is known.
+
+    The first and the last width tile get bodies of their own when the width is padded
+    (a tap that reads the border for one of the tile's pixels then costs nothing for the
+    others: in the transposed convolution of the backward data pass, the border is
+    ``k - 1`` wide, and whole-row tiles would otherwise spend a quarter of their FMAs on
+    zeros at CosmoFlow's 8^3) or when ``wb`` does not divide the width (the last tile is
+    then shorter).  Every other layer keeps the single body."""
+    wb = pixel_tile_shape[2]
+    tiles = -(-L.OW // wb)
+    last = L.OW - (tiles - 1) * wb
+
+    def taps(tile, width):
+        o0 = tile * wb
+        used = [(kw, [wi for wi in range(width) if 0 <= (o0 + wi) * L.S + kw - L.PW < L.W])
+                for kw in range(L.KW)]
+        return [(kw, columns) for kw, columns in used if columns]
+
+    if tiles == 1:
+        return [(None, taps(0, last) if L.PW or last != wb else None, None)]
+    if not L.PW and last == wb:
+        return [(None, None, None)]
+    cases = []
+    if L.PW:
+        cases.append((f"if {owb} == 0", taps(0, wb), None))
+    keyword = "elif" if cases else "if"
+    if tiles > 2 or not cases:
+        cases.append((f"{keyword} {owb} == {tiles - 1}", taps(tiles - 1, last), last))
+        cases.append(("else", None, None))
+    else:
+        cases.append(("else", taps(tiles - 1, last), last))
+    return cases
+
+
 def blocked_source(L, dtype_name, db, hb, wb, nb, k_outer, flip=False, nv=1, pack=True,
-                   cblk=0, group=0):
+                   cblk=0, group=0, edge=False):
     """``directConvNDHWCblocked``'s program text (see its module) for layer constants
     ``L`` and a ``db x hb x wb`` x ``nv * nb`` tile: ``nv`` vectors of ``nb`` output
     channels per pixel.  ``flip``: ``w`` is the filter of the convolution that ``L``
@@ -274,7 +332,8 @@ def blocked_source(L, dtype_name, db, hb, wb, nb, k_outer, flip=False, nv=1, pac
     thread's filter block of ``cblk`` channels stays in cache across its pixel tiles.
     ``group`` (0: all): pixels per vector loop; the tile's statements are cut into vector
     loops of ``group`` pixels each, so that only their broadcasts are live at a time (see
-    :func:`vector_loops`)."""
+    :func:`vector_loops`).  ``edge``: the first and last width tiles run exactly their
+    pixels' taps and ``wb`` need not divide the width (see :func:`width_cases`)."""
     cw, S = nb * nv, L.S
     kblk = L.K // cw
     pixels = db * hb * wb
@@ -304,15 +363,39 @@ def blocked_source(L, dtype_name, db, hb, wb, nb, k_outer, flip=False, nv=1, pac
     tile = (db, hb, wb)
     blocks = L.C // cblk if cblk else 1
     channel = f"cc * {cblk} + c" if blocks > 1 else "c"
-    nest, ind, depth, t = reduction_nest(L, kblk, tile, k_outer, pixels * nv, nb,
-                                         ("c", L.C // blocks))
+    header, ind, t = tile_loop(L, kblk, tile, k_outer)
+    nest = header + [f"{ind}acc = dace.define_local([{pixels * nv}, {nb}], dt)",
+                     f"{ind}for i0 in range({pixels * nv}):",
+                     f"{ind}    for j0 in range({nb}):",
+                     f"{ind}        acc[i0, j0] = 0"]
     loads = [(f"wv{v}", filter_at(t['kb'], f'{v * nb} + j' if v else 'j', channel))
              for v in range(nv)]
     statements = [[f"acc[{p * nv + v}, j] += {input_at(t, tile, offset, S, channel)} * wv{v}"
                    for v in range(nv)] for p, offset in enumerate(tile_pixels(tile))]
-    nest += vector_loops(depth, nb, loads, statements, group)[1:]
-    nest += store_tile(ind, t, tile, "j1", nb, lambda p, v=0: f"acc[{p * nv + v}, j1]", nv,
-                       add=blocks > 1)
+    offsets = tile_pixels(tile)
+    cases = width_cases(L, tile, t["owb"]) if edge else [(None, None, None)]
+    for condition, taps_w, width in cases:
+        body = ind if condition is None else ind + "    "
+        if condition is not None:
+            nest.append(f"{ind}{condition}:")
+        taps, depth = tap_loops(L, tile, t, body)
+        if taps_w is None:  # every pixel, the width taps bounded per tile
+            nest += taps + [f"{depth}for c in range({L.C // blocks}):"]
+            nest += vector_loops(depth + "        ", nb, loads, statements, group)
+        else:  # the width taps unrolled, each with the pixels it reads the input for
+            nest += taps[:2]
+            depth = body + "        "
+            for kw, columns in taps_w:
+                def fixed(text, kw=kw):
+                    return re.sub(r"\bkw\b", str(kw), text)
+                groups = [[fixed(line) for line in statements[p]]
+                          for p, offset in enumerate(offsets) if offset[2] in columns]
+                nest.append(f"{depth}for c in range({L.C // blocks}):")
+                nest += vector_loops(depth + "        ", nb,
+                                     [(name, fixed(value)) for name, value in loads], groups,
+                                     group)
+        nest += store_tile(body, t, tile, "j1", nb, lambda p, v=0: f"acc[{p * nv + v}, j1]",
+                           nv, add=blocks > 1, width=width)
     if blocks > 1:
         zero, z = map_header([("zb", L.N), ("zd", L.OD), ("zh", L.OH), ("zw", L.OW),
                               ("zk", L.K)], "    ")

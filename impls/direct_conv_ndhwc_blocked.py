@@ -43,6 +43,7 @@ from convbench.registry import Implementation, Param, register
 from impls._blocked import (blocked_source, channel_tiles_outer, cpu_schedule,
                             generated_program, kouter_param, largest_divisor, pixel_tile,
                             channel_vectors, nv_param, channel_block, cblk_param, group_param,
+                            edge_param,
                             lanes_param, registers_of)
 from convbench.isa import fit_pixels
 from impls._common import layer_constants
@@ -54,7 +55,7 @@ def tile_sizes(layer, params):
     """``(db, hb, wb, nb)``: a micro-tile of ``db x hb x wb`` output pixels (width first,
     then height, then depth, up to ``PIX`` pixels: one accumulator vector each) times
     ``nb`` output channels."""
-    return pixel_tile(layer, params["PIX"], params["WB"]) + channel_vectors(
+    return pixel_tile(layer, params["PIX"], params["WB"], params["EDGE"] == 2) + channel_vectors(
         layer.out_channels, params["NB"], params["NV"])
 
 
@@ -64,9 +65,11 @@ def algorithm(layer, dtype, params):
     k_outer = channel_tiles_outer(layer, params["KOUTER"])
     cblk = channel_block(layer.in_channels, params["CBLK"])
     return generated_program(layer, blocked_source(L, dtype.name, db, hb, wb, nb, k_outer, nv=nv,
-                                                   cblk=cblk, group=params["GROUP"]),
+                                                   cblk=cblk, group=params["GROUP"],
+                                                   edge=params["EDGE"] > 0),
                              "direct_blocked",
-                             f"{db}x{hb}x{wb}x{nb}x{nv}_{int(k_outer)}_{cblk}_{params['GROUP']}")
+                             f"{db}x{hb}x{wb}x{nb}x{nv}_{int(k_outer)}_{cblk}_{params['GROUP']}"
+                             f"_{params['EDGE']}")
 
 
 register(Implementation(
@@ -87,7 +90,8 @@ register(Implementation(
             nv_param(2),
             kouter_param(),
             cblk_param(),
-            group_param()),
+            group_param(),
+            edge_param()),
     anisotropic_pad=True,
     registers=registers_of(tile_sizes),
 ))

@@ -245,6 +245,88 @@ def test_a_skipped_border_tap_is_caught(name, monkeypatch, builds, reference):
     assert not check.ok, "a dropped border tap went unnoticed"
 
 
+BLOCKED_BWD_DATA = "directConvNDHWCblockedBwdData"
+
+#: Width tiles with bodies of their own (EDGE): the first and last tiles' taps written
+#: out per pixel, ragged last tiles (EDGE 2), a single tile that is both, and the old
+#: path (EDGE 0); forward (strided, padded, unpadded) and data gradient (whose transposed
+#: convolution pads by k - 1).
+EDGE = [Case(name, layer, "edge", params=params_of(params)) for name, layer, params in (
+    (BLOCKED, Layer("edge_s2", 1, 16, 8, 7, 6, 9, 3, 3, 3, stride=2, pad=2),
+     {"PIX": 4, "EDGE": 2}),
+    (BLOCKED, Layer("edge_s2", 1, 16, 8, 7, 6, 9, 3, 3, 3, stride=2, pad=2),
+     {"PIX": 8, "WB": 2, "EDGE": 0}),
+    (BLOCKED, Layer("edge_p0", 1, 8, 16, 4, 5, 11, 3, 3, 3), {"PIX": 4, "NB": 8, "EDGE": 2}),
+    (BLOCKED, Layer("edge_aniso", 1, 8, 16, 4, 5, 10, 3, 3, 3, pad=1, pad_w=2),
+     {"PIX": 3, "NB": 8, "GROUP": 2, "EDGE": 2}),
+    (BLOCKED_BWD_DATA, Layer("edge_bd", 2, 16, 8, 5, 6, 7, 3, 3, 3),
+     {"PIX": 4, "NB": 4, "NV": 2, "EDGE": 2, "PACK": 0}),
+    (BLOCKED_BWD_DATA, Layer("edge_bd", 2, 16, 8, 5, 6, 7, 3, 3, 3),
+     {"PIX": 12, "NB": 8, "NV": 1, "EDGE": 1, "PACK": 1, "CBLK": 8}),
+    (BLOCKED_BWD_DATA, Layer("edge_bd1", 2, 16, 8, 5, 6, 10, 3, 3, 3, pad=1),
+     {"PIX": 3, "NB": 8, "NV": 1, "EDGE": 1, "GROUP": 1}))]
+
+
+@pytest.mark.parametrize("case", case_params(EDGE))
+def test_blocked_kernels_with_width_edge_bodies(case, builds, reference, coverage):
+    verify_case(case, builds, reference, coverage)
+
+
+@pytest.mark.parametrize("layer,wb", [
+    (Layer("p1", 1, 2, 2, 8, 8, 8, 3, 3, 3, pad=1), 4),
+    (Layer("p2s2", 1, 2, 2, 7, 6, 9, 3, 3, 3, stride=2, pad=2), 4),
+    (Layer("p0", 1, 2, 2, 6, 6, 11, 3, 3, 3), 4),
+    (Layer("k5", 1, 2, 2, 5, 9, 12, 5, 5, 5, pad=4), 5),
+    (Layer("one", 1, 2, 2, 5, 9, 6, 3, 3, 3, pad=2), 8),
+    (Layer("two", 1, 2, 2, 5, 9, 6, 3, 3, 3, pad=1), 3)],
+    ids=lambda v: v.name if isinstance(v, Layer) else str(v))
+def test_width_cases_run_exactly_the_taps_that_read_the_input(layer, wb):
+    """Each width tile goes to one body; a body with written-out taps runs, per pixel of
+    the tile, exactly the taps that read the input (checked against counting them out),
+    and only the tiles in the middle go to the loop bounded per tile."""
+    from convbench.layouts import Layout
+    from impls._blocked import width_cases
+    from impls._common import layer_constants
+    L = layer_constants(layer, Layout.NDHWC)
+    cases = width_cases(L, (1, 1, wb), "owb")
+    tiles = -(-L.OW // wb)
+    for ob in range(tiles):
+        taken = None
+        for condition, taps, width in cases:
+            test = condition.split(" ", 1)[1] if condition not in (None, "else") else "True"
+            if eval(test.replace("owb", str(ob))):  # noqa: S307 (our own text)
+                taken = (taps, width)
+                break
+        taps, width = taken
+        pixels = min(wb, L.OW - ob * wb)
+        assert (width or wb) == pixels, ob
+        needed = {(kw, wi) for kw in range(L.KW) for wi in range(pixels)
+                  if 0 <= (ob * wb + wi) * L.S + kw - L.PW < L.W}
+        if taps is None:  # the loop: a tile with every pixel and no border waste but its own
+            assert 0 < ob < tiles - 1 or (not L.PW and pixels == wb), ob
+        else:
+            assert {(kw, wi) for kw, columns in taps for wi in columns} == needed, ob
+
+
+def test_a_dropped_edge_tap_is_caught(monkeypatch, builds, reference):
+    """Plant a written-out width tap that skips its last pixel: the verification of the
+    data gradient (whose tiles are all edge tiles here) must fail."""
+    from impls import _blocked
+    real = _blocked.width_cases
+
+    def dropping(L, tile, owb):
+        cases = real(L, tile, owb)
+        condition, taps, width = cases[0]
+        return [(condition, [(kw, columns[:-1]) for kw, columns in taps], width)] + cases[1:]
+    monkeypatch.setattr(_blocked, "width_cases", dropping)
+    layer = Layer("bug_edge", 1, 16, 8, 4, 4, 6, 3, 3, 3)
+    impl = registry.get(BLOCKED_BWD_DATA)
+    spec = toolchain.make_spec(impl, layer, params={"PIX": 4, "NB": 8, "NV": 1, "EDGE": 2},
+                               planted="edge_tap_dropped")
+    check = verify.verify_build(builds(spec), reference(layer, pass_="bwd_data"))[0]
+    assert not check.ok, "a dropped edge tap went unnoticed"
+
+
 # -- the tools (convbench.commands; in this process: their main(argv)) -------------------------
 
 def test_bench_cpu_small_set(tmp_path, cachedir, capsys):
