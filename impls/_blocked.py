@@ -155,6 +155,7 @@ def reduction_nest(L, k_blocks, pixel_tile_shape, k_outer, accumulators, width, 
     ``inner = (name, size)`` and the vector loop ``j < width``.  Returns the lines, the
     indent of the tile body, the indent of the innermost statements and the tile
     indices."""
+    assert L.OW % pixel_tile_shape[2] == 0, "width tiles must divide the width here"
     header, ind, t = tile_loop(L, k_blocks, pixel_tile_shape, k_outer)
     lines = header + [f"{ind}acc = dace.define_local([{accumulators}, {width}], dt)"]
     lines += [f"{ind}{name} = dace.define_local([{shape}], dt)" for name, shape in locals_]
@@ -290,7 +291,10 @@ def width_cases(L, pixel_tile_shape, owb):
     others: in the transposed convolution of the backward data pass, the border is
     ``k - 1`` wide, and whole-row tiles would otherwise spend a quarter of their FMAs on
     zeros at CosmoFlow's 8^3) or when ``wb`` does not divide the width (the last tile is
-    then shorter).  Every other layer keeps the single body."""
+    then shorter).  Every other layer keeps the single body.  The tiles between keep the
+    loop bounded per tile, which still runs a border tap for all of a tile's pixels where
+    the border reaches past the first tile (``wb * S`` below the padding) or past a short
+    last one: correct (the border is zero), only not exact there."""
     wb = pixel_tile_shape[2]
     tiles = -(-L.OW // wb)
     last = L.OW - (tiles - 1) * wb
@@ -334,6 +338,7 @@ def blocked_source(L, dtype_name, db, hb, wb, nb, k_outer, flip=False, nv=1, pac
     loops of ``group`` pixels each, so that only their broadcasts are live at a time (see
     :func:`vector_loops`).  ``edge``: the first and last width tiles run exactly their
     pixels' taps and ``wb`` need not divide the width (see :func:`width_cases`)."""
+    assert edge or L.OW % wb == 0, "a width tile that does not divide the width needs edge"
     cw, S = nb * nv, L.S
     kblk = L.K // cw
     pixels = db * hb * wb

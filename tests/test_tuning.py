@@ -248,21 +248,24 @@ def test_a_skipped_border_tap_is_caught(name, monkeypatch, builds, reference):
 BLOCKED_BWD_DATA = "directConvNDHWCblockedBwdData"
 
 #: Width tiles with bodies of their own (EDGE): the first and last tiles' taps written
-#: out per pixel, ragged last tiles (EDGE 2), a single tile that is both, and the old
-#: path (EDGE 0); forward (strided, padded, unpadded) and data gradient (whose transposed
-#: convolution pads by k - 1).
+#: out per pixel, ragged last tiles (EDGE 2; with three tiles and stride 2, the ``elif``
+#: body), a single tile that is both, channel blocks adding into the output (CBLK 4 of
+#: 8), and the old path (EDGE 0); forward (strided, padded, unpadded) and data gradient
+#: (whose transposed convolution pads by k - 1).
 EDGE = [Case(name, layer, "edge", params=params_of(params)) for name, layer, params in (
     (BLOCKED, Layer("edge_s2", 1, 16, 8, 7, 6, 9, 3, 3, 3, stride=2, pad=2),
      {"PIX": 4, "EDGE": 2}),
     (BLOCKED, Layer("edge_s2", 1, 16, 8, 7, 6, 9, 3, 3, 3, stride=2, pad=2),
      {"PIX": 8, "WB": 2, "EDGE": 0}),
     (BLOCKED, Layer("edge_p0", 1, 8, 16, 4, 5, 11, 3, 3, 3), {"PIX": 4, "NB": 8, "EDGE": 2}),
+    (BLOCKED, Layer("edge_s2r", 1, 16, 8, 5, 4, 15, 3, 3, 3, stride=2, pad=2),
+     {"PIX": 4, "NB": 8, "EDGE": 2}),
     (BLOCKED, Layer("edge_aniso", 1, 8, 16, 4, 5, 10, 3, 3, 3, pad=1, pad_w=2),
      {"PIX": 3, "NB": 8, "GROUP": 2, "EDGE": 2}),
     (BLOCKED_BWD_DATA, Layer("edge_bd", 2, 16, 8, 5, 6, 7, 3, 3, 3),
      {"PIX": 4, "NB": 4, "NV": 2, "EDGE": 2, "PACK": 0}),
     (BLOCKED_BWD_DATA, Layer("edge_bd", 2, 16, 8, 5, 6, 7, 3, 3, 3),
-     {"PIX": 12, "NB": 8, "NV": 1, "EDGE": 1, "PACK": 1, "CBLK": 8}),
+     {"PIX": 12, "NB": 8, "NV": 1, "EDGE": 1, "PACK": 1, "CBLK": 4}),
     (BLOCKED_BWD_DATA, Layer("edge_bd1", 2, 16, 8, 5, 6, 10, 3, 3, 3, pad=1),
      {"PIX": 3, "NB": 8, "NV": 1, "EDGE": 1, "GROUP": 1}))]
 
