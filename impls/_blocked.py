@@ -147,6 +147,19 @@ def tap_loops(L, pixel_tile_shape, index, indent):
     return lines, indent
 
 
+def tile_prologue(L, k_blocks, pixel_tile_shape, k_outer, accumulators, width, locals_=()):
+    """The parallel tile map's header and ``acc[accumulators, width]`` (plus ``locals_``,
+    ``(name, shape)`` pairs) zeroed at the top of its body; the lines, the body's indent
+    and the tile indices (see :func:`tile_loop`)."""
+    header, ind, t = tile_loop(L, k_blocks, pixel_tile_shape, k_outer)
+    lines = header + [f"{ind}acc = dace.define_local([{accumulators}, {width}], dt)"]
+    lines += [f"{ind}{name} = dace.define_local([{shape}], dt)" for name, shape in locals_]
+    lines += [f"{ind}for i0 in range({accumulators}):",
+              f"{ind}    for j0 in range({width}):",
+              f"{ind}        acc[i0, j0] = 0"]
+    return lines, ind, t
+
+
 def reduction_nest(L, k_blocks, pixel_tile_shape, k_outer, accumulators, width, inner,
                    locals_=()):
     """The generated text shared by the register-blocked kernels up to the innermost
@@ -156,12 +169,8 @@ def reduction_nest(L, k_blocks, pixel_tile_shape, k_outer, accumulators, width, 
     indent of the tile body, the indent of the innermost statements and the tile
     indices."""
     assert L.OW % pixel_tile_shape[2] == 0, "width tiles must divide the width here"
-    header, ind, t = tile_loop(L, k_blocks, pixel_tile_shape, k_outer)
-    lines = header + [f"{ind}acc = dace.define_local([{accumulators}, {width}], dt)"]
-    lines += [f"{ind}{name} = dace.define_local([{shape}], dt)" for name, shape in locals_]
-    lines += [f"{ind}for i0 in range({accumulators}):",
-              f"{ind}    for j0 in range({width}):",
-              f"{ind}        acc[i0, j0] = 0"]
+    lines, ind, t = tile_prologue(L, k_blocks, pixel_tile_shape, k_outer, accumulators, width,
+                                  locals_)
     taps, depth = tap_loops(L, pixel_tile_shape, t, ind)
     lines += taps
     lines.append(f"{depth}for {inner[0]} in range({inner[1]}):")
@@ -208,6 +217,12 @@ def edge_param(default=1):
                                   "shorter) instead of a divisor of the width; 0 every tile "
                                   "runs the taps of all its pixels", minimum=0,
                  check=lambda v: None if v in (0, 1, 2) else "must be 0, 1 or 2")
+
+
+def edge_modes(params):
+    """``(ragged, edge)`` of the ``EDGE`` parameter: width tiles that need not divide the
+    width (``pixel_tile``), and edge bodies (``blocked_source``)."""
+    return params["EDGE"] == 2, params["EDGE"] > 0
 
 
 def group_param():
@@ -368,11 +383,8 @@ def blocked_source(L, dtype_name, db, hb, wb, nb, k_outer, flip=False, nv=1, pac
     tile = (db, hb, wb)
     blocks = L.C // cblk if cblk else 1
     channel = f"cc * {cblk} + c" if blocks > 1 else "c"
-    header, ind, t = tile_loop(L, kblk, tile, k_outer)
-    nest = header + [f"{ind}acc = dace.define_local([{pixels * nv}, {nb}], dt)",
-                     f"{ind}for i0 in range({pixels * nv}):",
-                     f"{ind}    for j0 in range({nb}):",
-                     f"{ind}        acc[i0, j0] = 0"]
+    reduced = L.C // blocks
+    nest, ind, t = tile_prologue(L, kblk, tile, k_outer, pixels * nv, nb)
     loads = [(f"wv{v}", filter_at(t['kb'], f'{v * nb} + j' if v else 'j', channel))
              for v in range(nv)]
     statements = [[f"acc[{p * nv + v}, j] += {input_at(t, tile, offset, S, channel)} * wv{v}"
@@ -385,7 +397,7 @@ def blocked_source(L, dtype_name, db, hb, wb, nb, k_outer, flip=False, nv=1, pac
             nest.append(f"{ind}{condition}:")
         taps, depth = tap_loops(L, tile, t, body)
         if taps_w is None:  # every pixel, the width taps bounded per tile
-            nest += taps + [f"{depth}for c in range({L.C // blocks}):"]
+            nest += taps + [f"{depth}for c in range({reduced}):"]
             nest += vector_loops(depth + "        ", nb, loads, statements, group)
         else:  # the width taps unrolled, each with the pixels it reads the input for
             nest += taps[:2]
@@ -395,7 +407,7 @@ def blocked_source(L, dtype_name, db, hb, wb, nb, k_outer, flip=False, nv=1, pac
                     return re.sub(r"\bkw\b", str(kw), text)
                 groups = [[fixed(line) for line in statements[p]]
                           for p, offset in enumerate(offsets) if offset[2] in columns]
-                nest.append(f"{depth}for c in range({L.C // blocks}):")
+                nest.append(f"{depth}for c in range({reduced}):")
                 nest += vector_loops(depth + "        ", nb,
                                      [(name, fixed(value)) for name, value in loads], groups,
                                      group)

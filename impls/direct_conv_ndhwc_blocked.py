@@ -43,7 +43,7 @@ from convbench.registry import Implementation, Param, register
 from impls._blocked import (blocked_source, channel_tiles_outer, cpu_schedule,
                             generated_program, kouter_param, largest_divisor, pixel_tile,
                             channel_vectors, nv_param, channel_block, cblk_param, group_param,
-                            edge_param,
+                            edge_modes, edge_param,
                             lanes_param, registers_of)
 from convbench.isa import fit_pixels
 from impls._common import layer_constants
@@ -55,7 +55,8 @@ def tile_sizes(layer, params):
     """``(db, hb, wb, nb)``: a micro-tile of ``db x hb x wb`` output pixels (width first,
     then height, then depth, up to ``PIX`` pixels: one accumulator vector each) times
     ``nb`` output channels."""
-    return pixel_tile(layer, params["PIX"], params["WB"], params["EDGE"] == 2) + channel_vectors(
+    ragged, _ = edge_modes(params)
+    return pixel_tile(layer, params["PIX"], params["WB"], ragged) + channel_vectors(
         layer.out_channels, params["NB"], params["NV"])
 
 
@@ -66,7 +67,7 @@ def algorithm(layer, dtype, params):
     cblk = channel_block(layer.in_channels, params["CBLK"])
     return generated_program(layer, blocked_source(L, dtype.name, db, hb, wb, nb, k_outer, nv=nv,
                                                    cblk=cblk, group=params["GROUP"],
-                                                   edge=params["EDGE"] > 0),
+                                                   edge=edge_modes(params)[1]),
                              "direct_blocked",
                              f"{db}x{hb}x{wb}x{nb}x{nv}_{int(k_outer)}_{cblk}_{params['GROUP']}"
                              f"_{params['EDGE']}")

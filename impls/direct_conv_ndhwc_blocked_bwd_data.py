@@ -24,7 +24,7 @@ from convbench.registry import Implementation, Layer, Layout, Pass, Param, regis
 from impls._blocked import (blocked_source, channel_tiles_outer, cpu_schedule,
                             generated_program, kouter_param, largest_divisor, pixel_tile,
                             channel_vectors, nv_param, channel_block, cblk_param, group_param,
-                            edge_param,
+                            edge_modes, edge_param,
                             lanes_param, registers_of)
 from impls._common import layer_constants
 from convbench.isa import fit_pixels
@@ -51,7 +51,8 @@ def tile_sizes(layer, params):
     """The micro-tile of the transposed layer: ``(db, hb, wb, nb, nv)`` with ``nv``
     vectors of ``nb`` input channels of ``layer`` (its output channels)."""
     t = transposed_layer(layer)
-    return pixel_tile(t, params["PIX"], params["WB"], params["EDGE"] == 2) + channel_vectors(
+    ragged, _ = edge_modes(params)
+    return pixel_tile(t, params["PIX"], params["WB"], ragged) + channel_vectors(
         t.out_channels, params["NB"], params["NV"])
 
 
@@ -64,7 +65,7 @@ def algorithm(layer, dtype, params):
     cblk = channel_block(t.in_channels, params["CBLK"])
     sdfg = generated_program(t, blocked_source(L, dtype.name, db, hb, wb, nb, k_outer, flip=True,
                                                nv=nv, pack=pack, cblk=cblk,
-                                               group=params["GROUP"], edge=params["EDGE"] > 0),
+                                               group=params["GROUP"], edge=edge_modes(params)[1]),
                              "direct_blocked", f"bwdd_{db}x{hb}x{wb}x{nb}x{nv}_{int(k_outer)}_"
                              f"{int(pack)}_{cblk}_{params['GROUP']}_{params['EDGE']}")
     return swap_roles(sdfg)
