@@ -164,18 +164,38 @@ def program_arrays(impl, layer: Layer, inputs, device: str = "cpu", dtype=None,
     return arrays
 
 
+#: Elements of NaN on each side of a verified input (at most; see :func:`guarded`).
+GUARD_ELEMENTS = 1 << 22
+
+
+def guarded(tensor):
+    """``tensor`` copied into the middle of a buffer of NaN, up to its own size (at most
+    :data:`GUARD_ELEMENTS`) on each side: a kernel that reads past either end of its
+    input (a tap of the zero border read in place, a wrong offset) gets NaN, which
+    poisons its output, instead of whatever memory lies there."""
+    import torch
+    n = tensor.numel()
+    guard = min(n, GUARD_ELEMENTS)
+    buffer = torch.full((n + 2 * guard,), math.nan, dtype=tensor.dtype, device=tensor.device)
+    view = buffer[guard:guard + n].view(tensor.shape)
+    view.copy_(tensor)
+    return view
+
+
 def run_build(build, truth: GroundTruth, device: str = "cpu"):
     """Run a loaded build on the reference inputs; return its output in logical layout.
 
-    The output buffer is poisoned with NaN first, so unwritten elements fail.  The build
+    The output buffer is poisoned with NaN first, so unwritten elements fail, and every
+    input lies between NaN guards (:func:`guarded`), so reads outside it fail.  The build
     runs twice, the output poisoned again before the second call, whose output is
     checked: a buffer kept from one call to the next (the CPU kernels allocate theirs
     once per loaded program) that is not rewritten or re-zeroed on every call fails.
     """
     import torch
     impl, layer = build.spec.impl, build.spec.layer
-    out_role = PASS_SIGNATURE[impl.pass_][1]
+    roles, out_role = PASS_SIGNATURE[impl.pass_]
     args = program_arrays(impl, layer, truth.inputs, device, build.spec.dtype.torch)
+    args.update({role: guarded(args[role]) for role in roles})
     build(**args)
     args[out_role].fill_(math.nan)
     build(**args)

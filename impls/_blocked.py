@@ -179,12 +179,14 @@ def reduction_nest(L, k_blocks, pixel_tile_shape, k_outer, accumulators, width, 
     return lines, ind, depth + "    ", t
 
 
-def input_at(t, pixel_tile_shape, offset, S, channel):
-    """``x[...]`` of the tile pixel at ``offset = (di, hi, wi)``, tap ``(kd, kh, kw)``."""
+def input_at(t, pixel_tile_shape, offset, S, channel, pads=(0, 0, 0)):
+    """``x[...]`` of the tile pixel at ``offset = (di, hi, wi)``, tap ``(kd, kh, kw)``;
+    ``pads``: ``x`` is the unpadded input (each index less the padding of its dimension)."""
     (db, hb, wb), (di, hi, wi) = pixel_tile_shape, offset
-    return (f"x[{t['b']}, ({t['odb']} * {db} + {di}) * {S} + kd, "
-            f"({t['ohb']} * {hb} + {hi}) * {S} + kh, ({t['owb']} * {wb} + {wi}) * {S} + kw, "
-            f"{channel}]")
+    shift = [f" - {p}" if p else "" for p in pads]
+    return (f"x[{t['b']}, ({t['odb']} * {db} + {di}) * {S} + kd{shift[0]}, "
+            f"({t['ohb']} * {hb} + {hi}) * {S} + kh{shift[1]}, "
+            f"({t['owb']} * {wb} + {wi}) * {S} + kw{shift[2]}, {channel}]")
 
 
 def store_tile(indent, t, pixel_tile_shape, var, channels, value, vectors=1, add=False,
@@ -254,13 +256,16 @@ def vector_loops(indent, width, loads, groups, size=0):
     return lines
 
 
-def generated_program(layer, source, function, tag):
+def generated_program(layer, source, function, tag, in_place=False):
     """The SDFG of the generated ``source`` (a program on the padded input), taking the
-    unpadded input as the harness passes it."""
+    unpadded input as the harness passes it; ``in_place``: the source reads the unpadded
+    input itself (:func:`reads_in_place`), so no padded copy is made."""
     from convbench.registry import Layout
     from impls._common import pad_input, program_from_source
-    return pad_input(program_from_source(source, function, f"{function}_{layer.key()}_{tag}"),
-                     layer, Layout.NDHWC, halo=True)
+    program = program_from_source(source, function, f"{function}_{layer.key()}_{tag}")
+    if in_place:
+        return program.to_sdfg(simplify=True)
+    return pad_input(program, layer, Layout.NDHWC, halo=True)
 
 
 def tile_pixels(pixel_tile_shape):
@@ -269,13 +274,14 @@ def tile_pixels(pixel_tile_shape):
     return [(di, hi, wi) for di in range(db) for hi in range(hb) for wi in range(wb)]
 
 
-def signature(L, dtype_name, function, w_shape=None):
+def signature(L, dtype_name, function, w_shape=None, in_place=False):
     """The generated program's first lines: imports and ``function(x, w, y)`` on the
-    padded NDHWC input, the filter (``w_shape``, default ``L.w_shape``) and the output,
-    with constant shapes."""
+    padded NDHWC input (``in_place``: the unpadded one), the filter (``w_shape``,
+    default ``L.w_shape``) and the output, with constant shapes."""
+    x_shape = (L.N, L.D, L.H, L.W, L.C) if in_place else L.xp_shape
     return ["import dace", "", f"dt = dace.{dtype_name}", "", "",
             "@dace.program",
-            f"def {function}(x: dt[{', '.join(map(str, L.xp_shape))}], "
+            f"def {function}(x: dt[{', '.join(map(str, x_shape))}], "
             f"w: dt[{', '.join(map(str, w_shape or L.w_shape))}], y: dt[{', '.join(map(str, L.y_shape))}]):"]
 
 
@@ -336,8 +342,52 @@ def width_cases(L, pixel_tile_shape, owb):
     return cases
 
 
+def written_out_tiles(L, pixel_tile_shape):
+    """The width tile indices whose body has its width taps written out per pixel
+    (:func:`width_cases` with edge bodies)."""
+    tiles = -(-L.OW // pixel_tile_shape[2])
+    exact = set()
+    for condition, taps, _ in width_cases(L, pixel_tile_shape, "owb"):
+        if taps is not None:
+            index = re.search(r"== (\d+)$", condition or "")
+            exact.add(int(index.group(1)) if index else (tiles - 1 if condition else 0))
+    return exact
+
+
+def reads_in_place(L, pixel_tile_shape, edge):
+    """Whether every tap that a micro-tile runs reads the input (not the zero border) for
+    every one of its pixels, in every tile: then the kernel can read the unpadded input
+    where it lies, and the padded copy (a pass over the whole input per call: up to a
+    quarter of the pass on CosmoFlow's large layers on the Xeon) is not needed.  True in a padded dimension when its tiles are
+    one pixel deep (the per-tile tap bounds of :func:`tap_loops` are then exact), and
+    along the width with ``edge`` bodies (:func:`width_cases`) when the border does not
+    reach past the first or the last width tile."""
+    exact = written_out_tiles(L, pixel_tile_shape) if edge else set()
+    dims = zip((L.KD, L.KH, L.KW), (L.PD, L.PH, L.PW), (L.D, L.H, L.W), (L.OD, L.OH, L.OW),
+               pixel_tile_shape, (set(), set(), exact))
+    for k, pad, size, out, b, skip in dims:
+        for ob in range(-(-out // b)):
+            o0 = ob * b
+            lo, hi = max(0, pad - (o0 + b - 1) * L.S), min(k, size + pad - o0 * L.S)
+            if ob in skip or lo >= hi:
+                continue
+            if any((o0 + i) * L.S + lo < pad or (o0 + i) * L.S + hi - 1 - pad >= size
+                   for i in range(min(b, out - o0))):
+                return False
+    return True
+
+
+def inplace_param():
+    from convbench.registry import Param
+    return Param("INPLACE", 1, "1: read the unpadded input where it lies when every tap of "
+                               "every tile reads inside it (tiles one pixel deep and high in "
+                               "padded dimensions, and EDGE bodies); 0: always copy it into "
+                               "a zero-padded buffer first", minimum=0,
+                 check=lambda v: None if v in (0, 1) else "must be 0 or 1")
+
+
 def blocked_source(L, dtype_name, db, hb, wb, nb, k_outer, flip=False, nv=1, pack=True,
-                   cblk=0, group=0, edge=False):
+                   cblk=0, group=0, edge=False, in_place=False):
     """``directConvNDHWCblocked``'s program text (see its module) for layer constants
     ``L`` and a ``db x hb x wb`` x ``nv * nb`` tile: ``nv`` vectors of ``nb`` output
     channels per pixel.  ``flip``: ``w`` is the filter of the convolution that ``L``
@@ -352,13 +402,16 @@ def blocked_source(L, dtype_name, db, hb, wb, nb, k_outer, flip=False, nv=1, pac
     ``group`` (0: all): pixels per vector loop; the tile's statements are cut into vector
     loops of ``group`` pixels each, so that only their broadcasts are live at a time (see
     :func:`vector_loops`).  ``edge``: the first and last width tiles run exactly their
-    pixels' taps and ``wb`` need not divide the width (see :func:`width_cases`)."""
+    pixels' taps and ``wb`` need not divide the width (see :func:`width_cases`).
+    ``in_place``: ``x`` is the unpadded input (see :func:`reads_in_place`)."""
+    assert not in_place or reads_in_place(L, (db, hb, wb), edge), "a tap would read the border"
     assert edge or L.OW % wb == 0, "a width tile that does not divide the width needs edge"
     cw, S = nb * nv, L.S
     kblk = L.K // cw
     pixels = db * hb * wb
     lines = signature(L, dtype_name, "direct_blocked",
-                      (L.C, L.KD, L.KH, L.KW, L.K) if flip else None)
+                      (L.C, L.KD, L.KH, L.KW, L.K) if flip else None, in_place)
+    pads = (L.PD, L.PH, L.PW) if in_place else (0, 0, 0)
     flipped = f"{L.KD - 1} - kd, {L.KH - 1} - kh, {L.KW - 1} - kw"
     if pack or not flip:
         lines.append(f"    wp = dace.define_local([{kblk}, {L.KD}, {L.KH}, {L.KW}, {L.C}, "
@@ -387,7 +440,7 @@ def blocked_source(L, dtype_name, db, hb, wb, nb, k_outer, flip=False, nv=1, pac
     nest, ind, t = tile_prologue(L, kblk, tile, k_outer, pixels * nv, nb)
     loads = [(f"wv{v}", filter_at(t['kb'], f'{v * nb} + j' if v else 'j', channel))
              for v in range(nv)]
-    statements = [[f"acc[{p * nv + v}, j] += {input_at(t, tile, offset, S, channel)} * wv{v}"
+    statements = [[f"acc[{p * nv + v}, j] += {input_at(t, tile, offset, S, channel, pads)} * wv{v}"
                    for v in range(nv)] for p, offset in enumerate(tile_pixels(tile))]
     offsets = tile_pixels(tile)
     cases = width_cases(L, tile, t["owb"]) if edge else [(None, None, None)]

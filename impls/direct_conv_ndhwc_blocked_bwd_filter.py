@@ -1,7 +1,7 @@
 """``directConvNDHWCblockedBwdFilter``: dL/dw on NDHWC, register-blocked, for the CPU.
 
 ``dw[k, kd, kh, kw, c] = sum over (b, od, oh, ow) of dy[b, od, oh, ow, k] *
-x_padded[b, od*S + kd, oh*S + kh, ow*S + kw, c]``.  The long reduction over output
+x[b, od*S + kd - PD, oh*S + kh - PH, ow*S + kw - PW, c]`` (x zero outside).  The long reduction over output
 pixels is cut into slices, one per batch element and chunk of output depth planes
 (``SLICES`` chunks, a divisor of the output depth); each slice reduces into its own
 partial filter gradient, and a last map sums the partials (as oneDNN's bwd-weights
@@ -33,8 +33,20 @@ block of ``ROWS`` output rows, every tile loads its accumulators from the partia
 sweeps the block (its ``dy`` and ``x`` rows in L1/L2) and stores them back.  On
 mlperf conv2 (32 -> 64 channels at 64^3, batch 2) that is 161-172 ms instead of 250-296
 (torch: 143); it pays where the partial fits in L2.
+
+**The border.**  The kernel reads ``x`` where it lies, unpadded (no padded copy: on
+mlperf conv2 that copy was 12% of the pass), and runs only the work that reads it: a
+tile's loops over output planes and rows (row blocks: the rows of each block, and no
+rows for a plane of the border) are bounded to those whose input plane and row, for the
+tile's depth and height taps, lie inside the input; along the width, the pixels whose
+taps all read the input run in the loop, and each border pixel gets its statements of
+its own with only the width taps that do (with one width tap per tile, ``TAPW`` = 0,
+the pixel loop is bounded instead).  In a padded 16^3 layer a twelfth of each
+dimension's work multiplied zeros before.  With ``TAPS`` = 1 (the depth and height taps
+inside each row) the kernel keeps the padded input and runs every loop whole.
 """
 
+import re
 from collections import namedtuple
 
 from convbench.registry import Implementation, Layout, Pass, Param, register
@@ -50,13 +62,14 @@ PARTIAL_BYTES = 16 << 20
 
 
 def tile_sizes(layer, params):
-    """``(chunks, tw, cb, nb, nv, taps_inner, form, rows, kfirst)``: depth chunks per batch
-    element (0: no slices), width taps, broadcast channels per micro-tile, ``nv`` vectors
-    of ``nb`` channels, whether the depth and height taps loop inside each output row
-    (else they are dimensions of the parallel map), ``FORM`` (0: vectors over the output
-    channels, broadcasts over the input channels; 1: the other way round), the output
-    rows per row block (0: none) and whether the vector-channel blocks loop outside
-    them."""
+    """``(chunks, tw, cb, nb, nv, taps_inner, form, rows, kfirst, split, planes)``: depth
+    chunks per batch element (0: no slices), width taps, broadcast channels per
+    micro-tile, ``nv`` vectors of ``nb`` channels, whether the depth and height taps loop
+    inside each output row (else they are dimensions of the parallel map), ``FORM`` (0:
+    vectors over the output channels, broadcasts over the input channels; 1: the other
+    way round), the output rows per row block (0: none), whether the vector-channel
+    blocks loop outside them, one vector loop per width tap, and the depth planes per
+    row block (a divisor of the chunk's planes)."""
     form = params["FORM"]
     vec, bcast = ((layer.out_channels, layer.in_channels) if form == 0
                   else (layer.in_channels, layer.out_channels))
@@ -66,13 +79,15 @@ def tile_sizes(layer, params):
     inner = bool(params["TAPS"])
     split = bool(params["SPLIT"]) and tw > 1
     if params["SLICES"] == 0:  # no slices: each tile reduces over every pixel into w
-        return 0, tw, cb, nb, nv, inner, form, 0, False, split
+        return 0, tw, cb, nb, nv, inner, form, 0, False, split, 1
     per_slice = 4 * layer.batch * layer.out_channels * layer.in_channels * layer.k_d \
         * layer.k_h * layer.k_w
     slices = max(1, min(params["SLICES"], PARTIAL_BYTES // per_slice))
     rows = largest_divisor(layer.out_h, params["ROWS"]) if params["ROWS"] else 0
-    return (largest_divisor(layer.out_d, slices), tw, cb, nb, nv, inner, form, rows,
-            bool(params["KFIRST"]), split)
+    inner = inner and not rows
+    chunks = largest_divisor(layer.out_d, slices)
+    planes = largest_divisor(layer.out_d // chunks, params["PLANES"]) if rows else 1
+    return (chunks, tw, cb, nb, nv, inner, form, rows, bool(params["KFIRST"]), split, planes)
 
 
 #: One accumulator of a micro-tile: its index in ``acc``; its filter element (output
@@ -89,19 +104,45 @@ def _zero(indent, array, prefix, dims):
                     f"{', '.join(name for name, _ in dims)}] = 0"]
 
 
+def _reading(tap, pad, size, S, out):
+    """``(lo, hi)``, the text of the outputs ``lo <= o < hi`` (of ``out``) whose input
+    ``o * S + tap - pad`` lies inside the input (not the zero border) in a dimension
+    padded by ``pad`` of ``size``; None when it is not padded.  The others only multiply
+    zeros: at 16^3 and padding 1, a twelfth of a dimension's work, at 8^3 a sixth."""
+    if not pad:
+        return None
+    if S == 1:
+        return f"max(0, {pad} - {tap})", f"min({out}, {size + pad} - {tap})"
+    return (f"(max(0, {pad} - {tap}) + {S - 1}) // {S}",
+            f"min({out}, max(0, {size + pad - 1} - {tap}) // {S} + 1)")
+
+
+def _within(lo, hi, base, size):
+    """The bounds (text) of a loop variable ``v < size`` whose output is ``base + v``,
+    cut to the outputs ``lo <= o < hi``."""
+    return f"max(0, {lo} - {base})", f"min({size}, {hi} - {base})"
+
+
 def _source(L, dtype_name, chunks, tw, cb, nb, nv, inner, form=0, rows=0, kfirst=False,
-            split=False):
+            split=False, planes=1):
     """The program's text.  ``form`` 0: ``nv`` vectors of ``nb`` output channels (from
     dL/dy) times ``cb`` broadcast input channels; 1: ``nv`` vectors of ``nb`` input
     channels (from x) times ``cb`` broadcast output channels.  ``rows`` 0: each tile
     sweeps its whole slice (tiles are map dimensions); else blocks of ``rows`` output
     rows, each swept by all tiles in turn; ``kfirst``: the tiles' vector-channel blocks
-    loop outside the row blocks (each sweeps the slice with its share of the partial)."""
+    loop outside the row blocks (each sweeps the slice with its share of the partial);
+    ``planes``: a row block is ``rows`` rows of each of ``planes`` consecutive depth
+    planes (a tile's accumulators are loaded and stored once per block: fewer, longer
+    sweeps where the partial does not stay in L2)."""
     ch, S, cw = L.OD // max(chunks, 1), L.S, nb * nv
     kbs, cbs = (cw, cb) if form == 0 else (cb, cw)  # output and input channels per tile
     wblk = L.KW // tw
     vblocks, bcast = (L.K // cw, L.C) if form == 0 else (L.C // cw, L.K)
-    lines = signature(L, dtype_name, "bwd_filter_blocked")  # called by keyword: x, y in, w out
+    # called by keyword: x, y in, w out
+    # The input in place, every loop bounded to what reads it; with the taps inside
+    # each row (``inner``), the padded input (a copy), every loop whole.
+    lines = signature(L, dtype_name, "bwd_filter_blocked", in_place=not inner)
+    pads = [f" - {p}" if p and not inner else "" for p in (L.PD, L.PH, L.PW)]
     if rows:
         # Lanes innermost: a tile's accumulators are loaded and stored as whole vectors.
         lines.append(f"    part = dace.define_local([{L.N}, {chunks}, {vblocks}, {L.KD}, "
@@ -124,7 +165,7 @@ def _source(L, dtype_name, chunks, tw, cb, nb, nv, inner, form=0, rows=0, kfirst
     acc, taps = tw * cb * nv, L.KD * L.KH if inner else 1
     tap = "kd * {} + kh, ".format(L.KH) if inner else ""
     lines.append(f"{ind}acc = dace.define_local([{taps}, {acc}, {nb}], dt)")
-    od = f"{t['dc']} * {ch} + t"
+    od = f"{t['dc']} * {ch} + t" + (f" * {planes} + tp" if planes > 1 else "")
     if rows:
         # The slice's partial starts at zero; then, per block of rows, every tile loads
         # its accumulators, sweeps the block and stores them back.
@@ -137,8 +178,8 @@ def _source(L, dtype_name, chunks, tw, cb, nb, nv, inner, form=0, rows=0, kfirst
         if kfirst:
             loops.remove(vloop)
         body = ind
-        for name, size in ([vloop] if kfirst else []) + [("t", ch), ("ob", L.OH // rows)] \
-                + loops:
+        for name, size in ([vloop] if kfirst else []) + [("t", ch // planes),
+                                                          ("ob", L.OH // rows)] + loops:
             t[name] = name if size > 1 or name in ("t", "ob") else "0"
             if size > 1 or name in ("t", "ob"):
                 lines.append(f"{body}for {name} in range({size}):")
@@ -155,7 +196,8 @@ def _source(L, dtype_name, chunks, tw, cb, nb, nv, inner, form=0, rows=0, kfirst
         return f"{base} + {f'{v * nb} + ' if v else ''}{var}"
 
     def x_at(kw, c):
-        return f"x[{t['b']}, ({od}) * {S} + {kd}, ({oh}) * {S} + {kh}, ow * {S} + {kw}, {c}]"
+        return (f"x[{t['b']}, ({od}) * {S} + {kd}{pads[0]}, ({oh}) * {S} + {kh}{pads[1]}, "
+                f"ow * {S} + {kw}{pads[2]}, {c}]")
 
     def dy_at(k):
         return f"y[{t['b']}, {od}, {oh}, ow, {k}]"
@@ -185,7 +227,17 @@ def _source(L, dtype_name, chunks, tw, cb, nb, nv, inner, form=0, rows=0, kfirst
         lines += [f"{body}    acc[{s.acc}, j1] = part[{t['b']}, {t['dc']}, "
                   f"{s.at.replace('@', 'j1')}]" for s in slots]
         deep = body
-        lines += [f"{body}for r in range({rows}):"]
+        if planes > 1:
+            lines.append(f"{deep}for tp in range({planes}):")
+            deep += "    "
+        # Only the rows, and (as an empty range) planes, whose input is not the border.
+        lo, hi = _within(*_reading(kh, L.PH, L.H, S, L.OH), f"ob * {rows}", rows) \
+            if L.PH else ("0", f"{rows}")
+        if L.PD:  # 1 when the plane reads the input, else 0
+            inside = (f"min(1, max(0, min(({od}) * {S} + {kd} - {L.PD - 1}, "
+                      f"{L.D + L.PD} - ({od}) * {S} - {kd})))")
+            hi = f"min({hi}, {rows} * {inside})"
+        lines += [f"{deep}for r in range({lo}, {hi}):"]
     else:
         if not chunks:
             lines.append(f"{ind}for b in range({L.N}):")
@@ -193,16 +245,45 @@ def _source(L, dtype_name, chunks, tw, cb, nb, nv, inner, form=0, rows=0, kfirst
         else:
             ind_b = ind
         deep = ind_b + "    "
-        lines += [f"{ind_b}for t in range({ch}):", f"{ind_b}    for oh in range({L.OH}):"]
+        planes_, rows_ = f"{ch}", f"{L.OH}"
+        if not inner:  # the taps are fixed per tile: bound the planes and rows
+            if L.PD:
+                planes_ = ", ".join(_within(*_reading(kd, L.PD, L.D, S, L.OD),
+                                            f"{t['dc']} * {ch}", ch))
+            if L.PH:
+                rows_ = ", ".join(_reading(kh, L.PH, L.H, S, L.OH))
+        lines += [f"{ind_b}for t in range({planes_}):", f"{ind_b}    for oh in range({rows_}):"]
         if inner:
-            lines += [f"{deep}    for kd in range({L.KD}):", f"{deep}        for kh in range({L.KH}):"]
+            lines += [f"{deep}    for kd in range({L.KD}):",
+                      f"{deep}        for kh in range({L.KH}):"]
             deep += "        "
     deep += "    "
-    lines.append(f"{deep}for ow in range({L.OW}):")
     per_tap = len(slots) // tw  # slots are in width-tap order
     taps = [[f"acc[{s.acc}, j] += {s.scalar} * {s.vector}"
              for s in slots[a * per_tap:(a + 1) * per_tap]] for a in range(tw)]
-    lines += vector_loops(deep + "        ", nb, loads, taps, 1 if split else 0)
+    group = 1 if split else 0
+    if not L.PW or inner:
+        lines.append(f"{deep}for ow in range({L.OW}):")
+        lines += vector_loops(deep + "        ", nb, loads, taps, group)
+    elif tw == 1:  # one width tap per tile: the pixels that read the input
+        lines.append(f"{deep}for ow in range({', '.join(_reading(slots[0].kw, L.PW, L.W, S, L.OW))}):")
+        lines += vector_loops(deep + "        ", nb, loads, taps, group)
+    else:  # all width taps: the pixels at the border run theirs that read the input
+        inside = {ow: [a for a in range(tw) if 0 <= ow * S + a - L.PW < L.W]
+                  for ow in range(L.OW)}
+        full = [ow for ow, used in inside.items() if len(used) == tw]
+        lo, hi = (full[0], full[-1] + 1) if full else (0, 0)
+        if hi > lo:
+            lines.append(f"{deep}for ow in range({lo}, {hi}):")
+            lines += vector_loops(deep + "        ", nb, loads, taps, group)
+        for ow, used in inside.items():
+            if lo <= ow < hi or not used:
+                continue
+
+            def fixed(text, ow=ow):
+                return re.sub(r"\bow\b", str(ow), text)
+            lines += vector_loops(deep + "    ", nb, [(n, fixed(v)) for n, v in loads],
+                                  [[fixed(line) for line in taps[a]] for a in used], group)
     if rows:
         lines.append(f"{body}for j1 in range({nb}):")
         lines += [f"{body}    part[{t['b']}, {t['dc']}, {s.at.replace('@', 'j1')}] = "
@@ -260,7 +341,9 @@ def algorithm(layer, dtype, params):
     source = _source(L, dtype.name, *sizes)
     program = program_from_source(source, "bwd_filter_blocked", f"bwd_filter_blocked_"
                                   f"{layer.key()}_{'x'.join(str(int(v)) for v in sizes)}")
-    return pad_input(program, layer, Layout.NDHWC, halo=True)
+    if sizes[5]:  # the taps inside each row: on the padded input
+        return pad_input(program, layer, Layout.NDHWC, halo=True)
+    return program.to_sdfg(simplify=True)
 
 
 register(Implementation(
@@ -293,6 +376,10 @@ register(Implementation(
                              "output rows (a divisor of the height), each swept by all "
                              "tiles in turn, the slice's partial kept in cache (TAPS unused)",
                   minimum=0),
+            Param("PLANES", 1, "(with ROWS) depth planes per row block: each tile's "
+                               "accumulators are loaded from and stored to the partial once "
+                               "per ROWS rows of PLANES planes (a divisor of the slice's "
+                               "planes)"),
             Param("KFIRST", 0, "1 (with ROWS): the vector-channel blocks loop outside the "
                                "row blocks, so that a large partial is swept in shares",
                   minimum=0, check=lambda v: None if v in (0, 1) else "must be 0 or 1"),

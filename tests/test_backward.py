@@ -111,13 +111,15 @@ def test_split_k_dropping_planes_is_caught(tmp_path, builds, reference):
 
 
 def _verify_source(name, function, source, pad_layer, pass_, layer, builds, reference, fix=None):
-    """Verify a register-blocked kernel generated from (planted) ``source`` text."""
+    """Verify a register-blocked kernel generated from (planted) ``source`` text; its
+    input padded as for ``pad_layer`` (None: the program reads it unpadded)."""
     from impls._blocked import cpu_schedule
     from impls._common import pad_input, program_from_source
 
     def algorithm(layer, dtype, params):
-        sdfg = pad_input(program_from_source(source, function, name), pad_layer, "NDHWC",
-                         halo=True)
+        program = program_from_source(source, function, name)
+        sdfg = (pad_input(program, pad_layer, "NDHWC", halo=True) if pad_layer is not None
+                else program.to_sdfg(simplify=True))
         return fix(sdfg) if fix else sdfg
     impl = Implementation(name=name, summary="a planted bug", layout="NDHWC", pass_=pass_,
                           algorithm=algorithm, schedules={"cpu": cpu_schedule})
@@ -265,8 +267,69 @@ def test_blocked_bwd_filter_catches_planted_bugs(form, rows, plant, split, build
         assert loads
         for line in loads:
             source = source.replace(line, line.split("] = part[")[0] + "] = 0")
-    check = _verify_source(f"bf_{form}_{rows}_{plant}_{split}", "bwd_filter_blocked", source, layer,
+    check = _verify_source(f"bf_{form}_{rows}_{plant}_{split}", "bwd_filter_blocked", source, None,
                            Pass.BWD_FILTER, layer, builds, reference)
+    assert check.ok is (plant is None), check.summary()
+
+
+@pytest.mark.parametrize("plant", [None, "one_plane"])
+def test_blocked_bwd_filter_row_blocks_of_several_planes(plant, builds, reference):
+    """``PLANES``: a row block spans 2 rows of each of 2 depth planes (one slice of 6
+    planes per batch element); planted: only the first plane of each block is reduced."""
+    from impls import direct_conv_ndhwc_blocked_bwd_filter as bf
+    from impls._common import layer_constants
+    params = dict(registry.get("directConvNDHWCblockedBwdFilter").resolve_params(),
+                  SLICES=1, ROWS=2, PLANES=2, CB=2)
+    layer = BLOCKED_LAYER
+    source = bf._source(layer_constants(layer, "NDHWC"), "float32",
+                        *bf.tile_sizes(layer, params))
+    assert source.count("for tp in range(2):") == 1 and "for t in range(3):" in source
+    if plant == "one_plane":
+        source = source.replace("for tp in range(2):", "for tp in range(1):")
+    check = _verify_source(f"bf_planes_{plant}", "bwd_filter_blocked", source, None,
+                           Pass.BWD_FILTER, layer, builds, reference)
+    assert check.ok is (plant is None), check.summary()
+
+
+#: Padded in every dimension: the border rows, planes and width pixels are bounded away.
+BORDER_LAYER = Layer("bf_border", 2, 3, 16, 5, 6, 7, 3, 3, 3, pad=1)
+
+
+@pytest.mark.parametrize("rows, plant", [
+    (0, None), (2, None), (0, "row"), (2, "row"), (2, "plane"), (0, "plane_range"),
+    (0, "edge_pixel"), (2, "edge_pixel")])
+def test_blocked_bwd_filter_reads_only_the_input(rows, plant, builds, reference):
+    """The kernel reads x in place, bounding its rows and planes to those that read the
+    input and running at the border pixels only the width taps that do; the input lies
+    between NaN guards when verified.  Planted: a row or a plane that reads the input
+    skipped, a border pixel's first tap dropped."""
+    from impls import direct_conv_ndhwc_blocked_bwd_filter as bf
+    from impls._common import layer_constants
+    params = dict(registry.get("directConvNDHWCblockedBwdFilter").resolve_params(),
+                  SLICES=1, ROWS=rows, CB=2, NB=8)
+    source = bf._source(layer_constants(BORDER_LAYER, "NDHWC"), "float32",
+                        *bf.tile_sizes(BORDER_LAYER, params))
+    lines = source.splitlines()
+    if plant == "row":  # the rows' lower bound one too high
+        assert source.count("max(0, 1 - kh)") == 1
+        source = source.replace("max(0, 1 - kh)", "max(0, 2 - kh)")
+    elif plant == "plane":  # the first plane that reads the input counted as border
+        assert source.count("+ kd - 0, ") == 1
+        source = source.replace("+ kd - 0, ", "+ kd - 1, ")
+    elif plant == "plane_range":  # the planes' lower bound one too high
+        assert source.count("max(0, 1 - kd)") == 1
+        source = source.replace("max(0, 1 - kd)", "max(0, 2 - kd)")
+    elif plant == "edge_pixel":  # the first peeled pixel's first width tap dropped
+        loop = next(n for n, line in enumerate(lines) if line.strip().startswith("for ow in"))
+        depth = len(lines[loop]) - len(lines[loop].lstrip())
+        first = next(n for n in range(loop + 1, len(lines))
+                     if len(lines[n]) - len(lines[n].lstrip()) == depth)
+        assert lines[first].strip() == "for j in range(8):"
+        end = next(n for n in range(first + 1, len(lines))
+                   if len(lines[n]) - len(lines[n].lstrip()) <= depth)
+        source = "\n".join(lines[:first] + lines[end:]) + "\n"
+    check = _verify_source(f"bf_border_{rows}_{plant}", "bwd_filter_blocked", source,
+                           None, Pass.BWD_FILTER, BORDER_LAYER, builds, reference)
     assert check.ok is (plant is None), check.summary()
 
 

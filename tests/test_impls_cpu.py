@@ -123,6 +123,9 @@ MULTI_VECTOR = [
          "odd", params=(("FORM", 1), ("CB", 3), ("NB", 4), ("NV", 2), ("ROWS", 7))),
     Case("directConvNDHWCblockedBwdFilter", Layer("noslice", 2, 5, 16, 6, 7, 5, 3, 3, 3, pad=1),
          "odd", params=(("NB", 8), ("NV", 2), ("CB", 3), ("SLICES", 0))),
+    # The taps inside each output row (TAPS: on the padded input, every loop whole)
+    Case("directConvNDHWCblockedBwdFilter", Layer("taps", 2, 5, 16, 6, 7, 5, 3, 3, 3, pad=1),
+         "odd", params=(("NB", 8), ("CB", 3), ("TAPS", 1), ("SLICES", 2))),
     # Vector loops of GROUP pixels (data gradient: 3 pixels in loops of 2 and 1)
     Case("directConvNDHWCblockedBwdData", Layer("grp", 2, 16, 5, 5, 6, 6, 3, 3, 3, pad=1),
          "odd", params=(("PIX", 5), ("NB", 8), ("NV", 2), ("PACK", 0), ("GROUP", 2))),

@@ -2,6 +2,7 @@
 register-blocked CPU implementation."""
 
 import json
+import sys
 
 import pytest
 
@@ -328,6 +329,69 @@ def test_a_dropped_edge_tap_is_caught(monkeypatch, builds, reference):
                                planted="edge_tap_dropped")
     check = verify.verify_build(builds(spec), reference(layer, pass_="bwd_data"))[0]
     assert not check.ok, "a dropped edge tap went unnoticed"
+
+
+@pytest.mark.parametrize("layer,tile,edge,expected", [
+    (Layer("p2", 1, 2, 2, 6, 6, 34, 3, 3, 3, pad=2), (1, 1, 8), True, True),
+    (Layer("p2", 1, 2, 2, 6, 6, 34, 3, 3, 3, pad=2), (1, 1, 8), False, False),
+    (Layer("p2", 1, 2, 2, 6, 6, 34, 3, 3, 3, pad=2), (2, 1, 8), True, False),
+    (Layer("p2", 1, 2, 2, 6, 6, 34, 3, 3, 3, pad=2), (1, 2, 8), True, False),
+    (Layer("p2", 1, 2, 2, 6, 6, 34, 3, 3, 3, pad=2), (1, 1, 1), False, True),
+    (Layer("p1h", 1, 2, 2, 6, 6, 8, 3, 3, 3, pad=1, pad_d=0, pad_h=0), (2, 3, 4), True, True),
+    (Layer("p0", 1, 2, 2, 6, 6, 8, 3, 3, 3), (2, 2, 2), False, True),
+    (Layer("s2", 1, 2, 2, 7, 6, 15, 3, 3, 3, stride=2, pad=2), (1, 1, 4), True, True),
+    (Layer("k5", 1, 2, 2, 5, 9, 12, 5, 5, 5, pad=4), (1, 1, 2), True, False)],
+    ids=lambda v: v.name if isinstance(v, Layer) else str(v))
+def test_reads_in_place_only_where_every_tap_reads_the_input(layer, tile, edge, expected):
+    """Padded dimensions need tiles one pixel thick (their tap bounds are then exact:
+    also along the width, without edge bodies), or, along the width, edge bodies and a
+    border that ends inside the first and the last tile."""
+    from convbench.layouts import Layout
+    from impls._blocked import reads_in_place
+    from impls._common import layer_constants
+    assert reads_in_place(layer_constants(layer, Layout.NDHWC), tile, edge) is expected
+
+
+#: Blocked kernels reading their (unpadded) input in place, verified with it between NaN
+#: guards: forward padded, strided and anisotropic; data gradient (padded by k - 1).
+IN_PLACE = [Case(name, layer, "inplace", params=params_of(params)) for name, layer, params in (
+    (BLOCKED, Layer("ip_s2", 1, 16, 8, 7, 6, 15, 3, 3, 3, stride=2, pad=2), {"PIX": 4, "EDGE": 2}),
+    (BLOCKED, Layer("ip_p1", 2, 8, 16, 4, 5, 10, 3, 3, 3, pad=1, pad_w=2),
+     {"PIX": 4, "NB": 8, "EDGE": 1}),
+    (BLOCKED_BWD_DATA, Layer("ip_bd", 2, 16, 8, 5, 6, 7, 3, 3, 3),
+     {"PIX": 4, "NB": 8, "NV": 1, "EDGE": 2}))]
+
+
+@pytest.mark.parametrize("case", case_params(IN_PLACE))
+def test_blocked_kernels_reading_in_place(case, builds, reference, coverage):
+    from convbench.layouts import Layout
+    from impls._blocked import reads_in_place
+    from impls._common import layer_constants
+    from impls.direct_conv_ndhwc_blocked_bwd_data import transposed_layer
+    impl = case.implementation
+    params = case.resolved_params()
+    layer = transposed_layer(case.layer) if impl.name == BLOCKED_BWD_DATA else case.layer
+    tile = sys.modules[impl.algorithm.__module__].tile_sizes(case.layer, params)[:3]
+    assert reads_in_place(layer_constants(layer, Layout.NDHWC), tile, True)
+    assert "xp" not in builds(case.spec()).sdfg.arrays, "the input was copied"
+    verify_case(case, builds, reference, coverage)
+
+
+def test_a_border_read_in_place_is_caught(monkeypatch, builds, reference):
+    """Plant in-place reads for tiles two pixels deep and high at a zero border (some of
+    their pixels' taps then read outside the input): the verification, whose inputs lie
+    between NaN guards, must fail."""
+    from impls import _blocked, direct_conv_ndhwc_blocked
+    for module in (_blocked, direct_conv_ndhwc_blocked):
+        monkeypatch.setattr(module, "reads_in_place", lambda *args: True)
+    layer = Layer("bug_inplace", 1, 8, 16, 4, 4, 4, 3, 3, 3, pad=1)
+    impl = registry.get(BLOCKED)
+    spec = toolchain.make_spec(impl, layer, params={"PIX": 16, "NB": 8, "NV": 1, "EDGE": 1},
+                               planted="border_read_in_place")
+    build = builds(spec)
+    assert "xp" not in build.sdfg.arrays
+    check = verify.verify_build(build, reference(layer))[0]
+    assert not check.ok, "reads of the zero border in place went unnoticed"
 
 
 # -- the tools (convbench.commands; in this process: their main(argv)) -------------------------
