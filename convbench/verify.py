@@ -169,13 +169,16 @@ GUARD_ELEMENTS = 1 << 22
 
 
 def guarded(tensor):
-    """``tensor`` copied into the middle of a buffer of NaN, up to its own size (at most
-    :data:`GUARD_ELEMENTS`) on each side: a kernel that reads past either end of its
-    input (a tap of the zero border read in place, a wrong offset) gets NaN, which
-    poisons its output, instead of whatever memory lies there."""
+    """``tensor`` copied into the middle of a buffer of NaN, about its own size (at most
+    :data:`GUARD_ELEMENTS`) on each side, a multiple of 64 elements so that the copy
+    keeps the buffer's alignment: a kernel that reads past either end of its input (a
+    wrong offset, the zero border of the first or last rows read in place) gets NaN,
+    which poisons its output, instead of whatever memory lies there.  (A read that
+    stays inside the input but at the wrong place gets a wrong value, which the
+    comparison catches.)"""
     import torch
     n = tensor.numel()
-    guard = min(n, GUARD_ELEMENTS)
+    guard = -(-min(n, GUARD_ELEMENTS) // 64) * 64
     buffer = torch.full((n + 2 * guard,), math.nan, dtype=tensor.dtype, device=tensor.device)
     view = buffer[guard:guard + n].view(tensor.shape)
     view.copy_(tensor)

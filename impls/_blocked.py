@@ -257,9 +257,9 @@ def vector_loops(indent, width, loads, groups, size=0):
 
 
 def generated_program(layer, source, function, tag, in_place=False):
-    """The SDFG of the generated ``source`` (a program on the padded input), taking the
-    unpadded input as the harness passes it; ``in_place``: the source reads the unpadded
-    input itself (:func:`reads_in_place`), so no padded copy is made."""
+    """The SDFG of the generated ``source``, taking the unpadded input as the harness
+    passes it: the source reads a zero-padded copy of it, or (``in_place``) the unpadded
+    input itself (:func:`reads_in_place`), and then no copy is made."""
     from convbench.registry import Layout
     from impls._common import pad_input, program_from_source
     program = program_from_source(source, function, f"{function}_{layer.key()}_{tag}")
@@ -452,7 +452,7 @@ def blocked_source(L, dtype_name, db, hb, wb, nb, k_outer, flip=False, nv=1, pac
         if taps_w is None:  # every pixel, the width taps bounded per tile
             nest += taps + [f"{depth}for c in range({reduced}):"]
             nest += vector_loops(depth + "        ", nb, loads, statements, group)
-        else:  # the width taps unrolled, each with the pixels it reads the input for
+        elif taps_w:  # the width taps unrolled, each with the pixels it reads the input for
             nest += taps[:2]
             depth = body + "        "
             for kw, columns in taps_w:

@@ -112,9 +112,10 @@ def _reading(tap, pad, size, S, out):
     if not pad:
         return None
     if S == 1:
-        return f"max(0, {pad} - {tap})", f"min({out}, {size + pad} - {tap})"
-    return (f"(max(0, {pad} - {tap}) + {S - 1}) // {S}",
-            f"min({out}, max(0, {size + pad - 1} - {tap}) // {S} + 1)")
+        return f"max(0, {pad} - ({tap}))", f"min({out}, {size + pad} - ({tap}))"
+    # o * S >= pad - tap, and o * S <= size - 1 + pad - tap: o < ceil((size + pad - tap) / S)
+    return (f"(max(0, {pad} - ({tap})) + {S - 1}) // {S}",
+            f"min({out}, (max(0, {size + pad} - ({tap})) + {S - 1}) // {S})")
 
 
 def _within(lo, hi, base, size):
@@ -284,6 +285,8 @@ def _source(L, dtype_name, chunks, tw, cb, nb, nv, inner, form=0, rows=0, kfirst
                 return re.sub(r"\bow\b", str(ow), text)
             lines += vector_loops(deep + "    ", nb, [(n, fixed(v)) for n, v in loads],
                                   [[fixed(line) for line in taps[a]] for a in used], group)
+        if not full and not any(inside.values()):  # no pixel reads the input
+            lines.append(f"{deep}pass")
     if rows:
         lines.append(f"{body}for j1 in range({nb}):")
         lines += [f"{body}    part[{t['b']}, {t['dc']}, {s.at.replace('@', 'j1')}] = "

@@ -297,12 +297,13 @@ BORDER_LAYER = Layer("bf_border", 2, 3, 16, 5, 6, 7, 3, 3, 3, pad=1)
 
 @pytest.mark.parametrize("rows, plant", [
     (0, None), (2, None), (0, "row"), (2, "row"), (2, "plane"), (0, "plane_range"),
-    (0, "edge_pixel"), (2, "edge_pixel")])
+    (0, "edge_pixel"), (2, "edge_pixel"), (0, "border_row"), (2, "border_row")])
 def test_blocked_bwd_filter_reads_only_the_input(rows, plant, builds, reference):
     """The kernel reads x in place, bounding its rows and planes to those that read the
     input and running at the border pixels only the width taps that do; the input lies
     between NaN guards when verified.  Planted: a row or a plane that reads the input
-    skipped, a border pixel's first tap dropped."""
+    skipped, a border pixel's first tap dropped, a row of the border read (in place:
+    the row before, or NaN before the input)."""
     from impls import direct_conv_ndhwc_blocked_bwd_filter as bf
     from impls._common import layer_constants
     params = dict(registry.get("directConvNDHWCblockedBwdFilter").resolve_params(),
@@ -311,14 +312,17 @@ def test_blocked_bwd_filter_reads_only_the_input(rows, plant, builds, reference)
                         *bf.tile_sizes(BORDER_LAYER, params))
     lines = source.splitlines()
     if plant == "row":  # the rows' lower bound one too high
-        assert source.count("max(0, 1 - kh)") == 1
-        source = source.replace("max(0, 1 - kh)", "max(0, 2 - kh)")
+        assert source.count("max(0, 1 - (kh))") == 1
+        source = source.replace("max(0, 1 - (kh))", "max(0, 2 - (kh))")
     elif plant == "plane":  # the first plane that reads the input counted as border
         assert source.count("+ kd - 0, ") == 1
         source = source.replace("+ kd - 0, ", "+ kd - 1, ")
+    elif plant == "border_row":  # the rows' lower bound one too low: reads the border
+        assert source.count("max(0, 1 - (kh))") == 1
+        source = source.replace("max(0, 1 - (kh))", "max(0, 0 - (kh))")
     elif plant == "plane_range":  # the planes' lower bound one too high
-        assert source.count("max(0, 1 - kd)") == 1
-        source = source.replace("max(0, 1 - kd)", "max(0, 2 - kd)")
+        assert source.count("max(0, 1 - (kd))") == 1
+        source = source.replace("max(0, 1 - (kd))", "max(0, 2 - (kd))")
     elif plant == "edge_pixel":  # the first peeled pixel's first width tap dropped
         loop = next(n for n, line in enumerate(lines) if line.strip().startswith("for ow in"))
         depth = len(lines[loop]) - len(lines[loop].lstrip())

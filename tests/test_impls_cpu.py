@@ -123,6 +123,20 @@ MULTI_VECTOR = [
          "odd", params=(("FORM", 1), ("CB", 3), ("NB", 4), ("NV", 2), ("ROWS", 7))),
     Case("directConvNDHWCblockedBwdFilter", Layer("noslice", 2, 5, 16, 6, 7, 5, 3, 3, 3, pad=1),
          "odd", params=(("NB", 8), ("NV", 2), ("CB", 3), ("SLICES", 0))),
+    # Strided, the kernel or the padding wider than the input: taps that read no input at
+    # all (every loop bounded to the input read in place; whole slices, rows, one tap)
+    Case("directConvNDHWCblockedBwdFilter", Layer("bfs2k4", 1, 2, 16, 2, 2, 2, 4, 4, 4,
+                                                 stride=2, pad=1), "odd",
+         params=(("NB", 8), ("CB", 2), ("SLICES", 1))),
+    Case("directConvNDHWCblockedBwdFilter", Layer("bfs2k4", 1, 2, 16, 2, 2, 2, 4, 4, 4,
+                                                 stride=2, pad=1), "odd",
+         params=(("NB", 8), ("CB", 2), ("ROWS", 1), ("TAPW", 0))),
+    Case("directConvNDHWCblockedBwdFilter", Layer("bfs2k5", 2, 3, 16, 3, 4, 3, 5, 3, 5,
+                                                 stride=2, pad=1, pad_h=2), "odd",
+         params=(("NB", 8), ("CB", 3), ("SLICES", 0))),
+    Case("directConvNDHWCblockedBwdFilter", Layer("bfw", 1, 2, 16, 3, 3, 1, 1, 1, 2,
+                                                 stride=3, pad=0, pad_w=2), "odd",
+         params=(("NB", 8), ("CB", 2), ("SLICES", 0))),  # no pixel reads the input
     # The taps inside each output row (TAPS: on the padded input, every loop whole)
     Case("directConvNDHWCblockedBwdFilter", Layer("taps", 2, 5, 16, 6, 7, 5, 3, 3, 3, pad=1),
          "odd", params=(("NB", 8), ("CB", 3), ("TAPS", 1), ("SLICES", 2))),

@@ -268,7 +268,9 @@ EDGE = [Case(name, layer, "edge", params=params_of(params)) for name, layer, par
     (BLOCKED_BWD_DATA, Layer("edge_bd", 2, 16, 8, 5, 6, 7, 3, 3, 3),
      {"PIX": 12, "NB": 8, "NV": 1, "EDGE": 1, "PACK": 1, "CBLK": 4}),
     (BLOCKED_BWD_DATA, Layer("edge_bd1", 2, 16, 8, 5, 6, 10, 3, 3, 3, pad=1),
-     {"PIX": 3, "NB": 8, "NV": 1, "EDGE": 1, "GROUP": 1}))]
+     {"PIX": 3, "NB": 8, "NV": 1, "EDGE": 1, "GROUP": 1}),
+    # The padding as wide as the kernel: the first and last width tiles read no input
+    (BLOCKED, Layer("edge_k1", 1, 3, 8, 3, 3, 3, 1, 1, 1, pad=1), {"PIX": 1, "NB": 8}))]
 
 
 @pytest.mark.parametrize("case", case_params(EDGE))
@@ -378,9 +380,9 @@ def test_blocked_kernels_reading_in_place(case, builds, reference, coverage):
 
 
 def test_a_border_read_in_place_is_caught(monkeypatch, builds, reference):
-    """Plant in-place reads for tiles two pixels deep and high at a zero border (some of
-    their pixels' taps then read outside the input): the verification, whose inputs lie
-    between NaN guards, must fail."""
+    """Plant in-place reads for tiles four pixels high at a zero border (some of their
+    pixels' taps then read outside the input: a neighbouring row's values, or NaN past
+    the ends of the guarded input): the verification must fail."""
     from impls import _blocked, direct_conv_ndhwc_blocked
     for module in (_blocked, direct_conv_ndhwc_blocked):
         monkeypatch.setattr(module, "reads_in_place", lambda *args: True)

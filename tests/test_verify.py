@@ -174,6 +174,19 @@ def test_runs_are_poisoned(builds, reference):
         assert torch.isnan(out).all()
 
 
+def test_inputs_lie_between_nan_guards():
+    """verify.guarded: the input's values in the middle, NaN on both sides (what a read
+    past either end gets), and the copy aligned as the buffer is."""
+    import torch
+    for n in (1, 10, 1000):
+        tensor = torch.arange(n, dtype=torch.float32).reshape(1, n)
+        view = verify.guarded(tensor)
+        assert torch.equal(view, tensor) and view.is_contiguous()
+        buffer, start = view._base, view.storage_offset()
+        assert start % 64 == 0 and start >= n and buffer.numel() - start - n >= n
+        assert torch.isnan(buffer[:start]).all() and torch.isnan(buffer[start + n:]).all()
+
+
 def test_one_missing_term_caught_at_long_reduction():
     """At L = 256*27 = 6912 (CosmoFlow's deepest layers) the tolerance still catches a
     single product missing from every output element."""
