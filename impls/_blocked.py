@@ -299,6 +299,12 @@ def cpu_schedule(sdfg, layer, params):
     persistent_buffers(sdfg)
 
 
+def reads_input(o, k, S, pad, size):
+    """Whether output ``o``'s tap ``k`` reads the input (not the zero border) in a
+    dimension of ``size`` padded by ``pad`` at stride ``S``."""
+    return 0 <= o * S + k - pad < size
+
+
 def width_cases(L, pixel_tile_shape, owb):
     """The bodies of the micro-tile along the width: ``(condition, taps, width)`` each,
     ``condition`` the ``if``/``elif``/``else`` text on the width tile index ``owb`` (None:
@@ -322,7 +328,7 @@ def width_cases(L, pixel_tile_shape, owb):
 
     def taps(tile, width):
         o0 = tile * wb
-        used = [(kw, [wi for wi in range(width) if 0 <= (o0 + wi) * L.S + kw - L.PW < L.W])
+        used = [(kw, [wi for wi in range(width) if reads_input(o0 + wi, kw, L.S, L.PW, L.W)])
                 for kw in range(L.KW)]
         return [(kw, columns) for kw, columns in used if columns]
 
@@ -371,10 +377,17 @@ def reads_in_place(L, pixel_tile_shape, edge):
             lo, hi = max(0, pad - (o0 + b - 1) * L.S), min(k, size + pad - o0 * L.S)
             if ob in skip or lo >= hi:
                 continue
-            if any((o0 + i) * L.S + lo < pad or (o0 + i) * L.S + hi - 1 - pad >= size
-                   for i in range(min(b, out - o0))):
+            if not all(reads_input(o0 + i, k, L.S, pad, size)
+                       for i in range(min(b, out - o0)) for k in (lo, hi - 1)):
                 return False
     return True
+
+
+def input_modes(L, pixel_tile_shape, params):
+    """``(edge, in_place)`` of a blocked kernel's tile: edge bodies (``EDGE``), and
+    whether it reads the input where it lies (``INPLACE`` and :func:`reads_in_place`)."""
+    edge = edge_modes(params)[1]
+    return edge, bool(params["INPLACE"]) and reads_in_place(L, pixel_tile_shape, edge)
 
 
 def inplace_param():

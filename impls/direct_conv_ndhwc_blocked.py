@@ -51,7 +51,7 @@ from convbench.registry import Implementation, Param, register
 from impls._blocked import (blocked_source, channel_tiles_outer, cpu_schedule,
                             generated_program, kouter_param, largest_divisor, pixel_tile,
                             channel_vectors, nv_param, channel_block, cblk_param, group_param,
-                            edge_modes, edge_param, inplace_param, reads_in_place,
+                            edge_modes, edge_param, inplace_param, input_modes,
                             lanes_param, registers_of)
 from convbench.isa import fit_pixels
 from impls._common import layer_constants
@@ -73,8 +73,7 @@ def algorithm(layer, dtype, params):
     db, hb, wb, nb, nv = tile_sizes(layer, params)
     k_outer = channel_tiles_outer(layer, params["KOUTER"])
     cblk = channel_block(layer.in_channels, params["CBLK"])
-    edge = edge_modes(params)[1]
-    in_place = bool(params["INPLACE"]) and reads_in_place(L, (db, hb, wb), edge)
+    edge, in_place = input_modes(L, (db, hb, wb), params)
     return generated_program(layer, blocked_source(L, dtype.name, db, hb, wb, nb, k_outer, nv=nv,
                                                    cblk=cblk, group=params["GROUP"],
                                                    edge=edge, in_place=in_place),

@@ -24,7 +24,7 @@ from convbench.registry import Implementation, Layer, Layout, Pass, Param, regis
 from impls._blocked import (blocked_source, channel_tiles_outer, cpu_schedule,
                             generated_program, kouter_param, largest_divisor, pixel_tile,
                             channel_vectors, nv_param, channel_block, cblk_param, group_param,
-                            edge_modes, edge_param, inplace_param, reads_in_place,
+                            edge_modes, edge_param, inplace_param, input_modes,
                             lanes_param, registers_of)
 from impls._common import layer_constants
 from convbench.isa import fit_pixels
@@ -63,8 +63,7 @@ def algorithm(layer, dtype, params):
     k_outer = channel_tiles_outer(t, params["KOUTER"])
     pack = packed(layer, params["PACK"])
     cblk = channel_block(t.in_channels, params["CBLK"])
-    edge = edge_modes(params)[1]
-    in_place = bool(params["INPLACE"]) and reads_in_place(L, (db, hb, wb), edge)
+    edge, in_place = input_modes(L, (db, hb, wb), params)
     sdfg = generated_program(t, blocked_source(L, dtype.name, db, hb, wb, nb, k_outer, flip=True,
                                                nv=nv, pack=pack, cblk=cblk,
                                                group=params["GROUP"], edge=edge,

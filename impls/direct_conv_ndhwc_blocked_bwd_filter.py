@@ -50,9 +50,10 @@ import re
 from collections import namedtuple
 
 from convbench.registry import Implementation, Layout, Pass, Param, register
-from impls._blocked import (channel_vectors, cpu_schedule, largest_divisor, map_header,
-                            nv_param, signature, lanes_param, tile_registers, vector_loops)
-from impls._common import layer_constants, pad_input, program_from_source
+from impls._blocked import (channel_vectors, cpu_schedule, generated_program, largest_divisor,
+                            map_header, nv_param, reads_input, signature, lanes_param,
+                            tile_registers, vector_loops)
+from impls._common import layer_constants
 
 
 #: The partial gradients (one per slice, each the size of dL/dw) stay below this many
@@ -235,8 +236,8 @@ def _source(L, dtype_name, chunks, tw, cb, nb, nv, inner, form=0, rows=0, kfirst
         lo, hi = _within(*_reading(kh, L.PH, L.H, S, L.OH), f"ob * {rows}", rows) \
             if L.PH else ("0", f"{rows}")
         if L.PD:  # 1 when the plane reads the input, else 0
-            inside = (f"min(1, max(0, min(({od}) * {S} + {kd} - {L.PD - 1}, "
-                      f"{L.D + L.PD} - ({od}) * {S} - {kd})))")
+            first, end = _reading(kd, L.PD, L.D, S, L.OD)
+            inside = f"min(1, max(0, min(({od}) - ({first}) + 1, ({end}) - ({od}))))"
             hi = f"min({hi}, {rows} * {inside})"
         lines += [f"{deep}for r in range({lo}, {hi}):"]
     else:
@@ -270,7 +271,7 @@ def _source(L, dtype_name, chunks, tw, cb, nb, nv, inner, form=0, rows=0, kfirst
         lines.append(f"{deep}for ow in range({', '.join(_reading(slots[0].kw, L.PW, L.W, S, L.OW))}):")
         lines += vector_loops(deep + "        ", nb, loads, taps, group)
     else:  # all width taps: the pixels at the border run theirs that read the input
-        inside = {ow: [a for a in range(tw) if 0 <= ow * S + a - L.PW < L.W]
+        inside = {ow: [a for a in range(tw) if reads_input(ow, a, S, L.PW, L.W)]
                   for ow in range(L.OW)}
         full = [ow for ow, used in inside.items() if len(used) == tw]
         lo, hi = (full[0], full[-1] + 1) if full else (0, 0)
@@ -342,11 +343,9 @@ def algorithm(layer, dtype, params):
     L = layer_constants(layer, Layout.NDHWC)
     sizes = tile_sizes(layer, params)
     source = _source(L, dtype.name, *sizes)
-    program = program_from_source(source, "bwd_filter_blocked", f"bwd_filter_blocked_"
-                                  f"{layer.key()}_{'x'.join(str(int(v)) for v in sizes)}")
-    if sizes[5]:  # the taps inside each row: on the padded input
-        return pad_input(program, layer, Layout.NDHWC, halo=True)
-    return program.to_sdfg(simplify=True)
+    # With the taps inside each row (sizes[5]) the program reads the padded input.
+    return generated_program(layer, source, "bwd_filter_blocked",
+                             "x".join(str(int(v)) for v in sizes), in_place=not sizes[5])
 
 
 register(Implementation(
