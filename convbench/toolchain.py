@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, Mapping, Optional, Tuple
 
-from . import launch
+from . import launch, loader
 from .errors import UsageError
 from .layers import Layer
 from .registry import Implementation
@@ -385,6 +385,6 @@ def compile_spec(spec: BuildSpec, folder: Path,
 
 
 def load_program(library: Path, sdfg) -> Any:
-    """dlopen a compiled SDFG's library (initialisation waits for the first call)."""
-    from dace.codegen import compiler
-    return compiler.get_program_handle(str(library), sdfg)
+    """The program of a compiled SDFG's library, loaded once per process and never
+    closed (:mod:`convbench.loader` says why DaCe's own loader is not used)."""
+    return loader.load_program(library, sdfg)
