@@ -11,7 +11,9 @@
 #
 # Variables: PYTHON (interpreter that creates the venv), VENV, TORCH_SPEC (the torch
 # requirement installed first; the default takes this machine's local CPU wheel),
-# RUN_ARGS (extra flags for `make run`), PYTEST_ARGS, COVERAGE_OUT.
+# RUN_ARGS (extra flags for `make run`), PYTEST_ARGS, COVERAGE_OUT, TEST_WORKERS (pytest
+# processes, pytest-xdist's -n: one per core by default, at most 4; a test file stays
+# in one process, and the processes share the session's builds; 0 runs in this process).
 
 PYTHON     ?= python3
 VENV       ?= .venv
@@ -19,6 +21,7 @@ TORCH_SPEC ?= torch==2.13.0
 RUN_ARGS   ?=
 PYTEST_ARGS ?=
 COVERAGE_OUT ?= results/verify/cpu
+TEST_WORKERS ?= auto
 
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.convbench-installed
@@ -41,13 +44,15 @@ run: setup
 	$(PY) profile_conv3d.py --verify --device cpu --batch 1 --paramscsv cosmoflow $(RUN_ARGS)
 
 # lint-imports checks the architecture first (the contracts are in setup.cfg).
+XDIST := -n $(TEST_WORKERS) --maxprocesses=4 --dist loadfile
+
 test: setup
 	$(VENV)/bin/lint-imports --no-cache
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 test-full: setup
 	$(VENV)/bin/lint-imports --no-cache
-	$(PY) -m pytest --full --coverage-out=$(COVERAGE_OUT) $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) --full --coverage-out=$(COVERAGE_OUT) $(PYTEST_ARGS)
 
 clean-cache:
 	rm -rf .cache/builds

@@ -4,14 +4,15 @@ A test that takes a :class:`Case` as a parameter has its build compiled up front
 every other collected case's, by the session's build cache (see ``conftest.py``), and
 its outcome goes into the coverage table (verified, refused or failed).
 
-The fast tier (``make test``) verifies every implementation on :data:`FAST_LAYERS`, a
-few layers that together reach every code path: a first layer at a small size (1 input
+The fast tier (``make test``) verifies every implementation on :data:`FAST_LAYERS`, three
+layers that together reach every code path: a first layer at a small size (1 input
 channel, so a GEMM reduction of 27, shorter than one tile; padding 1), the smallest
-spatial size (256 channels on 4^3, one output tile), a strided layer with padding
-(stride phases, border taps), and an odd non-cubic shape at batch 2 (tails in every
-tile dimension, the batch loop, no padding).  The full tier (``make test-full``) adds
-every layer of both sets at batch 1 and 2 for every pass (the first layers at their
-full 128^3 and 130^3), and every odd shape.
+spatial size (256 channels on 4^3, one output tile; no padding), and an odd non-cubic
+layer at batch 2, strided with padding 2 (stride phases, border taps, tails in every tile
+dimension, the batch loop).  An implementation that refuses strides takes the odd
+stride-1 shape at batch 2 instead (:func:`fast_layers`).  The full tier (``make
+test-full``) adds every layer of both sets at batch 1 and 2 for every pass (the first
+layers at their full 128^3 and 130^3), and every odd shape.
 """
 
 import dataclasses
@@ -88,7 +89,7 @@ GPU_IMPLS = sorted(n for n in IMPLS if "gpu" in registry.get(n).targets)
 ODD_SHAPES = [
     Layer("noncubic", 2, 3, 5, 5, 7, 9, 3, 3, 3),
     Layer("stride2", 1, 4, 6, 9, 8, 7, 3, 3, 3, stride=2),
-    Layer("pad2_stride2", 1, 5, 3, 6, 7, 5, 3, 3, 3, stride=2, pad=2),
+    Layer("pad2_stride2", 2, 5, 3, 6, 7, 5, 3, 3, 3, stride=2, pad=2),
     Layer("channels_7_13", 1, 7, 13, 6, 6, 6, 3, 3, 3, pad=1),
     Layer("k1x1x1", 2, 6, 10, 4, 5, 6, 1, 1, 1),
     Layer("k1x1x1_pad", 1, 3, 4, 3, 3, 3, 1, 1, 1, pad=1),
@@ -126,8 +127,23 @@ def _first(layer_set, index=0):
 FIRST_SMALL = Layer("conv1_small", 1, 1, 16, 20, 20, 20, 3, 3, 3, pad=1)
 
 #: The fast tier's layers (see the module's docstring).
-FAST_LAYERS = [("small", FIRST_SMALL), _first("cosmoflow", -1),
-               ("odd", ODD["pad2_stride2"]), ("odd", ODD["noncubic"])]
+FAST_LAYERS = [("small", FIRST_SMALL), _first("cosmoflow", -1), ("odd", ODD["pad2_stride2"])]
+
+
+def fast_layers(name: str) -> List[Tuple[str, Layer]]:
+    """:data:`FAST_LAYERS` for implementation ``name``: the odd stride-1 shape (batch 2,
+    no padding) in place of the strided one where ``name`` refuses strides."""
+    impl = registry.get(name)
+    refuses = impl.unsupported_reason(ODD["pad2_stride2"], impl.resolve_params())
+    return [("odd", ODD["noncubic"]) if layer is ODD["pad2_stride2"] and refuses
+            else (s, layer) for s, layer in FAST_LAYERS]
+
+
+def fast_cases(names: Iterable[str]) -> List[Case]:
+    """Every name on its :func:`fast_layers`, layer-major as :func:`cases`."""
+    names = list(names)
+    per = {n: fast_layers(n) for n in names}
+    return [Case(n, per[n][i][1], per[n][i][0]) for i in range(len(FAST_LAYERS)) for n in names]
 
 
 # -- running a case ----------------------------------------------------------------------------

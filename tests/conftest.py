@@ -49,7 +49,10 @@ def pytest_addoption(parser):
                     help="the full tier: run the tests marked 'full' (sweeps) as well")
     group.addoption("--build-jobs", type=int, default=None, metavar="N",
                     help="processes that compile the session's builds up front "
-                         "(default: one per core)")
+                         "(default: one per core, shared among pytest-xdist's workers)")
+    group.addoption("--build-cache", default=None, metavar="DIR",
+                    help="keep the session's builds in DIR and reuse the valid ones on the "
+                         "next run (default: a new temporary folder per session, as in CI)")
     # With "=": pytest takes a separate value that names an existing folder for a test path.
     group.addoption("--coverage-out", default=None, metavar="DIR",
                     help="write the verification coverage table (coverage.md, coverage.csv, "
@@ -103,10 +106,30 @@ def pytest_collection_finish(session):
 # -- the session's builds -------------------------------------------------------------------
 
 @pytest.fixture(scope="session")
-def cachedir(tmp_path_factory):
+def cachedir(request, tmp_path_factory):
     """The session's build cache folder, outside the project cache (scripts the tests run
-    in subprocesses share it, under the cache's locks)."""
+    in subprocesses share it, under the cache's locks); ``--build-cache`` names one that
+    outlives the session."""
+    kept = request.config.getoption("--build-cache")
+    if kept:
+        path = Path(kept).resolve()
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    if _xdist_workers() > 1:  # one folder for the session's workers (each has its own basetemp)
+        path = tmp_path_factory.getbasetemp().parent / "builds"
+        path.mkdir(exist_ok=True)
+        return path
     return tmp_path_factory.mktemp("builds")
+
+
+def _xdist_workers() -> int:
+    """How many pytest-xdist workers run this session (1 without xdist)."""
+    return int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+
+
+def _xdist_index() -> int:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return int(worker[2:]) if worker[2:].isdigit() else 0
 
 
 class SessionBuilds:
@@ -121,6 +144,11 @@ class SessionBuilds:
         jobs = [c.job() for c in self._cases if not c.refused()]
         if len(jobs) < 2:
             return
+        # Under pytest-xdist every worker fills the shared folder, each starting at its own
+        # share of the list: a build another worker finished is skipped, one it is
+        # compiling is waited for (the cache's locks), so each build is compiled once.
+        start = len(jobs) * _xdist_index() // _xdist_workers()
+        jobs = jobs[start:] + jobs[:start]
         t0 = time.perf_counter()
         self._report(f"compiling {len(jobs)} builds with {self._workers} process(es)")
         step = max(1, len(jobs) // 10)
@@ -143,7 +171,7 @@ class SessionBuilds:
 def builds(request, cachedir):
     """The session's :class:`SessionBuilds`; requesting it compiles the collected builds."""
     config = request.config
-    workers = config.getoption("--build-jobs") or os.cpu_count() or 1
+    workers = config.getoption("--build-jobs") or max(1, (os.cpu_count() or 1) // _xdist_workers())
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     capture = config.pluginmanager.get_plugin("capturemanager")
 
@@ -318,9 +346,19 @@ def coverage(request):
 
 def pytest_sessionfinish(session, exitstatus):
     cov = session.config.stash[_COVERAGE]
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # a pytest-xdist worker: its controller writes the table
+        workeroutput["coverage"] = cov.records
+        return
     out = session.config.getoption("--coverage-out")
     if cov.records and out:
         cov.written = cov.write(out, session)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """pytest-xdist's controller: a worker finished; keep its coverage records."""
+    node.config.stash[_COVERAGE].records.extend(node.workeroutput.get("coverage", []))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

@@ -296,8 +296,9 @@ BORDER_LAYER = Layer("bf_border", 2, 3, 16, 5, 6, 7, 3, 3, 3, pad=1)
 
 
 @pytest.mark.parametrize("rows, plant", [
-    (0, None), (2, None), (0, "row"), (2, "row"), (2, "plane"), (0, "plane_range"),
-    (0, "edge_pixel"), (2, "edge_pixel"), (0, "border_row"), (2, "border_row")])
+    (0, None), (2, None), (0, "row"), (2, "plane"), (0, "plane_range"), (2, "edge_pixel"),
+    (2, "border_row")] + [pytest.param(*p, marks=pytest.mark.full) for p in (
+        (2, "row"), (0, "edge_pixel"), (0, "border_row"))])  # the same plants, other form
 def test_blocked_bwd_filter_reads_only_the_input(rows, plant, builds, reference):
     """The kernel reads x in place, bounding its rows and planes to those that read the
     input and running at the border pixels only the width taps that do; the input lies

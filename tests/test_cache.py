@@ -26,13 +26,20 @@ def spec(target="cpu"):
     return toolchain.make_spec(registry.get(IMPL), LAYER, "float32", target)
 
 
-@pytest.fixture
-def built(tmp_path):
-    """A cache folder holding one valid CPU build of LAYER."""
-    c = BuildCache(tmp_path / "cache")
-    b = c.get(spec(), policy="rebuild", load=False)
+@pytest.fixture(scope="module")
+def _pristine(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pristine") / "cache"
+    b = BuildCache(root).get(spec(), policy="rebuild", load=False)
     assert b.origin == "built"
-    return c
+    return root
+
+
+@pytest.fixture
+def built(_pristine, tmp_path):
+    """A cache folder of the test's own holding one valid CPU build of LAYER (a copy of
+    one compiled once for the module: the cache is relocatable)."""
+    shutil.copytree(_pristine, tmp_path / "cache")
+    return BuildCache(tmp_path / "cache")
 
 
 class NoCompile(Exception):

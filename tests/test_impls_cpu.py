@@ -1,17 +1,17 @@
 """Every registered implementation, verified on the CPU.
 
-Fast tier: every implementation on the representative layers of ``cases.FAST_LAYERS``, and
+Fast tier: every implementation on the representative layers of ``cases.fast_layers``, and
 a second call of one build on new inputs.  Full tier (``--full``): every layer of both
 CosmoFlow sets at batch 1 and 2, for every pass, and every odd shape."""
 
 import pytest
 
-from cases import (FAST_LAYERS, IMPLS, ODD_SHAPES, Case, case_params, cases, cosmoflow,
-                   verify_case)
+from cases import (IMPLS, ODD_SHAPES, Case, case_params, cases, cosmoflow, fast_cases,
+                   fast_layers, verify_case)
 from convbench import registry, toolchain, verify
 from convbench.layers import Layer
 
-FAST = cases(IMPLS, FAST_LAYERS)
+FAST = fast_cases(IMPLS)
 FULL = cases(IMPLS, cosmoflow((1, 2)) + [("odd", layer) for layer in ODD_SHAPES])
 
 
@@ -20,14 +20,8 @@ def test_verifies(case, builds, reference, coverage):
     verify_case(case, builds, reference, coverage)
 
 
-def _fresh_layer(name):
-    """The strided odd shape, or the stride-1 one where the implementation refuses it."""
-    impl = registry.get(name)
-    layer = ODD_SHAPES[2]
-    return ODD_SHAPES[0] if impl.unsupported_reason(layer, impl.resolve_params()) else layer
-
-
-FRESH = [Case(name, _fresh_layer(name), "odd") for name in IMPLS]
+#: The odd fast layer of each implementation (a build the fast tier has anyway).
+FRESH = [Case(name, fast_layers(name)[-1][1], "odd") for name in IMPLS]
 
 
 @pytest.mark.parametrize("case", case_params(FRESH))
@@ -154,6 +148,18 @@ MULTI_VECTOR = [
 ]
 
 
-@pytest.mark.parametrize("case", case_params(MULTI_VECTOR))
+#: Fast tier: the paths that no other fast test builds: strided filter gradients whose taps
+#: read no input, the taps inside each row (TAPS), two vectors per filter-gradient tile with
+#: row blocks and the filter taps outermost (KFIRST), four vectors of the data gradient's
+#: packed filter.  Two-vector forward and data-gradient tiles, channel blocks, pixel groups,
+#: both filter-gradient forms, slices or none, one vector loop per tile (SPLIT 0) and both
+#: filter reads of the data gradient are built in the fast tier by the planted-bug tests'
+#: controls (tests/test_backward.py); the other shapes here run in the full tier.
+MULTI_VECTOR_FAST = [c for c in MULTI_VECTOR
+                     if c.layer.name in ("bfs2k4", "bfs2k5", "bfw", "taps")
+                     or dict(c.params).get("NV") == 4 or dict(c.params).get("KFIRST") == 1]
+
+
+@pytest.mark.parametrize("case", case_params(MULTI_VECTOR_FAST, MULTI_VECTOR))
 def test_multi_vector_tiles_verify(case, builds, reference, coverage):
     verify_case(case, builds, reference, coverage)

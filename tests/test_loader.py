@@ -14,9 +14,9 @@ import pytest
 from cases import FIRST_SMALL, Case
 from conftest import ENV, PYTHON, ROOT
 
-#: Builds that the fast tier makes anyway (the first one also for the end-to-end tests).
-CASES = [Case("directConvNDHWCblocked", FIRST_SMALL, "small"),
-         Case("implicitGemm", FIRST_SMALL, "small")]
+#: A build that the fast tier makes anyway (and that compiles quickly: the pattern
+#: compiles it once more, under the "rebuild" policy).
+CASES = [Case("implicitGemm", FIRST_SMALL, "small")]
 
 _PATTERN = """
 import gc, json, sys
@@ -84,8 +84,10 @@ def test_loading_one_build_again_and_again(builds, tmp_path):
     assert proc.returncode == 0, (f"exit status {proc.returncode}\n" + proc.stdout[-2000:]
                                   + proc.stderr[-3000:])
     said = [line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("PATTERN")]
-    assert said == [["require", "ok"], ["reuse", "ok"]] * len(CASES) + [
-        ["rebuild", "ok"], ["libraries", str(len(CASES) + 1)]], proc.stdout[-2000:]
+    assert said[:-1] == [["require", "ok"], ["reuse", "ok"]] * len(CASES) + [
+        ["rebuild", "ok"]], proc.stdout[-2000:]
+    # One library per build at least (a rebuild whose bytes differ is loaded as another).
+    assert said[-1][0] == "libraries" and int(said[-1][1]) >= len(CASES)
 
 
 _REBUILT = """
