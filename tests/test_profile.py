@@ -7,10 +7,14 @@ import time
 
 import pytest
 
+from cases import Case
 from convbench import cli, timing
+from convbench.layers import Layer
 from convbench.results import SAMPLE_COLUMNS
 
 IMPL = "implicitGemm"
+#: A build of the session's (tests/conftest.py), for the tests that only run one.
+PREPARED = Case(IMPL, Layer("t", 1, 3, 4, 6, 5, 7, 3, 3, 3, 1, 1), "odd")
 CSV = ("layer,batch,in_channels,out_channels,in_d,in_h,in_w,k_d,k_h,k_w,stride,pad\n"
        "tiny,1,3,4,6,5,7,3,3,3,1,1\ntiny2,2,2,3,5,5,5,3,3,3,2,0\n")
 
@@ -203,15 +207,15 @@ def test_bad_profiling_flags(capsys, args, words):
     assert "Traceback" not in out + err
 
 
-def test_prepared_call_matches_the_checked_call(tmp_path):
+@pytest.mark.prebuild(PREPARED)
+def test_prepared_call_matches_the_checked_call(builds):
     import torch
 
-    from convbench import cache, registry, toolchain, verify
-    from convbench.layers import Layer
+    from convbench import registry, verify
     from convbench.layouts import from_layout, stored_shape, to_layout
-    layer = Layer("t", 1, 3, 4, 6, 5, 7, 3, 3, 3, 1, 1)
+    layer = PREPARED.layer
     impl = registry.get(IMPL)
-    build = cache.build(toolchain.make_spec(impl, layer), tmp_path)
+    build = builds(PREPARED.spec())
     ref = verify.make_truth(layer, seed=3)
     arrays = {r: to_layout(ref.inputs[r], impl.layout, r) for r in ("x", "w")}
     arrays["y"] = torch.full(stored_shape(impl.layout, "y", layer.output_shape), float("nan"))
