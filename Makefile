@@ -12,9 +12,8 @@
 # Variables: PYTHON (interpreter that creates the venv), VENV, TORCH_SPEC (the torch
 # requirement installed first; the default takes this machine's local CPU wheel),
 # RUN_ARGS (extra flags for `make run`), PYTEST_ARGS, COVERAGE_OUT, TEST_WORKERS (pytest
-# processes, pytest-xdist's -n: one per core by default, at most 4; tests are dealt out
-# one by one, but a module marked xdist_group stays in one process, and the processes
-# share the session's builds; 0 runs in this process).
+# processes, pytest-xdist's -n: one per core by default, at most 4; a test file stays
+# in one process, and the processes share the session's builds; 0 runs in this process).
 
 PYTHON     ?= python3
 VENV       ?= .venv
@@ -45,7 +44,7 @@ run: setup
 	$(PY) profile_conv3d.py --verify --device cpu --batch 1 --paramscsv cosmoflow $(RUN_ARGS)
 
 # lint-imports checks the architecture first (the contracts are in setup.cfg).
-XDIST := -n $(TEST_WORKERS) --maxprocesses=4 --dist loadgroup
+XDIST := -n $(TEST_WORKERS) --maxprocesses=4 --dist loadfile
 
 test: setup
 	$(VENV)/bin/lint-imports --no-cache

@@ -16,9 +16,6 @@ from convbench import cache, cli, registry, toolchain
 from convbench.cache import BuildCache, CacheMiss
 from convbench.layers import Layer
 
-#: One pytest-xdist worker runs the whole module (one compiled build for the module).
-pytestmark = pytest.mark.xdist_group("cache")
-
 IMPL = "implicitGemm"
 LAYER = Layer("tiny", 1, 3, 4, 6, 5, 7, 3, 3, 3, 1, 1)
 CSV = ("layer,batch,in_channels,out_channels,in_d,in_h,in_w,k_d,k_h,k_w,stride,pad\n"

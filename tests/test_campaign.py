@@ -12,9 +12,6 @@ from conftest import assert_usage_error as _assert_usage_error
 from conftest import in_process, load_script
 from convbench import campaign, campaign_cli, ncu, registry
 
-#: One pytest-xdist worker runs the whole module (the rehearsal runs once, for the module).
-pytestmark = pytest.mark.xdist_group("campaign")
-
 script = load_script("gpu_campaign.py")
 
 

@@ -15,9 +15,6 @@ from convbench.layers import load_layers
 from convbench.layouts import Pass
 from convbench.plots import plot_breakdown, read_breakdown
 
-#: One pytest-xdist worker runs the whole module (its module-scoped run and the in-process checks share builds).
-pytestmark = pytest.mark.xdist_group("end2end")
-
 SCRIPT = str(ROOT / "scripts" / "cosmoflow_end2end.py")
 SMALL = ["--device", "cpu", "--size", "32", "--batch", "2"]
 

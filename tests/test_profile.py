@@ -14,7 +14,7 @@ from convbench.results import SAMPLE_COLUMNS
 
 IMPL = "implicitGemm"
 #: A build of the session's (tests/conftest.py), for the tests that only run one.
-PREPARED = Case(IMPL, Layer("t", 1, 3, 4, 6, 5, 7, 3, 3, 3, 1, 1), "odd")
+PREPARED = Case(IMPL, Layer("tiny", 1, 3, 4, 6, 5, 7, 3, 3, 3, 1, 1), "odd")
 CSV = ("layer,batch,in_channels,out_channels,in_d,in_h,in_w,k_d,k_h,k_w,stride,pad\n"
        "tiny,1,3,4,6,5,7,3,3,3,1,1\ntiny2,2,2,3,5,5,5,3,3,3,2,0\n")
 
@@ -102,11 +102,20 @@ def layer_csv(tmp_path):
     return path
 
 
-def profile(tmp_path, layer_csv, *extra):
+#: The layers of CSV, as the session's builds (for the runs that need not compile).
+PROFILED = [Case(IMPL, Layer("tiny", 1, 3, 4, 6, 5, 7, 3, 3, 3, 1, 1), "odd"),
+            Case(IMPL, Layer("tiny2", 2, 2, 3, 5, 5, 5, 3, 3, 3, 2, 0), "odd")]
+
+
+def profile(tmp_path, layer_csv, *extra, cachedir=None):
+    """--compareprof on CSV; compiled into a cache of the test's own, or loaded from
+    ``cachedir`` (the session's builds)."""
     outdir = tmp_path / "run"
+    cache = ["--cachedir", str(cachedir), "--loadprecompiled"] if cachedir else [
+        "--cachedir", str(tmp_path / "cache")]
     args = ["--implementation", IMPL, "--device", "cpu", "--paramscsv", str(layer_csv),
-            "--cachedir", str(tmp_path / "cache"), "--compareprof", "--warmupiter", "2",
-            "--totaliter", "6", "--outdir", str(outdir), *extra]
+            *cache, "--compareprof", "--warmupiter", "2", "--totaliter", "6",
+            "--outdir", str(outdir), *extra]
     return cli.main(args), outdir
 
 
@@ -156,7 +165,9 @@ def test_compareprof_writes_results_and_plots(tmp_path, layer_csv, capsys):
     assert "x torch" in out  # the ratio is printed per layer
 
 
-def test_interrupted_run_keeps_finished_layers(tmp_path, layer_csv, monkeypatch, capsys):
+@pytest.mark.prebuild(*PROFILED)
+def test_interrupted_run_keeps_finished_layers(tmp_path, layer_csv, monkeypatch, capsys,
+                                               cachedir, builds):
     from convbench.experiment import Experiment
     original = Experiment.run_one
 
@@ -165,7 +176,7 @@ def test_interrupted_run_keeps_finished_layers(tmp_path, layer_csv, monkeypatch,
             raise KeyboardInterrupt
         return original(self, impl, i, layer)
     monkeypatch.setattr(Experiment, "run_one", layer_then_interrupt)
-    rc, outdir = profile(tmp_path, layer_csv)
+    rc, outdir = profile(tmp_path, layer_csv, cachedir=cachedir)
     assert rc == 130
     meta = json.loads((outdir / "metadata.json").read_text())
     assert meta["status"] == "interrupted"
@@ -174,13 +185,14 @@ def test_interrupted_run_keeps_finished_layers(tmp_path, layer_csv, monkeypatch,
     assert not list(outdir.glob(".*.tmp"))  # atomic writes leave no temporaries
 
 
-def test_threads_flag_sets_torch_threads(tmp_path, layer_csv, monkeypatch):
+@pytest.mark.prebuild(*PROFILED)
+def test_threads_flag_sets_torch_threads(tmp_path, layer_csv, monkeypatch, cachedir, builds):
     import torch
     before = torch.get_num_threads()
     monkeypatch.setenv("OMP_NUM_THREADS", str(before))
     try:
         rc, outdir = profile(tmp_path, layer_csv, "--threads", "1", "--totaliter", "2",
-                             "--currlayer", "1")
+                             "--currlayer", "1", cachedir=cachedir)
         assert rc == 0
         meta = json.loads((outdir / "metadata.json").read_text())
         assert meta["threads"]["requested"] == 1 and meta["threads"]["torch"] == 1

@@ -45,18 +45,28 @@ def test_every_variant_is_registered_for_both_targets():
         assert set(params) == {p.name for p in impl.params}
 
 
+def _defaults():
+    from cases import ODD, Case
+    from convbench import cli
+    return [Case(name, ODD["pad2_stride2"], "odd") for name in cli.DEFAULT_FOR_PASS.values()]
+
+
+@pytest.mark.prebuild(*_defaults())  # the fast tier's builds on its odd layer
 @pytest.mark.parametrize("pass_", list(Pass), ids=str)
 def test_default_implementations(pass_, write_csv, cachedir, capsys):
     """Per pass, the CLI runs its default when no implementation is named: a registered
     implementation of that pass, for both targets, and the one the README marks."""
+    from cases import ODD
     from convbench import cli
     name = cli.DEFAULT_FOR_PASS[str(pass_)]
     impl = registry.get(name)
     assert impl.pass_ == pass_ and impl.targets == ("cpu", "gpu")
+    layer = ODD["pad2_stride2"]
     path = write_csv("layer,batch,in_channels,out_channels,in_d,in_h,in_w,k_d,k_h,k_w,stride,pad\n"
-                     "t,1,2,3,5,4,6,3,3,3,2,1\n")
+                     f"{layer.name},{layer.batch},{layer.in_channels},{layer.out_channels},"
+                     f"{layer.in_d},{layer.in_h},{layer.in_w},3,3,3,{layer.stride},{layer.pad}\n")
     assert cli.main(["--pass", str(pass_), "--verify", "--device", "cpu", "--paramscsv",
-                     str(path), "--cachedir", str(cachedir)]) == 0
+                     str(path), "--cachedir", str(cachedir), "--loadprecompiled"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"{name} ({pass_}, {impl.layout})") and "PASS" in out
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()

@@ -15,9 +15,6 @@ from conftest import assert_usage_error as _assert_usage_error
 from convbench.commands import stress
 from convbench.layers import Layer
 
-#: One pytest-xdist worker runs the whole module (one build cache for the module).
-pytestmark = pytest.mark.xdist_group("stress")
-
 SCRIPT = ROOT / "scripts" / "stress_test.py"
 PREFIX = "stress_test.py: error: "
 SMALL = ["--size", "24", "--in-channels", "4", "--out-channels", "8", "--device", "cpu"]
