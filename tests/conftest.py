@@ -30,6 +30,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# Under pytest-xdist each worker takes its share of the cores for OpenMP (torch and the
+# DaCe kernels; subprocesses inherit it), so that the workers do not oversubscribe the
+# machine.  Set before anything starts OpenMP.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ and "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1)
+                                            // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 from cases import Case  # noqa: E402
 from convbench import devices  # noqa: E402
 from convbench.cache import BuildCache, fill  # noqa: E402

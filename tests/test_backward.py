@@ -216,14 +216,14 @@ def test_channel_blocks_catch_an_overwritten_output(pass_, plant, builds, refere
 #: fast tier, with its control): full tier.
 _REPEATS = [pytest.param(*p, marks=pytest.mark.full) for p in (
     (0, 0, "width_tap", 0), (0, 2, "drop_partial", 0), (0, 2, "width_tap", 0),
-    (1, 0, "width_tap", 1))]
+    (1, 0, "width_tap", 1), (1, 5, "width_tap", 0), (0, 2, "width_tap", 1))]
 
 
 @pytest.mark.parametrize("form, rows, plant, split", [
     (0, 0, None, 0), (0, 0, "drop_partial", 0), (1, 0, None, 0), (1, 0, "width_tap", 0),
     (0, 2, None, 0), (0, 2, "restart_rows", 0), (0, 2, "stale_partial", 0),
-    (1, 5, "width_tap", 0), (0, None, None, 0), (0, None, "drop_batch", 0),
-    (0, 2, None, 1), (0, 2, "width_tap", 1), (0, 0, "last_tap", 1)] + _REPEATS)
+    (0, None, None, 0), (0, None, "drop_batch", 0), (0, 2, None, 1),
+    (0, 0, "last_tap", 1)] + _REPEATS)
 def test_blocked_bwd_filter_catches_planted_bugs(form, rows, plant, split, builds, reference):
     """``rows`` None: no slices (``SLICES=0``), the batch loops inside each tile.
     ``split``: one vector loop per width tap (``SPLIT=1``)."""

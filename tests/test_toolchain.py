@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cases import GPU_IMPLS, Case, case_params
+from cases import FIRST_SMALL, GPU_IMPLS, Case, case_params
 from convbench import cache, registry, toolchain
 from convbench.errors import UsageError
 from convbench.layers import Layer
@@ -258,7 +258,7 @@ def _check_linked(build, environment):
             assert any(str(library.parent) in line for line in rpaths), dynamic
 
 
-MKL_CASE = Case("im2colGemm", LAYER, "toolchain")
+MKL_CASE = Case("im2colGemm", FIRST_SMALL, "small")  # a build of the fast tier's
 
 
 @pytest.mark.prebuild(MKL_CASE)
