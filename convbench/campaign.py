@@ -602,6 +602,30 @@ def worker_main(root: str, options_json: str) -> int:
     return 0
 
 
+def vendor_layouts(layout, device: str) -> list:
+    """The memory formats the vendors are timed in: on the GPU both (cuDNN's fastest
+    engines differ between them, and the baseline is the fastest vendor path), on the CPU
+    the implementation's own."""
+    from .layouts import Layout
+    own = Layout(layout)
+    return [own] + ([other for other in Layout if other != own] if device == "gpu" else [])
+
+
+def vendor_name(name: str, layout, own) -> str:
+    """A vendor path's name in the result files: ``torch``/``cudnn`` in the DaCe
+    implementation's layout, ``torch-ndhwc``/``cudnn-ncdhw`` in the other."""
+    return name if str(layout) == str(own) else f"{name}-{str(layout).lower()}"
+
+
+def fastest_vendor(refs: Dict[str, float]) -> Tuple[Optional[str], Optional[float]]:
+    """The fastest vendor path among the timed ones (name to median ms): the baseline."""
+    timed = {k: v for k, v in refs.items() if v is not None and not math.isnan(v)}
+    if not timed:
+        return None, None
+    name = min(timed, key=timed.get)
+    return name, timed[name]
+
+
 def run_case(case: Case, options: dict) -> dict:
     """Verify ``case`` against torch float64 (and cuDNN on a GPU), then time it next to
     the references; a record (``status``: verified, wrong or refused)."""
@@ -674,9 +698,11 @@ def run_case(case: Case, options: dict) -> dict:
     if case.time_refs:
         tdev = "cuda" if device == "gpu" else "cpu"
         inputs = {r: t.to(tdev) for r, t in reference.inputs.items()}
-        backends += [(r.name, lambda r=r: r.prepare(layer, impl.pass_, impl.layout, device,
-                                                     inputs, exp.ref_options))
-                     for r in exp.reference_backends]
+        for layout in vendor_layouts(impl.layout, device):
+            backends += [(vendor_name(r.name, layout, impl.layout),
+                          lambda r=r, layout=layout: r.prepare(layer, impl.pass_, layout, device,
+                                                               inputs, exp.ref_options))
+                         for r in exp.reference_backends]
     timings, infos = {}, {}
     for name, prepare in backends:
         try:
@@ -750,7 +776,7 @@ def best_per_layer(records: Iterable[dict]) -> Dict[tuple, dict]:
         row = rows.setdefault(key, {"best": None, "refs": {}, "gflop": rec.get("gflop")})
         t = rec["timings"]
         row["refs"].update((name, stats["median_ms"]) for name, stats in t.items()
-                           if name != "dace")
+                           if name != "dace" and "median_ms" in stats)
         if row["best"] is None or t["dace"]["median_ms"] < row["best"]["timings"]["dace"]["median_ms"]:
             row["best"] = rec
     return rows
@@ -762,21 +788,21 @@ def write_table(folder: Folder, target: str, meta: dict) -> Path:
     ceilings = folder.read_json("ceilings.json", {}) or {}
     peak = ceilings.get("peak_gflops")
     gpu = target == "gpu"
-    vendor = "cudnn" if gpu else "torch"
     git = meta.get("git", {})
-    header = (["set", "layer", "batch", "pass", "best DaCe", "DaCe ms", f"{vendor} ms"]
-              + (["torch ms"] if gpu else []) + ["ratio", "% of FP32 peak",
-                                                 "V100 ratio (original)"])
+    header = (["set", "layer", "batch", "pass", "best DaCe", "DaCe ms"]
+              + (["cudnn ms", "torch ms", "fastest vendor", "vendor ms"] if gpu
+                 else ["torch ms"]) + ["ratio", "% of FP32 peak"])
     best = []
     for (lset, lname, batch, pass_), row in sorted(best_per_layer(records).items()):
-        d, v = row["best"]["timings"]["dace"]["median_ms"], row["refs"].get(vendor)
+        d = row["best"]["timings"]["dace"]["median_ms"]
+        refs = row["refs"] if gpu else {"torch": row["refs"].get("torch")}
+        winner, v = fastest_vendor(refs)
         gfs = row["gflop"] / (d * 1e-3) if row["gflop"] else None
-        original = pass_ == "fwd" and batch == ORIGINAL_BATCH.get(lset)
-        best.append([lset, lname, batch, pass_, row["best"]["case"]["impl"], f"{d:.3f}",
-                     _fmt(v, ".3f")] + ([_fmt(row["refs"].get("torch"), ".3f")] if gpu else [])
+        best.append([lset, lname, batch, pass_, row["best"]["case"]["impl"], f"{d:.3f}"]
+                    + ([_fmt(row["refs"].get("cudnn"), ".3f"), _fmt(row["refs"].get("torch"), ".3f"),
+                        winner or "—", _fmt(v, ".3f")] if gpu else [_fmt(v, ".3f")])
                     + [_fmt(d / v if v else None, ".2f") + ("x" if v else ""),
-                       _fmt(100 * gfs / peak if gfs and peak else None, ".1f"),
-                       V100_RATIOS.get(lset, "") if original else ""])
+                       _fmt(100 * gfs / peak if gfs and peak else None, ".1f")])
     best = best or [["(no case was timed)"] + [""] * (len(header) - 1)]
     state, phases = folder.state()["phases"], []
     for p in PHASES:
@@ -792,9 +818,15 @@ def write_table(folder: Folder, target: str, meta: dict) -> Path:
              f", written {_now()}.", "",
              "## Best DaCe implementation per layer", "",
              f"Medians of CUDA-event (GPU) or wall-clock (CPU) samples, caches flushed before "
-             f"each call. Ratio = DaCe / {vendor} (below 1: DaCe is faster). % of peak: "
-             f"GFLOP/s over the measured FP32 SGEMM ceiling ({_fmt(peak, '.0f')} GFLOP/s).", "",
-             tables.markdown(header, best, "llrll" + "r" * (len(header) - 6) + "l"), "",
+             f"each call. Ratio = DaCe / "
+             + ("the fastest vendor path: cuDNN (this project's bindings, Find) or torch, each "
+                "in both memory formats (`-ndhwc`/`-ncdhw`: the layout other than the DaCe "
+                "kernel's)" if gpu else "torch")
+             + f" (below 1: DaCe is faster). % of peak: GFLOP/s over the measured FP32 SGEMM "
+             f"ceiling ({_fmt(peak, '.0f')} GFLOP/s).", "",
+             tables.markdown(header, best, "llrll" + "r" * (len(header) - 5)), "",
+             f"The original work (DaCe 0.14 on a V100) reported forward ratios to cuDNN of "
+             + "; ".join(f"{s} {r}" for s, r in V100_RATIOS.items()) + ".", "",
              "## Cases", "",
              "Totals: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), "",
              tables.markdown(["case", "group", "status", "detail"], cases, "llll"), "",
@@ -809,15 +841,19 @@ def write_table(folder: Folder, target: str, meta: dict) -> Path:
               "`logs/<case>.log`, `summary.csv`, `roofline/` (GPU).", ""]
     path = folder.root / "README.md"
     write_atomic(path, "\n".join(lines))
-    csv = ["id,impl,layer_set,layer,batch,group,planted,status,dace_ms,cudnn_ms,torch_ms,gflop,"
-           "detail"]
+    csv = ["id,impl,layer_set,layer,batch,group,planted,status,dace_ms,cudnn_ms,torch_ms,"
+           "cudnn_other_ms,torch_other_ms,gflop,detail"]
     for rec in records:
         c, t = rec["case"], rec.get("timings", {})
         detail = '"' + (rec.get("detail") or "").replace('"', "'")[:300] + '"'
         csv.append(",".join(str(v) for v in [
             rec["id"], c["impl"], c["layer_set"], c["layer"]["name"], c["layer"]["batch"],
             c["group"], c["planted"], rec["status"]]
-            + [f"{t[k]['median_ms']:.6f}" if k in t else "" for k in ("dace", "cudnn", "torch")]
+            + [f"{t[k]['median_ms']:.6f}" if "median_ms" in t.get(k, {}) else ""
+               for k in ("dace", "cudnn", "torch")]
+            + [next((f"{v['median_ms']:.6f}" for k, v in t.items()
+                     if k.startswith(f"{ref}-") and "median_ms" in v), "")
+               for ref in ("cudnn", "torch")]
             + [rec.get("gflop", ""), detail]))
     write_atomic(folder.root / "summary.csv", "\n".join(csv) + "\n")
     return path
@@ -1057,12 +1093,21 @@ def run_campaign(o: Options, say: Callable[[str], None] = print) -> int:
         except Exception as err:  # noqa: BLE001 - the results are on disk; say why not
             say(f"[table] failed: {type(err).__name__}: {err}")
 
+    def recorded(name: str) -> bool:
+        # The cases phase is done while every planned case has its record: a plan that
+        # grew (--planted on a later call) runs the new cases.
+        return o.resume and folder.done(name) and not (
+            name == "cases" and any(not folder.case_path(c).exists() for c in cases))
+
     def phase(name: str, body: Callable[[], dict]) -> None:
         if name in o.skip:
+            if recorded(name):  # a later call's --skip keeps what an earlier call measured
+                say(f"[{name}] recorded already; --skip leaves it as it is")
+                return
             folder.mark(name, "skipped", f"the {o.tier} tier leaves it out"
                         if name in TIER_SKIPS.get(o.tier, ()) else "--skip")
             return
-        if o.resume and folder.done(name):
+        if recorded(name):
             say(f"[{name}] recorded already")
             return
         if deadline is not None and time.monotonic() > deadline:

@@ -163,6 +163,9 @@ class Run:
         self.fmt = (torch.channels_last_3d if self.format_name == "ndhwc"
                     else torch.contiguous_format)
         self.tdev = torch.device("cuda" if self.device == "gpu" else "cpu")
+        if self.device == "gpu":  # FP32 on both sides: torch's default runs cuDNN in TF32
+            from .references import torch_gpu_math
+            self.summary["torch_gpu_math"] = torch_gpu_math(allow_tf32=False)
         self.torch_model = base.to(self.tdev, memory_format=self.fmt)
         self.dace_model = copy.deepcopy(self.torch_model)
         self._initial_state = copy.deepcopy(self.torch_model.state_dict())

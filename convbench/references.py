@@ -85,6 +85,19 @@ def torch_pass(layer: Layer, pass_: Pass, inputs):
     return grad.conv3d_weight(inputs["x"], layer.filter_shape, inputs["y"], s, p, d, g)
 
 
+def torch_gpu_math(allow_tf32: bool = False) -> Dict[str, bool]:
+    """Set torch's process-wide GPU math the way every comparison here wants it, and
+    return the settings for the metadata: cuDNN's autotuner on (torch picks its fastest
+    algorithm, as the cuDNN bindings' Find does) and TF32 as asked.  torch's default
+    lets cuDNN convolutions run in TF32 (about 1e-3 relative error and faster), so an
+    FP32 DaCe kernel timed against torch's defaults races a lower precision."""
+    import torch
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.allow_tf32 = allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+    return {"cudnn_benchmark": True, "allow_tf32": allow_tf32}
+
+
 class TorchReference(Reference):
     """torch's convolution; ``dtype`` (a torch dtype name) converts the inputs first."""
 
@@ -98,9 +111,7 @@ class TorchReference(Reference):
         if self.dtype is not None:
             t = {r: v.to(getattr(torch, self.dtype)) for r, v in t.items()}
         if device == "gpu":
-            torch.backends.cudnn.benchmark = True
-            torch.backends.cudnn.allow_tf32 = options.allow_tf32
-            torch.backends.cuda.matmul.allow_tf32 = options.allow_tf32
+            torch_gpu_math(options.allow_tf32)
 
         def call():
             with torch.no_grad():

@@ -283,12 +283,18 @@ def test_resume_runs_only_what_is_missing(rehearsal, main, tmp_path, cachedir):
             if p not in missing}
     for p in missing:
         p.unlink()
+    # The phase reads done (as after a call whose plan grew); a phase an earlier call
+    # measured stays done under a later call's --skip.
     state = json.loads((out / "state.json").read_text())
-    state["phases"]["cases"]["status"] = "partial"
+    assert state["phases"]["cases"]["status"] == "done"
+    state["phases"]["tests"] = dict(state["phases"]["tests"], status="done", detail="measured")
     (out / "state.json").write_text(json.dumps(state))
     result = main("run", "--target", "cpu", "--tier", "smoke", "--out", out, "--resume",
-                  "--cachedir", cachedir, "--iterations", "2", "--warmup", "0")
+                  "--cachedir", cachedir, "--iterations", "2", "--warmup", "0",
+                  "--skip", "tests")
     assert result.returncode == 0, result.stderr
+    tests = json.loads((out / "state.json").read_text())["phases"]["tests"]
+    assert (tests["status"], tests["detail"]) == ("done", "measured")
     assert f"[cases] 2 to run ({len(kept)} recorded already)" in result.stdout
     assert {p.name for p in missing} <= {p.name for p in (out / "cases").glob("*.json")}
     assert {p.name: p.stat().st_mtime_ns for p in (out / "cases").glob("*.json")

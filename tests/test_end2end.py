@@ -290,3 +290,33 @@ def test_breakdown_plot_needs_an_end2end_summary(tmp_path):
         "layer_index,layer,backend,median_ms\n0,train.conv1.fwd,dace,1\n1,train.conv1.bwd,dace,2\n"
         "2,train.other,dace,1\n3,train.total,dace,4\n4,train.total,torch,2\n")
     assert plot_breakdown(tmp_path, tmp_path / "x.png").stat().st_size > 10000
+
+
+def test_torch_gpu_math_turns_tf32_off():
+    from convbench.references import torch_gpu_math
+    before = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
+              torch.backends.cudnn.benchmark)
+    try:
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
+        assert torch_gpu_math(False) == {"cudnn_benchmark": True, "allow_tf32": False}
+        assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+    finally:
+        (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
+         torch.backends.cudnn.benchmark) = before
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the set-up that precedes CUDA")
+def test_gpu_run_sets_fp32_math_before_the_models(monkeypatch):
+    """An H200 run found torch's half of the GPU comparison in TF32 (torch's default for
+    cuDNN convolutions): the run sets FP32 before it builds the models, and records it."""
+    from convbench import references
+    calls = []
+    monkeypatch.setattr(references, "torch_gpu_math",
+                        lambda allow_tf32=False: calls.append(allow_tf32) or {"allow_tf32": allow_tf32})
+    args = end2end.build_parser().parse_args(["--size", "32", "--iters", "1"])
+    spec = network.MODELS[args.model]
+    layers = network.conv_layers(spec, args.size, args.batch)
+    run = end2end.Run(args, spec, layers, network.choose(layers, None, device="gpu"), {}, "gpu")
+    with pytest.raises((RuntimeError, AssertionError)):  # no CUDA here: moving the model fails
+        run._models()
+    assert calls == [False] and run.summary["torch_gpu_math"] == {"allow_tf32": False}
