@@ -7,7 +7,8 @@ corrupt checks, the locks and why a cache folder can move between hosts.  An ent
     <root>/<build name>/            DaCe's build folder of one BuildSpec
         program.sdfg                the scheduled SDFG (DaCe writes it when compiling)
         build/lib<name>.so          the compiled program
-        build/libdacestub_<name>.so DaCe's loader stub
+        build/libdacestub_<name>.so DaCe's loader stub (not used; absent where the build was
+                                    replayed, see convbench/replay.py)
         manifest.json               written last: the full key and the files' checksums
     <root>/.locks/<build name>.lock
 
@@ -187,8 +188,9 @@ class BuildCache:
         sdfg, library, times = toolchain.compile_spec(spec, folder)
         # The object files are not needed to load the library.
         shutil.rmtree(folder / "build" / "CMakeFiles", ignore_errors=True)
-        files = [Path(library), Path(library).with_name(f"libdacestub_{spec.name}{library.suffix}"),
-                 folder / "program.sdfg"]
+        stub = Path(library).with_name(f"libdacestub_{spec.name}{library.suffix}")
+        # convbench.loader needs no stub; CPU builds replayed by convbench.replay have none.
+        files = [Path(library), folder / "program.sdfg"] + ([stub] if stub.is_file() else [])
         manifest = {
             "key": key,
             "library": os.path.relpath(library, folder),

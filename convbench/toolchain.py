@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, Mapping, Optional, Tuple
 
-from . import launch, loader
+from . import launch, loader, replay
 from .errors import UsageError
 from .layers import Layer
 from .registry import Implementation
@@ -378,7 +378,8 @@ def compile_spec(spec: BuildSpec, folder: Path,
         times["sdfg"] = t1 - t0
         if folder.exists():
             shutil.rmtree(folder)
-        sdfg.compile(return_program_handle=False)
+        with replay.replaying(spec.target):
+            sdfg.compile(return_program_handle=False)
         library = Path(compiler.get_binary_name(str(folder), sdfg.name))
         times["compile"] = time.perf_counter() - t1
     return sdfg, library, times
