@@ -678,7 +678,7 @@ def run_case(case: Case, options: dict) -> dict:
     timer = exp.timer
     arrays = verify.program_arrays(impl, layer, reference.inputs, device,
                                    build.spec.dtype.torch, 0.0)
-    del reference.ref, reference.absref
+    reference.drop()
     array_library = "torch"
 
     def dace_call():

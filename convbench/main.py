@@ -39,6 +39,8 @@ SUBCOMMANDS = {
                         "the timer against DaCe's own instrumentation"),
     "measure-builds": ("convbench.commands.measure_builds", {},
                        "CPU and GPU build times per implementation"),
+    "check-power": ("convbench.commands.check_power", {},
+                    "how far the check's tolerance sits from correct and wrong results"),
 }
 
 

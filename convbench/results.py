@@ -8,6 +8,7 @@ interrupted run keeps every layer it finished and no reader sees a half-written 
 import csv
 import dataclasses
 import datetime
+import hashlib
 import io
 import json
 import os
@@ -144,17 +145,41 @@ def _now() -> str:
     return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
 
 
+#: Untracked files under these folders are results, not sources: they do not make a run
+#: dirty.
+_NOT_SOURCES = ("results/", "outputs/")
+
+
 def git_commit(root: Path) -> Dict[str, Any]:
-    """The checkout's commit and whether it has uncommitted changes."""
-    def git(*args):
-        return subprocess.run(("git", "-C", str(root)) + args, capture_output=True, text=True,
+    """The checkout's commit, and whether its sources differ from it: tracked files
+    changed, or untracked files that git does not ignore (outside ``results/`` and
+    ``outputs/``).  ``changed`` names them (at most 50) and ``diff_sha256`` hashes the
+    difference (``git diff HEAD`` and the untracked files' names and contents), so that two
+    runs of the same dirty tree can be told apart from two of different ones."""
+    def git(*args, text=True):
+        return subprocess.run(("git", "-C", str(root)) + args, capture_output=True, text=text,
                               timeout=30)
     try:
         head = git("rev-parse", "HEAD")
         if head.returncode != 0:
             return {"commit": None, "dirty": None}
-        dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip() != ""
-        return {"commit": head.stdout.strip(), "dirty": dirty}
+        tracked = [line[3:] for line in git("status", "--porcelain", "--untracked-files=no")
+                   .stdout.splitlines() if line.strip()]
+        untracked = sorted(f for f in git("ls-files", "--others", "--exclude-standard")
+                           .stdout.splitlines() if f and not f.startswith(_NOT_SOURCES))
+        info: Dict[str, Any] = {"commit": head.stdout.strip(),
+                                "dirty": bool(tracked or untracked)}
+        if info["dirty"]:
+            digest = hashlib.sha256(git("diff", "HEAD", "--binary", text=False).stdout)
+            for name in untracked:
+                digest.update(name.encode() + b"\0")
+                try:
+                    digest.update((root / name).read_bytes())
+                except OSError:
+                    pass
+            info.update(changed=(tracked + untracked)[:50], changed_count=len(tracked) +
+                        len(untracked), diff_sha256=digest.hexdigest())
+        return info
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "dirty": None}
 

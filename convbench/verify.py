@@ -1,15 +1,68 @@
 """Verification against torch in float64.
 
-README.md, "Verification", describes the ground truth, the inputs, the NaN poison and
-the tolerance: each output element i must satisfy::
+Every output element is compared with the same pass computed in float64 on the same
+float32 inputs.  Element i must satisfy ``|out_i - s_i| <= tol_i``.  Here s_i is the
+exact (float64) value, L the reduction length (:func:`reduction_length`), u the unit
+roundoff, and t_ij = x*w the L products that element sums.
 
-    |out_i - ref_i| <= TOL_FACTOR * sqrt(L) * u * absref_i
+* **Random inputs** (the harness's own, :func:`make_inputs`)::
 
-where ``absref`` is the same pass on ``|x|`` and ``|w|`` in float64, L the reduction
-length (:func:`reduction_length`) and u the unit roundoff.  Why sqrt(L): float32
-rounding of a random sum stays well within it for any summation order, whereas the
-worst-case bound ``L * u * sum|x_i w_i|`` is too loose to notice a skipped term.
+      tol_i = TOL_FACTOR * sqrt(L) * u * min(||t_i||_2 + |s_i|,  sum_j |t_ij|)
+
+* **Any other inputs** (a network's activations, a caller's tensors)::
+
+      tol_i = TOL_FACTOR * sqrt(L) * u * sum_j |t_ij|
+
+``||t_i||_2`` is the square root of the pass computed on x^2 and w^2, ``sum |t|`` the pass
+on |x| and |w|, both in float64.  The l2 term needs no more than that one extra
+convolution.
+
+**Why the first bound holds for every correct float32 kernel.**
+- A kernel sums the products in some order: a sequential or FMA chain, register and cache
+  blocks, split-K partial sums written out and added later, a pairwise tree, or a mixture.
+  Each is a binary tree of L - 1 additions over the L products.
+- Model each rounding as ``(1 + d)`` with |d| <= u, independent and of mean zero (the
+  probabilistic model of Higham and Mary, 2019).  To first order the error is
+  ``sum_n d_n * v_n`` plus the products' own roundings, where v_n is the exact partial sum
+  formed at addition n.
+- :func:`make_inputs` draws x and w independent and uniform on (-1, 1).  The products of one
+  output element pair distinct elements of x with distinct elements of w, so they are
+  independent with mean zero and variance sigma^2.
+- The deepest tree is the sequential chain.  Given the final value s, its k-th partial sum
+  is about ``(k/L) s`` plus a random-walk bridge of variance ``k (L - k) / L * sigma^2``.
+  Summed over the chain, ``sum v^2 <= L s^2 / 3 + L^2 sigma^2 / 6``.
+- So the error's standard deviation is at most ``u sqrt(L) (|s| / sqrt(3) + ||t||_2 /
+  sqrt(6))``, with ``||t||_2 ~ sqrt(L) sigma``.  That is below
+  ``0.58 u sqrt(L) (||t||_2 + |s|)``, and the tolerance is 14 such deviations (24 for d
+  uniform on [-u, u]).
+- The |s| term matters.  Over a million elements some sums lie 5 sigma out, and their
+  partial sums are as large.  Without it, torch's own float32 filter gradient on CosmoFlow
+  conv6 reached 0.45 of an l2-only tolerance.
+- Blocked and pairwise sums have far smaller errors.  Rounding the inputs adds nothing,
+  since the float64 reference is fed the same float32 values.
+- Taking the min with ``sum |t|`` keeps every check at least as strict as the second bound,
+  which was the only one before.  It decides only for sums of a few terms, where the
+  second bound covers even the worst case: ``(L + 1) u sum|t| <= 8 sqrt(L) u sum|t|`` for
+  L <= 62.
+
+**Why it has power.**
+- Dropping a fraction f of the terms moves an element by about ``sqrt(f L) sigma``.  The
+  tolerance is ``TOL_FACTOR u L sigma (1 + |Z|)``, where ``s = Z sqrt(L) sigma``.
+- So the error over the tolerance is about ``sqrt(f) / (TOL_FACTOR u sqrt(L)) / (1 + |Z|)``:
+  about 70 in a typical element for f = 1% at L = 2.1M (CosmoFlow's first filter gradient
+  at batch 1).
+- A result 1% off everywhere scores ``0.01 |Z| / (1 + |Z|) / (TOL_FACTOR u sqrt(L))``: about
+  10 in the elements with large |Z| at that L.
+- ``scripts/check_power.py`` measures both (``convbench.checkpower``).
+
+**The second bound** is the same model with nothing assumed about the inputs.  Partial sums
+without random signs can grow like ``sum |t|``.  It is looser by about sqrt(L) on random
+data (some 1,000 times at L = 2.1M, where a 1% loss passed).  It serves inputs this
+module did not draw, and the float32 cross-checks on the GPU: torch's and cuDNN's own
+algorithms, whose errors (FFT, Winograd) are theirs, not ours.  docs/verification.md has
+the argument with the measurements.
 """
+
 
 from __future__ import annotations
 
@@ -60,8 +113,37 @@ class GroundTruth:
     pass_: Pass
     inputs: Dict[str, "torch.Tensor"]
     ref: "torch.Tensor"
-    absref: "torch.Tensor"
     reduction_len: int
+    #: True where the inputs are independent and symmetric about zero (make_inputs):
+    #: the verdict then uses the l2 tolerance of the module docstring.
+    random_inputs: bool = False
+    #: The device the float64 results were computed on.
+    device: str = "cpu"
+    _bounds: Dict[str, "torch.Tensor"] = dataclasses.field(default_factory=dict, repr=False)
+
+    def _pass_on(self, key: str, fn):
+        if key not in self._bounds:
+            self._bounds[key] = TORCH_FP64.compute(
+                self.layer, self.pass_, {k: fn(v) for k, v in self.inputs.items()}, self.device)
+        return self._bounds[key]
+
+    @property
+    def absref(self):
+        """sum_j |t_ij| per output element: the pass on |x| and |w|, in float64."""
+        return self._pass_on("abs", lambda v: v.abs())
+
+    @property
+    def l2ref(self):
+        """||t_i||_2 per output element: the square root of the pass on x^2 and w^2."""
+        if "l2" not in self._bounds:
+            self._bounds["l2"] = self._pass_on("sq", lambda v: v.double() ** 2).sqrt_()
+            del self._bounds["sq"]
+        return self._bounds["l2"]
+
+    def drop(self) -> None:
+        """Free the float64 tensors (the reference and the bounds)."""
+        self.ref = None
+        self._bounds.clear()
 
 
 def make_inputs(layer: Layer, pass_: Pass, seed: int, dtype="float32"):
@@ -93,28 +175,36 @@ def reduction_length(layer: Layer, pass_: Pass) -> int:
 
 def make_truth(layer: Layer, pass_: Pass = Pass.FWD, seed: int = 0,
                dtype="float32", device: str = "cpu") -> GroundTruth:
-    """Fresh random inputs (:func:`make_inputs`) and their ground truth."""
-    return truth_for(layer, pass_, make_inputs(layer, pass_, seed, dtype), device)
+    """Fresh random inputs (:func:`make_inputs`) and their ground truth, checked with the
+    l2 tolerance."""
+    return truth_for(layer, pass_, make_inputs(layer, pass_, seed, dtype), device,
+                     random_inputs=True)
 
 
-def truth_for(layer: Layer, pass_: Pass, inputs, device: str = "cpu") -> GroundTruth:
+def truth_for(layer: Layer, pass_: Pass, inputs, device: str = "cpu",
+              random_inputs: bool = False) -> GroundTruth:
     """The float64 ground truth of ``pass_`` on given inputs (logical layout), computed by
     :data:`convbench.references.TORCH_FP64`.
 
+    ``random_inputs``: the inputs are independent and symmetric about zero (as
+    :func:`make_inputs` draws them), so the l2 tolerance applies; otherwise the sum|t| one.
     The inputs are kept on the CPU; the float64 results are computed on ``device``
     (``gpu``: torch's float64 convolution on the GPU, which is exact enough to be the
     ground truth and keeps large layers from taking minutes on the host) and stay there.
+    The bound each comparison needs is computed when first asked for.
     """
     inputs = {k: v.detach().to("cpu") for k, v in inputs.items()}
     ref = TORCH_FP64.compute(layer, pass_, inputs, device)
-    absref = TORCH_FP64.compute(layer, pass_, {k: v.abs() for k, v in inputs.items()}, device)
-    return GroundTruth(layer, Pass(pass_), inputs, ref, absref, reduction_length(layer, pass_))
+    return GroundTruth(layer, Pass(pass_), inputs, ref, reduction_length(layer, pass_),
+                       random_inputs=random_inputs, device=device)
 
 
 def compare(out, truth: GroundTruth, unit_roundoff: float, name: str = "torch-fp64",
             ref=None, slack: float = 1.0, chunk: int = 1 << 22) -> Check:
     """Check ``out`` (logical layout, any device) against ``ref`` (default: the float64
-    ground truth) with the tolerance of the module docstring times ``slack``.
+    ground truth) with the tolerance of the module docstring times ``slack``: the l2
+    one against the ground truth of random inputs, the sum|t| one otherwise (another
+    float32 result as ``ref``, or inputs this module did not draw).
 
     Works through ``chunk`` elements at a time on the device ``out`` lives on, so that
     large layers need no full-size float64 temporaries beyond the reference itself.
@@ -126,7 +216,9 @@ def compare(out, truth: GroundTruth, unit_roundoff: float, name: str = "torch-fp
         raise ValueError(f"output shape {tuple(out.shape)} != reference {tuple(ref.shape)}")
     scale = slack * TOL_FACTOR * math.sqrt(truth.reduction_len) * unit_roundoff
     flat_out, flat_ref = out.detach().reshape(-1), ref.detach().reshape(-1)
+    l2 = truth.random_inputs and ref is truth.ref
     flat_abs = truth.absref.reshape(-1)
+    flat_l2 = truth.l2ref.reshape(-1) if l2 else None
     nonfinite, max_abs, max_ref, worst = 0, 0.0, 0.0, 0.0
     for start in range(0, flat_out.numel(), chunk):
         piece = slice(start, start + chunk)
@@ -137,7 +229,10 @@ def compare(out, truth: GroundTruth, unit_roundoff: float, name: str = "torch-fp
         nonfinite += int((~finite).sum())
         # err/tol, with exact matches passing even where the tolerance is 0 (all terms 0);
         # non-finite outputs (unwritten NaN poison) get an infinite ratio.
-        ratio = torch.where(err == 0, 0.0, err / (flat_abs[piece].to(dev) * scale))
+        bound = flat_abs[piece].to(dev)
+        if l2:  # min(||t||_2 + |s|, sum|t|): see the module docstring
+            bound = torch.minimum(flat_l2[piece].to(dev) + r.abs(), bound)
+        ratio = torch.where(err == 0, 0.0, err / (bound * scale))
         ratio = torch.where(finite, ratio, math.inf)
         worst = max(worst, float(ratio.max()))
         if bool(finite.any()):

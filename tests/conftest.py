@@ -320,14 +320,9 @@ def _set_order(name):
 
 
 def _git_state():
-    def git(*args):
-        try:
-            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
-                                  timeout=30).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-    return {"commit": git("rev-parse", "HEAD") or "unknown",
-            "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    from convbench.results import git_commit
+    state = git_commit(ROOT)
+    return dict(state, commit=state.get("commit") or "unknown")
 
 
 def _metadata(session, coverage):

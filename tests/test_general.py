@@ -340,3 +340,33 @@ def test_a_run_that_verifies_nothing_exits_2(capsys, write_csv):
     result = in_process(cli, capsys)("--verify", "--device", "cpu", "--paramscsv", path,
                                      "--impl", "directConvNDHWCblocked")
     assert_usage_error(result, "nothing to be verified", "does not handle")
+
+
+def test_run_metadata_counts_untracked_sources_as_dirty(tmp_path):
+    """A result's commit line must not read clean when new source files are not committed
+    yet; results and outputs are not sources; the hash tells two dirty trees apart."""
+    import subprocess
+
+    from convbench.results import git_commit
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+    git("init", "-q")
+    git("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "--allow-empty", "-m", "0")
+    (tmp_path / "kernel.py").write_text("a = 1\n")
+    git("add", "kernel.py")
+    git("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "-m", "1")
+    assert git_commit(tmp_path)["dirty"] is False
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "run.json").write_text("{}")
+    assert git_commit(tmp_path)["dirty"] is False
+    (tmp_path / "new_impl.py").write_text("b = 2\n")
+    first = git_commit(tmp_path)
+    assert first["dirty"] is True and first["changed"] == ["new_impl.py"]
+    (tmp_path / "new_impl.py").write_text("b = 3\n")
+    second = git_commit(tmp_path)
+    assert second["diff_sha256"] != first["diff_sha256"]
+    (tmp_path / "new_impl.py").unlink()
+    (tmp_path / "kernel.py").write_text("a = 2\n")
+    third = git_commit(tmp_path)
+    assert third["dirty"] is True and third["changed"] == ["kernel.py"]

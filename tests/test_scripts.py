@@ -87,3 +87,28 @@ def test_validate_timing_compares_with_dace_instrumentation(tmp_path, layer_csv,
     assert rec["overhead_ms"] == {"median": statistics.median(diffs), "min": min(diffs),
                                   "max": max(diffs)}
     assert rec["round_medians_ms"] == [statistics.median(r) for r in rec["profiler_ms"]]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--pass", "sideways"], "--pass: unknown pass 'sideways'"),
+    (["--layer", "conv99"], "--layer: unknown layer(s) conv99"),
+    (["--batch", "0"], "--batch: must be an integer >= 1"),
+])
+def test_check_power_bad_input(args, words, capsys):
+    from convbench.commands import check_power
+    assert check_power.main(["--paramscsv", "cosmoflow"] + args) == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("check_power.py: error: ") and words in lines[0]
+
+
+def test_check_power_writes_its_table(tmp_path, capsys):
+    from convbench.commands import check_power
+    assert check_power.main(["--paramscsv", "cosmoflow", "--layer", "conv7", "--pass",
+                             "bwd_filter", "--outdir", str(tmp_path)]) == 0
+    rows = (tmp_path / "power.csv").read_text().splitlines()
+    assert len(rows) == 1 + 4 and "0 wrong verdicts" in capsys.readouterr().out
+    table = [line for line in (tmp_path / "power.md").read_text().splitlines()
+             if line.startswith("| cosmoflow")]
+    assert len(table) == 4 and not any("(!)" in line for line in table)
+    assert json.loads((tmp_path / "metadata.json").read_text())["kind"] == "check_power"

@@ -216,3 +216,60 @@ def test_compare_in_chunks_matches_whole():
     a, b = verify.compare(out, ref, u, chunk=1 << 30), verify.compare(out, ref, u, chunk=97)
     assert a.max_abs == b.max_abs == pytest.approx(0.5, rel=1e-6)
     assert a.worst_ratio == b.worst_ratio > 1
+
+
+#: Layers with long reductions in every pass (fast tier): CosmoFlow's first layer at 32^3
+#: (filter gradient L = 32768) and a deep layer (forward and data gradient L = 6912).
+POWER_LAYERS = [Layer("first32", 1, 4, 32, 32, 32, 32, 3, 3, 3, pad=1),
+                Layer("deep", 1, 256, 64, 4, 4, 4, 3, 3, 3, pad=1)]
+
+
+def _power_verdicts(layer, pass_):
+    from convbench import checkpower
+    rows = checkpower.measure(layer, pass_, seed=5)
+    return {r["result"]: r for r in rows}
+
+
+@pytest.mark.parametrize("pass_", ["fwd", "bwd_data", "bwd_filter"])
+@pytest.mark.parametrize("layer", POWER_LAYERS, ids=lambda layer: layer.name)
+def test_check_passes_torch_and_fails_a_one_percent_loss(layer, pass_):
+    """torch's own float32 result passes; 1% of the terms lost, a depth plane lost, or
+    the whole result 1% off fails.  (The tolerance before, sum|t|, still caught the
+    filter gradient's 1% loss here, 30 times over at L = 32768 against 3600 now; its
+    margin falls like 1/L, and at 2.1M terms it passed: the full tier's test below.)"""
+    rows = _power_verdicts(layer, pass_)
+    assert rows["torch-fp32"]["l2_ok"], rows["torch-fp32"]
+    assert rows["torch-fp32"]["l2_err_over_tol"] < 0.5  # room for other summation orders
+    for planted in ("lost-1%", "lost-plane", "off-1%"):
+        assert not rows[planted]["l2_ok"], rows[planted]
+    # Never looser than before: the sum|t| tolerance is an upper bound of the new one.
+    for row in rows.values():
+        assert row["l2_err_over_tol"] >= row["sumabs_err_over_tol"] * (1 - 1e-9)
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("pass_", ["fwd", "bwd_data", "bwd_filter"])
+@pytest.mark.parametrize("layer_set", ["cosmoflow_mlperf", "cosmoflow"])
+def test_check_power_on_the_first_cosmoflow_layers(layer_set, pass_):
+    """The 2.1M-term filter gradients (and both other passes) of CosmoFlow's first layers
+    at batch 1: torch passes, a 1% loss and a 1% error fail."""
+    from convbench.layers import load_layers
+    layer = load_layers(layer_set)[0].with_batch(1)
+    rows = _power_verdicts(layer, pass_)
+    assert rows["torch-fp32"]["l2_ok"], rows["torch-fp32"]
+    for planted in ("lost-1%", "lost-plane", "off-1%"):
+        assert not rows[planted]["l2_ok"], rows[planted]
+
+
+def test_tolerance_for_other_inputs_is_the_general_one():
+    """Inputs the harness did not draw (a network's activations) keep the sum|t| bound;
+    the harness's own use the l2 one, which is tighter at long reductions."""
+    layer = POWER_LAYERS[0]
+    truth = verify.make_truth(layer, "bwd_filter", seed=2)
+    other = verify.truth_for(layer, "bwd_filter", truth.inputs)
+    assert truth.random_inputs and not other.random_inputs
+    u = toolchain.get_dtype("float32").unit_roundoff
+    out = truth.ref.float().clone()
+    out *= 1.0005
+    assert verify.compare(out, other, u).ok  # 0.05% everywhere: within sum|t|
+    assert not verify.compare(out, truth, u).ok

@@ -364,11 +364,14 @@ def input_slab(layer, x, o0: int, o1: int):
     return sub, slab
 
 
-def check_subvolume(layer, x, w, y, planes: int = 2, unit_roundoff: float = 2.0 ** -24):
+def check_subvolume(layer, x, w, y, planes: int = 2, unit_roundoff: float = 2.0 ** -24,
+                    random_inputs: bool = True):
     """Check output ``y`` (logical NCDHW, any device or strides) of the forward pass of
     ``layer`` on inputs ``x``, ``w`` (logical, float32) against torch in float64, with the
     tolerance rule of :mod:`convbench.verify`, on the depth planes of
-    :func:`check_regions`.  Returns ``[((o0, o1), Check), ...]``."""
+    :func:`check_regions`.  ``random_inputs``: x and w were drawn independently and
+    uniformly on (-1, 1), as the stress run draws them (the l2 tolerance applies).
+    Returns ``[((o0, o1), Check), ...]``."""
     from ..layouts import Pass
     from ..verify import compare, truth_for
     if tuple(y.shape) != tuple(layer.output_shape):
@@ -376,7 +379,8 @@ def check_subvolume(layer, x, w, y, planes: int = 2, unit_roundoff: float = 2.0 
     results = []
     for o0, o1 in check_regions(layer.out_d, planes):
         sub, slab = input_slab(layer, x.detach(), o0, o1)
-        truth = truth_for(sub, Pass.FWD, {"x": slab, "w": w})  # float64, on the CPU
+        truth = truth_for(sub, Pass.FWD, {"x": slab, "w": w},  # float64, on the CPU
+                          random_inputs=random_inputs)
         check = compare(y[:, :, o0:o1], truth, unit_roundoff,
                         name=f"torch-fp64 planes {o0}..{o1 - 1}")
         results.append(((o0, o1), check))
