@@ -34,10 +34,8 @@ def main(argv=None, prog: str = PROG) -> int:
 def _main(argv, prog: str) -> int:
     args = build_parser(prog).parse_args(argv)
     check_at_least(("--batch", args.batch, 1))
-    passes = [p.strip() for p in args.passes.split(",") if p.strip()]
-    for p in passes:
-        if p not in PASSES:
-            raise UsageError(f"--pass: unknown pass '{p}' (choose from {', '.join(PASSES)})")
+    from ..cli import resolve_pass
+    passes = [str(resolve_pass(p.strip())) for p in args.passes.split(",") if p.strip()]
     from ..layers import load_layers
     sets = args.paramscsv or ["cosmoflow_mlperf", "cosmoflow"]
     layers = [(s, layer.with_batch(args.batch)) for s in sets for layer in load_layers(s)]
