@@ -135,8 +135,8 @@ def _main(argv, prog: str = PROG, mode: Optional[str] = None) -> int:
         raise UsageError(f"--device {device}: {impl.name} has no schedule for it (targets: "
                          f"{', '.join(impl.targets)})")
     args.threads = set_threads(args.threads)
-    timing = (TimingOptions(args.warmupiter, args.totaliter, args.time_limit, not args.no_flush)
-              if args.compareprof else None)
+    timing = (TimingOptions(args.warmupiter, args.totaliter, args.time_limit, not args.no_flush,
+                            heap=args.heap) if args.compareprof else None)
     exp = Experiment(impl, layers, device, overrides=overrides, policy=flags.build_policy(args),
                      cachedir=args.cachedir, seed=args.seed, verify=args.verify, timing=timing,
                      references=ReferenceOptions(args.allow_tf32, args.cudnn_algo),

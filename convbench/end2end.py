@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from .errors import ArgumentParser, UsageError, check_at_least, run_main
-from .flags import (add_cachedir_flag, add_device_flag, add_implementation_flag, add_outdir_flag,
-                    add_seed_flag, add_threads_flag)
+from .flags import (add_cachedir_flag, add_device_flag, add_heap_flag, add_implementation_flag,
+                    add_outdir_flag, add_seed_flag, add_threads_flag, check_heap_flag)
 from .layouts import Pass
 
 PROG = "cosmoflow_end2end.py"
@@ -66,6 +66,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p.add_argument("--memory-format", default="auto", metavar="auto|ncdhw|ndhwc",
                    help="activation memory format of both models (default auto: ndhwc when "
                    "every DaCe forward implementation is NDHWC, so no layout copies)")
+    add_heap_flag(p)
     add_seed_flag(p)
     add_threads_flag(p)
     add_outdir_flag(p, "outputs/end2end_<model>_s<S>_b<N>_<device>/")
@@ -96,6 +97,7 @@ def _main(argv, prog: str = PROG) -> int:
     if args.memory_format not in ("auto", "ncdhw", "ndhwc"):
         raise UsageError(f"--memory-format: unknown format '{args.memory_format}' (auto, "
                          "ncdhw, ndhwc)")
+    check_heap_flag(args)
     if not (args.iters or args.check or args.epochs):
         raise UsageError("nothing to do: --iters 0 without --check or --epochs")
     from . import network, registry
@@ -125,6 +127,9 @@ def _main(argv, prog: str = PROG) -> int:
         registry.get(name).resolve_params(values, source=f"--param {name}")
     network.validate_choice(choice, layers, device)
     args.threads = set_threads(args.threads)
+    if device == "cpu":
+        from . import heap
+        heap.apply(args.heap)
     return Run(args, spec, layers, choice, params, device).run()
 
 
@@ -198,6 +203,10 @@ class Run:
         self._models()
         print(f"memory format: {self.format_name}; builds ready in {self.build_seconds:.1f} s",
               flush=True)
+        if self.device == "cpu":
+            from .heap import describe
+            print(f"outputs: torch and DaCe allocate theirs on every call, from the "
+                  f"{describe()}", flush=True)
         status = self._check() if a.check else 0
         if a.epochs:
             self._epochs()
@@ -282,7 +291,7 @@ class Run:
                                      for k, v in self.choice.items()},
                     timing={"method": "perf_counter" if self.device == "cpu" else "cuda-events",
                             "warmup": a.warmup, "iterations": a.iters, "flush": False,
-                            "interleaved": True},
+                            "interleaved": True, **self._heap()},
                     optimizer={"name": "Adam", "lr": a.lr}, loss="mse", **self.summary)
         writer = RunWriter(self.outdir, meta, ["torch"])
         index = 0
@@ -312,6 +321,12 @@ class Run:
         self._report(samples, phases)
         path = plot_breakdown(self.outdir, self.outdir / "runtimebreakdown.png")
         print(f"results: {self.outdir}/ (samples.csv, summary.csv, metadata.json, {path.name})")
+
+    def _heap(self) -> Dict[str, Any]:
+        if self.device != "cpu":
+            return {}
+        from . import heap
+        return {"outputs": "torch and DaCe allocate theirs on every call", "heap": heap.settings()}
 
     def _time_loop(self, phases) -> Dict[str, Dict[str, Dict[str, List[float]]]]:
         """Interleaved iterations: per model, phase and part, the milliseconds of each

@@ -45,6 +45,8 @@ class TimingOptions:
     flush: bool = True
     #: GPU only: ``torch`` or ``cupy`` CUDA events.
     events: str = "torch"
+    #: CPU only: the heap policy of the process (:mod:`convbench.heap`).
+    heap: str = "warm"
 
 
 @dataclasses.dataclass
@@ -182,21 +184,41 @@ class Experiment:
         from .verify import verify_build
         return verify_build(build, truth, self.device, cudnn_algo=self.ref_options.cudnn_algo)
 
-    def call(self, build, inputs, fill: float = 0.0) -> Callable[[], object]:
+    def call(self, build, inputs, fill: float = 0.0, fresh: Optional[bool] = None
+             ) -> Callable[[], object]:
         """A prepared no-argument call of ``build`` on ``inputs`` (logical layout): the
         arrays converted once, the output filled with ``fill``; its first (initialising)
-        call has run (``call.first_ms``), its arrays are ``call.keepalive``."""
+        call has run (``call.first_ms``), its arrays are ``call.keepalive``.
+
+        ``fresh`` (default: on the CPU) gives every later call a newly allocated output,
+        as torch's calls get theirs (:func:`convbench.timing.prepared_call`); on the GPU
+        torch's outputs come from its caching allocator, at no cost, and the DaCe call
+        writes into the prepared buffer."""
+        from .layouts import PASS_SIGNATURE
         from .timing import prepared_call
         from .verify import program_arrays
         impl, layer = build.spec.impl, build.spec.layer
         arrays = program_arrays(impl, layer, inputs, self.device, build.spec.dtype.torch, fill)
-        return prepared_call(build, arrays)
+        if fresh is None:
+            fresh = self.device == "cpu"
+        return prepared_call(build, arrays, PASS_SIGNATURE[impl.pass_][1] if fresh else None)
+
+    def output_rule(self) -> str:
+        """How the timed calls get their output buffers (printed and in the metadata)."""
+        if self.device != "cpu":
+            return ("torch allocates its output from its caching allocator; DaCe writes "
+                    "into a buffer prepared once")
+        from . import heap
+        return f"torch and DaCe allocate their output on every call, from the {heap.describe()}"
 
     @property
     def timer(self):
         if self._timer is None:
             from .timing import make_timer
             t = self.timing or TimingOptions()
+            if self.device == "cpu":
+                from . import heap
+                heap.apply(t.heap)
             self._timer = make_timer(self.device, flush=t.flush, events=t.events)
         return self._timer
 
@@ -328,6 +350,7 @@ class Experiment:
             "timing": {"method": self.timer.method, "warmup": t.warmup,
                        "iterations": t.iterations, "time_limit_s": t.time_limit,
                        "flush_bytes": self.timer.flush_bytes,
+                       "outputs": self.output_rule(), **self.heap_metadata(),
                        "noisy_if_iqr_over_median_above": timing.NOISY_IQR},
             "ceilings": ceil,
             "dace_config": {"flags": toolchain.toolchain_flags(self.device),
@@ -339,6 +362,12 @@ class Experiment:
         self.writer = results.RunWriter(self.outdir, meta, [r.name for r in refs])
         self.observer.profiling(self, self.outdir, ceil)
         return self.writer
+
+    def heap_metadata(self) -> Dict[str, object]:
+        if self.device != "cpu":
+            return {}
+        from . import heap
+        return {"heap": heap.settings()}
 
     # -- summary -----------------------------------------------------------------------------
     def counts(self) -> Dict[str, int]:

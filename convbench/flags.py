@@ -74,9 +74,10 @@ def add_threads_flag(p, default=None) -> None:
                    help=f"CPU threads for DaCe (OpenMP) and torch alike (default: {fallback})")
 
 
-def add_timing_flags(p, warmup: int = 10, iters: int = 100, time_limit: bool = True) -> None:
+def add_timing_flags(p, warmup: int = 10, iters: int = 100, time_limit: bool = True,
+                     heap: bool = True) -> None:
     """``--warmupiter``/``--warmup``, ``--totaliter``/``--iters``, ``--time-limit``,
-    ``--no-flush``."""
+    ``--no-flush``, ``--heap``."""
     _flag(p, ["--warmupiter", "--warmup"], dest="warmupiter", type=int, default=warmup,
           metavar="N", help=f"untimed calls before the samples (default {warmup}; also --warmup)")
     _flag(p, ["--totaliter", "--iters"], dest="totaliter", type=int, default=iters,
@@ -88,9 +89,27 @@ def add_timing_flags(p, warmup: int = 10, iters: int = 100, time_limit: bool = T
                        f"included (at least {MIN_SAMPLES} samples are kept)")
     p.add_argument("--no-flush", action="store_true",
                    help="do not flush the caches before each timed call")
+    if heap:
+        add_heap_flag(p)
+
+
+def add_heap_flag(p) -> None:
+    """``--heap warm|system`` (:mod:`convbench.heap`)."""
+    p.add_argument("--heap", default="warm", metavar="warm|system",
+                   help="CPU: warm (default) keeps freed memory mapped, so the outputs that "
+                   "torch and DaCe allocate on every call cost no page faults; system: the "
+                   "C library's policy")
+
+
+def check_heap_flag(args) -> None:
+    from .heap import POLICIES
+    heap = getattr(args, "heap", "warm")
+    if heap not in POLICIES:
+        raise UsageError(f"--heap: unknown policy '{heap}' (warm, system)")
 
 
 def check_timing_flags(args, least_warmup: int = 0, least_iters: int = 1) -> None:
+    check_heap_flag(args)
     check_at_least(("--warmupiter", args.warmupiter, least_warmup),
                    ("--totaliter", args.totaliter, least_iters))
     limit = getattr(args, "time_limit", None)

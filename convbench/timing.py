@@ -7,6 +7,7 @@ be the legacy default stream because GPU builds launch there
 then do the events bracket exactly the kernels of the call.
 """
 
+import ctypes
 import dataclasses
 import math
 import os
@@ -260,13 +261,19 @@ def make_timer(device: str, flush: bool = True, events: str = "torch") -> _Timer
     return CupyEventTimer(flush) if events == "cupy" else CudaEventTimer(flush)
 
 
-def prepared_call(build, arrays: Dict[str, object]) -> Callable[[], object]:
+def prepared_call(build, arrays: Dict[str, object], fresh: Optional[str] = None
+                  ) -> Callable[[], object]:
     """A no-argument function that runs ``build`` on ``arrays``, with DaCe's argument
     conversion done once here rather than in every timed call.
 
     The first call goes through the checked path (it also initialises the program and,
     on a GPU, checks for launch errors); later calls use ``fast_call``.  The first call's
     wall time is kept as ``call.first_ms`` (a screen for very slow kernels, not a sample).
+
+    With ``fresh`` (the name of the output array), every later call writes into a new
+    tensor shaped and strided like ``arrays[fresh]`` and returns it, as torch's
+    convolution does with its output: both sides then pay the same allocator
+    (:mod:`convbench.heap`).  Without it, every call writes into ``arrays``.
     """
     program = build.program
     if program is None:
@@ -278,12 +285,43 @@ def prepared_call(build, arrays: Dict[str, object]) -> Callable[[], object]:
     first_ms = (time.perf_counter_ns() - t0) * 1e-6
     if construct is None or fast is None:  # another DaCe version: the checked path
         def call():
-            return program(**arrays)
-    else:
+            if fresh is None:
+                return program(**arrays)
+            out = _like(arrays[fresh])
+            program(**dict(arrays, **{fresh: out}))
+            return out
+    elif fresh is None:
         callargs, initargs = construct(dict(arrays))
 
         def call():
             return fast(callargs, initargs)
+    else:
+        callargs, initargs = construct(dict(arrays))
+        slot = _pointer_slot(callargs, arrays[fresh])
+
+        def call():
+            out = _like(arrays[fresh])
+            args = list(callargs)
+            args[slot] = ctypes.c_void_p(out.data_ptr())
+            fast(args, initargs)
+            return out
     call.keepalive = arrays  # the arrays must outlive the converted pointers
     call.first_ms = first_ms  # the initialising call's time (caches not flushed)
+    call.fresh_output = fresh is not None
     return call
+
+
+def _like(tensor):
+    import torch
+    return torch.empty_strided(tuple(tensor.shape), tuple(tensor.stride()), dtype=tensor.dtype,
+                               device=tensor.device)
+
+
+def _pointer_slot(callargs, tensor) -> int:
+    """The position of ``tensor``'s data pointer among DaCe's converted arguments."""
+    ptr = tensor.data_ptr()
+    slots = [i for i, a in enumerate(callargs)
+             if isinstance(a, ctypes.c_void_p) and a.value == ptr]
+    if len(slots) != 1:
+        raise RuntimeError(f"the output's pointer is {len(slots)} of the program's arguments")
+    return slots[0]

@@ -238,6 +238,46 @@ def test_prepared_call_matches_the_checked_call(builds):
     assert check.ok, check.summary()
 
 
+@pytest.mark.prebuild(PREPARED)
+def test_fresh_output_call_allocates_like_torch(builds):
+    """With ``fresh``, each call writes a new tensor (as torch's convolution returns one)
+    and leaves the prepared buffer alone; the result is right."""
+    import torch
+
+    from convbench import registry, verify
+    from convbench.layouts import from_layout, stored_shape, to_layout
+    layer = PREPARED.layer
+    impl = registry.get(IMPL)
+    build = builds(PREPARED.spec())
+    ref = verify.make_truth(layer, seed=4)
+    arrays = {r: to_layout(ref.inputs[r], impl.layout, r) for r in ("x", "w")}
+    arrays["y"] = torch.full(stored_shape(impl.layout, "y", layer.output_shape), float("nan"))
+    call = timing.prepared_call(build, arrays, fresh="y")
+    assert call.fresh_output
+    arrays["y"].fill_(float("nan"))
+    first, second = call(), call()
+    assert first.data_ptr() != arrays["y"].data_ptr() and second.data_ptr() != first.data_ptr()
+    assert first.stride() == arrays["y"].stride()
+    assert torch.isnan(arrays["y"]).all(), "a fresh-output call wrote the prepared buffer"
+    for out in (first, second):
+        check = verify.compare(from_layout(out, impl.layout, "y"), ref, 2.0 ** -24)
+        assert check.ok, check.summary()
+
+
+def test_warm_heap_policy():
+    """The warm heap is glibc's mmap off and no trimming; its settings say so, and an
+    unknown policy is refused."""
+    from convbench import heap
+    settings = heap.apply(heap.WARM)
+    if not settings["allocator"].startswith("glibc"):
+        pytest.skip(f"not glibc: {settings['allocator']}")
+    assert settings["policy"] == heap.WARM and "warm heap" in heap.describe()
+    heap.reserve(1 << 20)
+    assert heap.settings()["reserved_bytes"] >= 1 << 20
+    with pytest.raises(ValueError):
+        heap.apply("hot")
+
+
 def test_progress_bar_text_and_log_lines():
     import io
 

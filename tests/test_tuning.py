@@ -1,6 +1,7 @@
 """Tuned parameters (convbench.tuning), the tuning and CPU benchmark scripts, and the
 register-blocked CPU implementation."""
 
+import csv as csvmod
 import json
 import sys
 
@@ -418,13 +419,25 @@ def test_bench_cpu_small_set(tmp_path, cachedir, capsys):
     status = bench.main([
         "--paramscsv", str(csv), "--batch", "1", "--impls", f"{BLOCKED},implicitGemm,im2colGemm",
         "--samples", "5", "--warmup", "1", "--outdir", str(out), "--cachedir", str(cachedir),
-        "--skip-slower", "1000"])  # screening depends on the machine's load: not tested here
+        "--skip-slower", "1000", "--rounds", "2"])  # screening depends on the load: not tested
     stdout, stderr = capsys.readouterr()
     assert status == 0, stdout[-3000:] + stderr[-3000:]
     assert stdout.strip().splitlines()[-1].startswith("max best/torch ratio: ")
+    assert "timing rule: torch and DaCe allocate their output on every call" in stdout
     table = (out / "table.md").read_text()
     assert table.count("\n") == 4 and "im2colGemm (MKL) ms" in table
+    assert "ratio (median of 2) | min-max" in table
     meta = json.loads((out / "metadata.json").read_text())
+    assert meta["timing"]["rounds"] == 2 and "allocate" in meta["timing"]["outputs"]
+    rounds = meta["layers"]["small/conv1_small"]["rounds"]
+    assert len(rounds) == 2 and all(r["ratio"] > 0 for r in rounds)
+    per_round = (out / "rounds.csv").read_text().splitlines()
+    assert per_round[0] == "layer,round,backend,median_ms,torch_layout,best,ratio"
+    assert {line.split(",")[1] for line in per_round[1:]} == {"1", "2"}
+    # each backend has its samples of both rounds
+    samples = [r for r in csvmod.DictReader((out / "samples.csv").open())
+               if r["layer"] == "conv1_small" and r["backend"] == BLOCKED]
+    assert len(samples) == 10
     assert meta["status"] == "complete" and meta["ceilings"]["peak_gflops"] > 0
     assert meta["ceilings"]["fma_peak_gflops"] > 0 and "% of FMA peak" in table
     assert meta["layers"]["small/conv1_small"][BLOCKED]["verified"] is True
@@ -476,6 +489,8 @@ def test_fma_peak_probe(monkeypatch):
 
 
 @pytest.mark.parametrize("args,words", [(["--samples", "3"], "--samples: must be an integer >= 5"),
+                                        (["--rounds", "0"], "--rounds"),
+                                        (["--heap", "hot"], "--heap: unknown policy 'hot'"),
                                         (["--impls", "implicitGemmBwdData"], "computes bwd_data, not fwd"),
                                         (["--pass", "bwd"], "--pass: unknown pass 'bwd'"),
                                         (["--batch", "0"], "--batch")])

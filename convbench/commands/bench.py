@@ -1,11 +1,16 @@
 """CPU benchmark: torch's conv3d against every DaCe implementation of a pass, per layer.
 
-README.md, "CPU performance" ("Benchmark"), describes the method, the ceilings and the
-table.  Not there: the screening first call counts as one of the ``--warmup`` calls; an
-implementation screened out by ``--skip-slower`` has its first-call time in the
-metadata; a wrong kernel's time is not reported; ``im2colGemm`` (MKL's SGEMM) has its
-own column and never counts as DaCe-generated (:data:`VENDOR`).  Besides the usual
-result files, ``table.md`` holds the printed table.
+README.md, "CPU performance" ("Benchmark"), and docs/benchmarking.md describe the method,
+the ceilings and the table.  Both sides are timed alike: each call allocates its output
+(torch through its API, DaCe a fresh tensor per call) from the heap policy of
+:mod:`convbench.heap`, after the same flush, with the same warm-up, interleaved.  Each
+build is verified and screened once; then ``--rounds`` independent rounds over all
+layers each warm up and sample anew, and a layer's ratio is the median over the rounds,
+with its min-max.  An implementation screened out by ``--skip-slower`` has its
+first-call time in the metadata; a wrong kernel's time is not reported; ``im2colGemm``
+(MKL's SGEMM) has its own column and never counts as DaCe-generated (:data:`VENDOR`).
+Besides the usual result files, ``table.md`` holds the printed table and ``rounds.csv``
+each round's medians and ratio.
 """
 
 import math
@@ -32,8 +37,12 @@ def build_parser(prog: str = PROG):
                                   many=True)
     flags.add_timing_flags(p, warmup=2, iters=7, time_limit=False)
     p.add_argument("--samples", dest="totaliter", type=int, default=7, metavar="N",
-                   help="interleaved timed rounds: the samples per backend, as --totaliter "
+                   help="interleaved timed calls per backend and round, as --totaliter "
                    "(default 7, at least 5)")
+    p.add_argument("--rounds", type=int, default=3, metavar="R",
+                   help="independent rounds over all layers, each with its own warm-up and "
+                   "samples; the table gives the median ratio and its range over them "
+                   "(default 3)")
     flags.add_threads_flag(p, default=2)
     p.add_argument("--skip-slower", type=float, default=20.0, metavar="X",
                    help="do not sample an implementation whose first call is X times "
@@ -53,7 +62,9 @@ def main(argv=None, prog: str = PROG) -> int:
 def _main(argv, prog: str) -> int:
     args = build_parser(prog).parse_args(argv)
     check_at_least(("--batch", args.batch, 1), ("--samples", args.totaliter, 5),
-                   ("--warmup", args.warmupiter, 1), ("--threads", args.threads, 1))
+                   ("--warmup", args.warmupiter, 1), ("--threads", args.threads, 1),
+                   ("--rounds", args.rounds, 1))
+    flags.check_heap_flag(args)
     if not args.skip_slower > 1:
         raise UsageError(f"--skip-slower: must be > 1, got {args.skip_slower}")
     from .. import registry
@@ -84,13 +95,16 @@ def _main(argv, prog: str) -> int:
         exp = Experiment(impls, [layer for _, layer in layers], "cpu",
                          policy="reuse", cachedir=args.cachedir, outdir=outdir,
                          threads=args.threads, timing=TimingOptions(
-                             args.warmupiter, args.totaliter, flush=not args.no_flush))
+                             args.warmupiter, args.totaliter, flush=not args.no_flush,
+                             heap=args.heap))
         status |= Bench(exp, args, layers, pass_, len(plan) > 1).run()
     return status
 
 
 class Bench:
-    """The interleaved measurement of every implementation, layer by layer, and the table."""
+    """Every implementation against torch, layer by layer: each build verified and screened
+    once, then ``--rounds`` independent rounds over all layers (warm-up, then interleaved
+    samples), then the table of median ratios with their ranges."""
 
     def __init__(self, exp, args, layers, pass_="fwd", name_pass=False):
         self.exp, self.args, self.layers, self.pass_ = exp, args, layers, pass_
@@ -100,44 +114,60 @@ class Bench:
         import torch
 
         a, exp, timer = self.args, self.exp, self.exp.timer
+        rule = exp.output_rule()
         print(f"measuring the CPU ceilings ({torch.get_num_threads()} threads) ...", flush=True)
         exp.extra_metadata.update(
-            kind="bench_cpu", bench_pass=str(self.pass_), batch=a.batch, vendor=sorted(VENDOR), skip_slower=a.skip_slower,
-            layers={}, timing={"method": timer.method, "warmup": a.warmupiter,
-                               "samples": a.totaliter, "interleaved": True,
-                               "flush_bytes": timer.flush_bytes})
+            kind="bench_cpu", bench_pass=str(self.pass_), batch=a.batch, vendor=sorted(VENDOR),
+            skip_slower=a.skip_slower, layers={},
+            timing={"method": timer.method, "warmup": a.warmupiter, "samples": a.totaliter,
+                    "rounds": a.rounds, "interleaved": True, "flush_bytes": timer.flush_bytes,
+                    "outputs": rule, **exp.heap_metadata(),
+                    "ratio": "per round: the fastest verified DaCe-generated median over the "
+                             "faster torch layout's median; reported: the median over rounds "
+                             "and its min-max"})
         writer = exp.start_results()
         ceil = writer.metadata["ceilings"]
         peak, fma = ceil.get("peak_gflops"), ceil.get("fma_peak_gflops") or math.nan
         print(f"SGEMM peak {peak:.1f} GFLOP/s, FMA peak {fma:.1f} GFLOP/s, copy "
               f"{ceil.get('bandwidth_gbs', math.nan):.1f} GB/s", flush=True)
+        print(f"timing rule: {rule}; caches {'flushed' if timer.flush_bytes else 'not flushed'}"
+              f" before each call, {a.warmupiter} warm-up calls then {a.totaliter} interleaved "
+              f"samples per backend, {a.rounds} independent round(s)", flush=True)
         status = schema.INTERRUPTED
         try:
-            rows = [self._layer(i, s, layer, writer) for i, (s, layer) in enumerate(self.layers)]
+            runs = [self._prepare(i, s, layer) for i, (s, layer) in enumerate(self.layers)]
+            for r in range(a.rounds):
+                for run in runs:
+                    self._round(run, r)
+            rows = [self._finish(run, writer) for run in runs]
             status = schema.COMPLETE
         finally:
             writer.finish(status)
-        table = _table(rows, peak, fma)
+        table = _table(rows, peak, fma, a.rounds)
         (exp.outdir / "table.md").write_text(table + "\n")
+        (exp.outdir / "rounds.csv").write_text(_rounds_csv(rows))
         print(table)
         print(f"results: {exp.outdir}/")
         print(f"max best/torch ratio: {max(r['ratio'] for r in rows):.3f}{self.suffix}")
         return 0
 
-    def _layer(self, index, layer_set, layer, writer):
+    def _prepare(self, index, layer_set, layer):
+        """Build, verify and screen every implementation on one layer; its calls."""
         import torch
 
+        from .. import heap
         from ..layouts import Layout
         from ..references import TORCH as REF
-        from ..results import Measurement
-        from ..timing import Timing, summarize
-        a, exp, timer = self.args, self.exp, self.exp.timer
+        exp, timer = self.exp, self.exp.timer
         label = f"{Path(layer_set).stem}/{layer.name}"
         print(f"[{index + 1}/{len(self.layers)}] {label}: {layer.describe()}", flush=True)
         truth = exp.truth(self.pass_, layer)
         calls = {name: REF.prepare(layer, self.pass_, layout, "cpu", truth.inputs,
                                    exp.ref_options)
                  for name, layout in zip(TORCH, (Layout.NCDHW, Layout.NDHWC))}
+        # Room for a few outputs and inputs in the warm heap before anything is timed.
+        heap.reserve(4 * 4 * sum(math.prod(s) for s in (layer.input_shape, layer.output_shape,
+                                                         layer.filter_shape)))
         info, builds = {}, {}
         for impl in exp.impls:
             params = exp.params(impl, layer)
@@ -153,35 +183,77 @@ class Bench:
             # torch's first (flushed) call is the yardstick; a DaCe build is screened on
             # its initialising call, so a very slow one runs only once.
             torch_first = min(timer.once(calls[n]) for n in TORCH)
-            active = {}
-            for name, fn in calls.items():
-                if name not in TORCH and not self._admit(name, fn, builds[name], truth,
-                                                         info[name], torch_first):
-                    continue
-                for _ in range(a.warmupiter - 1):
+            active = {n: fn for n, fn in calls.items() if n in TORCH or self._admit(
+                n, fn, builds[n], truth, info[n], torch_first)}
+        truth.drop()
+        return {"index": index, "label": label, "set": layer_set, "layer": layer,
+                "calls": active, "info": info, "rounds": []}
+
+    def _round(self, run, r) -> None:
+        """One independent round on one layer: warm-up, then interleaved samples."""
+        import torch
+
+        from ..timing import summarize
+        a, timer, calls = self.args, self.exp.timer, run["calls"]
+        with torch.no_grad():
+            for fn in calls.values():
+                for _ in range(a.warmupiter):
                     timer.once(fn)
-                active[name] = fn
-            samples = timer.interleaved(active, a.totaliter)
+            samples = timer.interleaved(calls, a.totaliter)
         med = {n: summarize(s)["median_ms"] for n, s in samples.items()}
         torch_name = min(TORCH, key=lambda n: med[n])
+        generated = {n: t for n, t in med.items() if n not in TORCH and n not in VENDOR}
+        best = min(generated, key=generated.get) if generated else None
+        ratio = generated[best] / med[torch_name] if best else math.inf
+        run["rounds"].append({"samples": samples, "median_ms": med, "torch": torch_name,
+                              "best": best, "ratio": ratio})
+        print(f"  round {r + 1}/{a.rounds} {run['label']}: torch {med[torch_name]:.2f} ms "
+              f"({torch_name[6:]}), best DaCe {best} {generated.get(best, math.nan):.2f} ms, "
+              f"ratio {ratio:.2f}", flush=True)
+
+    def _finish(self, run, writer):
+        """The layer's result rows and its table row: medians over the rounds."""
+        import statistics
+
+        import torch
+
+        from ..results import Measurement
+        from ..timing import Timing
+        a, timer, rounds, info = self.args, self.exp.timer, run["rounds"], run["info"]
+        pooled = {n: [t for rd in rounds for t in rd["samples"][n]] for n in run["calls"]}
+        med = {n: statistics.median(rd["median_ms"][n] for rd in rounds) for n in pooled}
+        torch_name = min(TORCH, key=lambda n: med[n])
+        # torch: the faster layout in each round (the rounds' choices may differ).
+        torch_samples = [t for rd in rounds for t in rd["samples"][rd["torch"]]]
         measurements = [Measurement(n, Timing(s, a.warmupiter, timer.method))
-                        for n, s in [("torch", samples[torch_name])] + list(samples.items())]
+                        for n, s in [("torch", torch_samples)] + list(pooled.items())]
         for name in med:
             if name in info:
                 info[name]["status"] = "timed"
-        writer.metadata["layers"][label] = dict(info, torch_layout=torch_name)
-        writer.add_layer(index, layer, label, measurements, extra={"set": layer_set})
+        ratios = [rd["ratio"] for rd in rounds]
+        label = run["label"]
+        writer.metadata["layers"][label] = dict(info, torch_layout=torch_name, rounds=[
+            {"torch_layout": rd["torch"], "torch_ms": rd["median_ms"][rd["torch"]],
+             "best": rd["best"], "best_ms": rd["median_ms"].get(rd["best"], math.nan),
+             "ratio": rd["ratio"]} for rd in rounds])
+        writer.add_layer(run["index"], run["layer"], label, measurements,
+                         extra={"set": run["set"]})
         generated = {n: t for n, t in med.items() if n not in TORCH and n not in VENDOR}
         best = min(generated, key=generated.get) if generated else None
-        row = {"label": label, "layer": layer, "torch": med[torch_name], "torch_layout": torch_name,
-               "best": best, "best_ms": generated.get(best, math.nan),
-               "vendor": {n: med.get(n, math.nan) for n in VENDOR}}
-        row["ratio"] = row["best_ms"] / row["torch"] if best else math.inf
-        print(f"  torch {row['torch']:.2f} ms ({torch_name[6:]}), best DaCe {best} "
-              f"{row['best_ms']:.2f} ms, ratio {row['ratio']:.2f}", flush=True)
+        row = {"label": label, "layer": run["layer"],
+               "torch": statistics.median(rd["median_ms"][rd["torch"]] for rd in rounds),
+               "torch_layout": torch_name, "best": best,
+               "best_ms": generated.get(best, math.nan),
+               "vendor": {n: med.get(n, math.nan) for n in VENDOR},
+               "ratio": statistics.median(ratios), "ratio_min": min(ratios),
+               "ratio_max": max(ratios), "rounds": rounds}
+        print(f"  {label}: torch {row['torch']:.2f} ms ({torch_name[6:]}), best DaCe {best} "
+              f"{row['best_ms']:.2f} ms, ratio {row['ratio']:.2f} "
+              f"({row['ratio_min']:.2f}-{row['ratio_max']:.2f} over {len(ratios)} rounds)",
+              flush=True)
         if a.store and best:
             from .. import tuning
-            tuning.store_best("cpu", str(self.pass_), layer, best,
+            tuning.store_best("cpu", str(self.pass_), run["layer"], best,
                               {"cpu": writer.metadata["device"]["cpu"],
                                "threads": torch.get_num_threads()})
         return row
@@ -203,15 +275,27 @@ class Bench:
         return check.ok
 
 
-def _table(rows, peak, fma) -> str:
-    lines = ["| layer | geometry | torch ms (layout) | best DaCe-generated | ms | ratio | "
-             "GFLOP/s | % of SGEMM peak | % of FMA peak | im2colGemm (MKL) ms |",
-             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+def _rounds_csv(rows) -> str:
+    lines = ["layer,round,backend,median_ms,torch_layout,best,ratio"]
+    for row in rows:
+        for r, rd in enumerate(row["rounds"]):
+            for name, ms in rd["median_ms"].items():
+                lines.append(f"{row['label']},{r + 1},{name},{ms:.6g},{rd['torch']},"
+                             f"{rd['best']},{rd['ratio']:.6g}")
+    return "\n".join(lines) + "\n"
+
+
+def _table(rows, peak, fma, rounds: int = 1) -> str:
+    lines = ["| layer | geometry | torch ms (layout) | best DaCe-generated | ms | "
+             f"ratio (median of {rounds}) | min-max | GFLOP/s | % of SGEMM peak | "
+             "% of FMA peak | im2colGemm (MKL) ms |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         gflops = r["layer"].flops() / (r["best_ms"] * 1e-3) / 1e9 if r["best"] else math.nan
         vendor = r["vendor"].get("im2colGemm", math.nan)
         lines.append(f"| {r['label']} | {r['layer'].describe()} | {r['torch']:.2f} "
                      f"({r['torch_layout'][6:]}) | {r['best']} | {r['best_ms']:.2f} | "
-                     f"{r['ratio']:.2f} | {gflops:.1f} | {100 * gflops / peak:.0f}% | "
+                     f"{r['ratio']:.2f} | {r['ratio_min']:.2f}-{r['ratio_max']:.2f} | "
+                     f"{gflops:.1f} | {100 * gflops / peak:.0f}% | "
                      f"{100 * gflops / fma:.0f}% | {vendor:.2f} |")
     return "\n".join(lines)

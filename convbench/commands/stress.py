@@ -52,7 +52,7 @@ def build_parser(prog: str = PROG) -> ArgumentParser:
     p.add_argument("--kernel", type=int, default=3, metavar="KS", help="cubic kernel edge (3)")
     p.add_argument("--stride", type=int, default=1)
     p.add_argument("--pad", type=int, default=1)
-    flags.add_timing_flags(p, warmup=0, iters=3, time_limit=False)
+    flags.add_timing_flags(p, warmup=0, iters=3, time_limit=False, heap=False)
     flags.add_threads_flag(p)
     flags.add_seed_flag(p)
     flags.add_param_flag(p)
@@ -442,7 +442,8 @@ def run_dace(exp, layer, impl, build, inputs, args):
     from ..layouts import PASS_SIGNATURE, from_layout
 
     def start():
-        call = exp.call(build, inputs, fill=math.nan if args.check else 0.0)
+        # In place: a fresh output per call would hold two of them (the peak is measured).
+        call = exp.call(build, inputs, fill=math.nan if args.check else 0.0, fresh=False)
         synchronize(exp.device)
         return call, call.first_ms
     call, record = _phase(exp, impl.name, f"{impl.name} (DaCe, {impl.layout})", start, args)
@@ -542,7 +543,7 @@ def _setup(args):
                      policy="rebuild" if args.rebuild else "reuse", cachedir=args.cachedir,
                      verify=False, threads=threads, timing=TimingOptions(
                          warmup=args.warmupiter, iterations=args.totaliter,
-                         flush=not args.no_flush))
+                         flush=not args.no_flush, heap="system"))
     params = exp.params(impl, layer)
     reason = impl.unsupported_reason(layer, params)
     if reason:

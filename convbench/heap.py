@@ -1,0 +1,86 @@
+"""The CPU heap of a timed process: where torch's and DaCe's fresh outputs come from.
+
+torch's CPU convolution allocates its output on every call, and so does a DaCe program
+called from a network (:class:`convbench.network.DaceConv`).  With glibc's defaults a
+block of more than 32 MiB is always a fresh ``mmap``, given back with ``munmap`` when
+freed, so every call of a large layer page-faults its whole output in again.  On the
+AVX2 EPYC VM of 2026-11-26 that cost 27 ms per call for the 67 MB output of MLPerf
+CosmoFlow's 64^3 conv1 at batch 2, more than the convolution itself (21 ms):
+torch's call took 48 ms, the same DaCe kernel in a fresh buffer 48 ms, in a buffer
+prepared once 22 ms (docs/benchmarking.md).  Such a cost belongs to the allocator,
+not to either kernel, and it hits whichever side allocates.
+
+``warm`` (the default of every timed command on the CPU) keeps freed memory in the
+process: no ``mmap`` for large blocks (``M_MMAP_MAX`` 0) and no trimming of the heap's
+top (``M_TRIM_THRESHOLD`` 2 GiB, the largest it takes), so a block freed by one call is reused, already
+mapped, by the next, as a caching allocator does (torch's on the GPU; jemalloc or
+tcmalloc, which PyTorch's CPU tuning guide recommends).  ``system`` leaves the C
+library's policy alone.  The policy holds for the rest of the process.
+"""
+
+import ctypes
+import ctypes.util
+from typing import Dict
+
+WARM, SYSTEM = "warm", "system"
+POLICIES = (WARM, SYSTEM)
+
+# glibc's mallopt parameters (malloc.h).
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
+_NO_TRIM = (1 << 31) - 1  # mallopt takes a C int: 2 GiB of free top is kept
+
+_state: Dict[str, object] = {"policy": SYSTEM, "allocator": "", "reserved_bytes": 0}
+
+
+def _libc():
+    try:
+        lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+    return lib if hasattr(lib, "mallopt") and hasattr(lib, "gnu_get_libc_version") else None
+
+
+def apply(policy: str = WARM) -> Dict[str, object]:
+    """Set the heap policy of this process (see the module's text); return
+    :func:`settings`.  ``warm`` without glibc records why it could not be applied."""
+    if policy not in POLICIES:
+        raise ValueError(f"heap policy {policy!r}: choose from {', '.join(POLICIES)}")
+    if policy == WARM and _state["policy"] != WARM:
+        lib = _libc()
+        if lib is None:
+            _state.update(policy=SYSTEM, allocator="not glibc: warm heap unavailable")
+        else:
+            lib.gnu_get_libc_version.restype = ctypes.c_char_p
+            ok = lib.mallopt(_M_MMAP_MAX, 0) == 1 and \
+                lib.mallopt(_M_TRIM_THRESHOLD, _NO_TRIM) == 1
+            version = lib.gnu_get_libc_version().decode()
+            _state.update(policy=WARM if ok else SYSTEM,
+                          allocator=f"glibc {version}" + ("" if ok else ": mallopt refused"))
+    return settings()
+
+
+def reserve(nbytes: int) -> None:
+    """With the warm heap, map and touch ``nbytes`` once (then free them into the heap),
+    so that the first timed calls do not pay the page faults of its growth."""
+    if _state["policy"] != WARM or nbytes <= int(_state["reserved_bytes"]):
+        return
+    import torch
+    block = torch.empty(nbytes // 4, dtype=torch.float32)
+    block.fill_(0.0)
+    del block
+    _state["reserved_bytes"] = nbytes
+
+
+def settings() -> Dict[str, object]:
+    """What the result metadata records: the policy in force and the allocator."""
+    return {"policy": _state["policy"], "allocator": _state["allocator"] or "the C library's",
+            "reserved_bytes": _state["reserved_bytes"]}
+
+
+def describe() -> str:
+    """One line for the output of a timed command."""
+    if _state["policy"] == WARM:
+        return "warm heap (freed memory stays mapped and is reused: no page faults per call)"
+    note = _state["allocator"]
+    return "the C library's heap (large blocks mapped anew on every call" + \
+        (f"; {note}" if note else "") + ")"
