@@ -12,8 +12,8 @@ not to either kernel, and it hits whichever side allocates.
 
 ``warm`` (the default of every timed command on the CPU) keeps freed memory in the
 process: no ``mmap`` for large blocks (``M_MMAP_MAX`` 0) and no trimming of the heap's
-top (``M_TRIM_THRESHOLD`` 2 GiB, the largest it takes), so a block freed by one call is reused, already
-mapped, by the next, as a caching allocator does (torch's on the GPU; jemalloc or
+top (``M_TRIM_THRESHOLD`` 2 GiB, the largest it takes), so a block freed by one call
+is reused, already mapped, by the next, as a caching allocator does (torch's on the GPU; jemalloc or
 tcmalloc, which PyTorch's CPU tuning guide recommends).  ``system`` leaves the C
 library's policy alone.  The policy holds for the rest of the process.
 """
@@ -82,5 +82,5 @@ def describe() -> str:
     if _state["policy"] == WARM:
         return "warm heap (freed memory stays mapped and is reused: no page faults per call)"
     note = _state["allocator"]
-    return "the C library's heap (large blocks mapped anew on every call" + \
+    return "C library's heap (large blocks mapped anew on every call" + \
         (f"; {note}" if note else "") + ")"
