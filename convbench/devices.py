@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Optional
+from typing import Optional, Tuple
 
 from .errors import UsageError
 
@@ -80,3 +80,18 @@ def set_threads(threads: Optional[int]) -> Optional[int]:
         import torch
         torch.set_num_threads(threads)  # also DaCe's: both use the libgomp torch loads
     return threads
+
+
+def cpu_available_memory() -> Tuple[int, str]:
+    """(bytes, what they are): the memory the CPU side can take now (``MemAvailable``,
+    else the free physical pages)."""
+    found = (os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"),
+             "free physical pages (sysconf)")
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024, "MemAvailable"
+    except OSError:
+        pass
+    return found

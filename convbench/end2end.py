@@ -333,7 +333,7 @@ class Run:
         timed iteration."""
         import torch
 
-        from .network import Recorder
+        from .heap import section
         a = self.args
         x, target = self._batch(a.seed + 2)
         models = {"torch": self.torch_model, "dace": self.dace_model}
@@ -343,6 +343,15 @@ class Run:
         print(f"timing {', '.join(phases)}: {a.warmup} warm-up + {a.iters} timed iterations "
               "per model, interleaved", flush=True)
         t0 = time.perf_counter()
+        with section(self.device):  # the warm heap, on the CPU (convbench.heap)
+            self._iterations(models, opts, phases, x, target, total, out, t0)
+        return out
+
+    def _iterations(self, models, opts, phases, x, target, total, out, t0) -> None:
+        import torch
+
+        from .network import Recorder
+        a = self.args
         for it in range(total):
             for phase in phases:
                 for name, model in models.items():
@@ -368,7 +377,6 @@ class Run:
                         out[name][phase].setdefault(part, []).append(ms)
             print(f"  iteration {it + 1}/{total} ({'warm-up' if it < a.warmup else 'timed'}, "
                   f"{time.perf_counter() - t0:.0f} s)", flush=True)
-        return out
 
     def _report(self, samples, phases) -> None:
         """Median ms per part; a layer's is its forward plus backward."""

@@ -231,12 +231,21 @@ class Experiment:
 
     def time(self, calls: Mapping[str, Callable[[], Callable[[], object]]], progress=None):
         """Time each backend in turn: ``calls`` maps a backend name to a function that
-        prepares its call (outside the timed region).  Returns ``(measurements, infos)``."""
-        from .results import Measurement
+        prepares its call (outside the timed region).  Returns ``(measurements, infos)``.
+        On the CPU this is a timed section of :mod:`convbench.heap`."""
         t = self.timing or TimingOptions()
-        per_backend = t.warmup + t.iterations
+        with self.timed_section():
+            return self._time_each(calls, progress, getattr(progress, "label", ""),
+                                   t.warmup + t.iterations, t)
+
+    def timed_section(self):
+        """The heap's timed section on the CPU (:func:`convbench.heap.timed`)."""
+        from .heap import section
+        return section(self.device)
+
+    def _time_each(self, calls, progress, label, per_backend, t):
+        from .results import Measurement
         measurements, infos = [], {}
-        label = getattr(progress, "label", "")
         for name, prepare in calls.items():
             if progress is not None:
                 progress.label = f"{label} {name}"

@@ -41,6 +41,8 @@ SUBCOMMANDS = {
                        "CPU and GPU build times per implementation"),
     "check-power": ("convbench.commands.check_power", {},
                     "how far the check's tolerance sits from correct and wrong results"),
+    "bench-vs-network": ("convbench.commands.bench_vs_network", {},
+                         "per-layer ratios of the CPU bench next to the network's"),
 }
 
 

@@ -275,6 +275,7 @@ def prepared_call(build, arrays: Dict[str, object], fresh: Optional[str] = None
     convolution does with its output: both sides then pay the same allocator
     (:mod:`convbench.heap`).  Without it, every call writes into ``arrays``.
     """
+    import torch
     program = build.program
     if program is None:
         raise RuntimeError(f"build {build.spec.name} is not loaded")
@@ -287,7 +288,7 @@ def prepared_call(build, arrays: Dict[str, object], fresh: Optional[str] = None
         def call():
             if fresh is None:
                 return program(**arrays)
-            out = _like(arrays[fresh])
+            out = torch.empty_like(arrays[fresh])  # same strides: a dense tensor
             program(**dict(arrays, **{fresh: out}))
             return out
     elif fresh is None:
@@ -298,9 +299,12 @@ def prepared_call(build, arrays: Dict[str, object], fresh: Optional[str] = None
     else:
         callargs, initargs = construct(dict(arrays))
         slot = _pointer_slot(callargs, arrays[fresh])
+        template = arrays[fresh][:0]  # shape, strides, dtype, device; not the buffer
+        shape, strides = tuple(arrays[fresh].shape), tuple(arrays[fresh].stride())
+        arrays = {k: v for k, v in arrays.items() if k != fresh}  # its slot is replaced
 
         def call():
-            out = _like(arrays[fresh])
+            out = template.new_empty_strided(shape, strides)
             args = list(callargs)
             args[slot] = ctypes.c_void_p(out.data_ptr())
             fast(args, initargs)
@@ -309,12 +313,6 @@ def prepared_call(build, arrays: Dict[str, object], fresh: Optional[str] = None
     call.first_ms = first_ms  # the initialising call's time (caches not flushed)
     call.fresh_output = fresh is not None
     return call
-
-
-def _like(tensor):
-    import torch
-    return torch.empty_strided(tuple(tensor.shape), tuple(tensor.stride()), dtype=tensor.dtype,
-                               device=tensor.device)
 
 
 def _pointer_slot(callargs, tensor) -> int:

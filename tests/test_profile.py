@@ -268,12 +268,31 @@ def test_warm_heap_policy():
     """The warm heap is glibc's mmap off and no trimming; its settings say so, and an
     unknown policy is refused."""
     from convbench import heap
+    import ctypes
+
     settings = heap.apply(heap.WARM)
     if not settings["allocator"].startswith("glibc"):
         pytest.skip(f"not glibc: {settings['allocator']}")
     assert settings["policy"] == heap.WARM and "warm heap" in heap.describe()
-    heap.reserve(1 << 20)
-    assert heap.settings()["reserved_bytes"] >= 1 << 20
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+
+    def fresh_block_is_mapped_anew():
+        """Two 64 MiB blocks: from the heap they lie end to end (16 bytes of header
+        apart); glibc's default maps each anew, a page-aligned mapping of its own."""
+        size = 64 << 20
+        first, second = libc.malloc(size), libc.malloc(size)
+        anew = abs(second - first) != size + 16
+        libc.free(second)
+        libc.free(first)
+        return anew
+
+    with heap.timed():
+        heap.reserve(1 << 20)
+        assert heap._state["reserved_bytes"] >= 1 << 20
+        assert not fresh_block_is_mapped_anew(), "the warm section still maps large blocks"
+    assert fresh_block_is_mapped_anew(), "the C library's policy did not come back"
     with pytest.raises(ValueError):
         heap.apply("hot")
 

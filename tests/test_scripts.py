@@ -112,3 +112,60 @@ def test_check_power_writes_its_table(tmp_path, capsys):
              if line.startswith("| cosmoflow")]
     assert len(table) == 4 and not any("(!)" in line for line in table)
     assert json.loads((tmp_path / "metadata.json").read_text())["kind"] == "check_power"
+
+
+def _bench_folder(path, rounds):
+    """A bench_cpu.py forward folder of one layer: per round, torch-ndhwc and implA ms."""
+    (path / "fwd").mkdir(parents=True)
+    geometry = "4->8 @8^3 k3^3 s1 p1 b2"
+    (path / "fwd" / "summary.csv").write_text(
+        "implementation,geometry,batch,backend,median_ms\n" + "".join(
+            f"set/conv1,{geometry},2,{b},1.0\n" for b in ("torch-ndhwc", "implA")))
+    (path / "fwd" / "rounds.csv").write_text("layer,round,backend,median_ms\n" + "".join(
+        f"set/conv1,{r + 1},torch-ndhwc,10\nset/conv1,{r + 1},implA,{ms}\n"
+        for r, ms in enumerate(rounds)))
+    (path / "fwd" / "metadata.json").write_text("{}")
+    return geometry
+
+
+def _network_folder(path, geometry, torch_ms, dace_ms):
+    path.mkdir(parents=True)
+    (path / "metadata.json").write_text(json.dumps({
+        "kind": "end2end", "memory_format": "ndhwc",
+        "implementations": {"conv1": {"fwd": "implA"}}}))
+    (path / "summary.csv").write_text(
+        "layer,geometry,batch,implementation,backend,median_ms\n"
+        f"forward.conv1.fwd,{geometry},2,implA,torch,{torch_ms}\n"
+        f"forward.conv1.fwd,{geometry},2,implA,dace,{dace_ms}\n"
+        "forward.total,,2,-,torch,50\nforward.total,,2,-,dace,60\n")
+
+
+@pytest.mark.parametrize("network_ms, overlap", [((15, 16), False), ((11.5, 13), True)])
+def test_bench_vs_network_ratios_and_overlap(tmp_path, capsys, network_ms, overlap):
+    """The bench's per-round ratios (1.0, 1.1, 1.2) against two network runs: a median
+    with its range on each side, and whether the ranges overlap."""
+    from convbench.commands import bench_vs_network
+    geometry = _bench_folder(tmp_path / "bench", [10, 11, 12])
+    nets = []
+    for i, ms in enumerate(network_ms):
+        nets += ["--network", str(tmp_path / f"net{i}")]
+        _network_folder(tmp_path / f"net{i}", geometry, 10, ms)
+    out = tmp_path / "agreement.md"
+    assert bench_vs_network.main(["--bench", str(tmp_path / "bench"), *nets,
+                                  "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    row = [line for line in out.read_text().splitlines() if line.startswith("| conv1")]
+    assert len(row) == 1 and "1.10 (1.00-1.20)" in row[0], row
+    lo, hi = min(network_ms) / 10, max(network_ms) / 10
+    assert f"({lo:.2f}-{hi:.2f})" in row[0]
+    assert row[0].rstrip(" |").endswith("yes" if overlap else "no")
+    assert f"ranges overlap on {int(overlap)} of 1 parts" in text
+
+
+def test_bench_vs_network_bad_input(tmp_path, capsys):
+    from convbench.commands import bench_vs_network
+    assert bench_vs_network.main(["--bench", str(tmp_path), "--network", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("bench_vs_network.py: error: --bench")
+    assert "Traceback" not in out + err

@@ -87,7 +87,8 @@ def test_check_fails_on_a_planted_error_in_the_dace_output(tmp_path, stress_cach
     from convbench import timing
     real = timing.prepared_call
 
-    def corrupting(build, arrays):
+    def corrupting(build, arrays, fresh=None):
+        assert fresh is None, "stress times DaCe in place"
         call = real(build, arrays)
         last = arrays["y"].view(-1)
 

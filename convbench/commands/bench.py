@@ -113,6 +113,7 @@ class Bench:
     def run(self) -> int:
         import torch
 
+        from .. import heap
         a, exp, timer = self.args, self.exp, self.exp.timer
         rule = exp.output_rule()
         print(f"measuring the CPU ceilings ({torch.get_num_threads()} threads) ...", flush=True)
@@ -134,12 +135,21 @@ class Bench:
               f" before each call, {a.warmupiter} warm-up calls then {a.totaliter} interleaved "
               f"samples per backend, {a.rounds} independent round(s)", flush=True)
         status = schema.INTERRUPTED
+        groups = _groups(list(enumerate(self.layers)), self.pass_, len(exp.impls))
+        if len(groups) > 1:
+            print(f"the layers' tensors do not fit in memory at once: {len(groups)} groups, "
+                  "each prepared, then sampled over all rounds", flush=True)
         try:
-            runs = [self._prepare(i, s, layer) for i, (s, layer) in enumerate(self.layers)]
-            for r in range(a.rounds):
-                for run in runs:
-                    self._round(run, r)
-            rows = [self._finish(run, writer) for run in runs]
+            rows = []
+            for group in groups:
+                runs = [self._prepare(i, s, layer) for i, (s, layer) in group]
+                with exp.timed_section():
+                    heap.reserve(max(_footprint(run["layer"], self.pass_)[1] for run in runs))
+                    for r in range(a.rounds):
+                        for run in runs:
+                            self._round(run, r)
+                rows += [self._finish(run, writer) for run in runs]
+                del runs
             status = schema.COMPLETE
         finally:
             writer.finish(status)
@@ -155,7 +165,6 @@ class Bench:
         """Build, verify and screen every implementation on one layer; its calls."""
         import torch
 
-        from .. import heap
         from ..layouts import Layout
         from ..references import TORCH as REF
         exp, timer = self.exp, self.exp.timer
@@ -165,9 +174,6 @@ class Bench:
         calls = {name: REF.prepare(layer, self.pass_, layout, "cpu", truth.inputs,
                                    exp.ref_options)
                  for name, layout in zip(TORCH, (Layout.NCDHW, Layout.NDHWC))}
-        # Room for a few outputs and inputs in the warm heap before anything is timed.
-        heap.reserve(4 * 4 * sum(math.prod(s) for s in (layer.input_shape, layer.output_shape,
-                                                         layer.filter_shape)))
         info, builds = {}, {}
         for impl in exp.impls:
             params = exp.params(impl, layer)
@@ -273,6 +279,35 @@ class Bench:
             info["status"] = "wrong"
             print(f"  {name}: WRONG ({check.summary()}), not timed", flush=True)
         return check.ok
+
+
+def _footprint(layer, pass_):
+    """Bytes a prepared layer holds (its inputs in the ground truth, in torch's two
+    layouts and once per implementation: the multiplier of :func:`_groups`) and the
+    bytes its timed calls allocate and free (a few outputs and inputs, the warm heap's
+    reserve)."""
+    from ..layouts import PASS_SIGNATURE
+    shapes = {"x": layer.input_shape, "w": layer.filter_shape, "y": layer.output_shape}
+    roles, out = PASS_SIGNATURE[pass_]
+    inputs = sum(4 * math.prod(shapes[r]) for r in roles)
+    return inputs, 4 * (inputs + 4 * math.prod(shapes[out]))
+
+
+def _groups(layers, pass_, n_impls, share: float = 0.4):
+    """``layers`` cut, in order, into groups whose prepared tensors fit in ``share`` of
+    the available memory (each group is sampled over all rounds on its own)."""
+    from ..devices import cpu_available_memory
+    budget = share * cpu_available_memory()[0]
+    groups, used = [[]], 0.0
+    for item in layers:
+        held, working = _footprint(item[1][1], pass_)
+        need = held * (3 + n_impls)
+        if groups[-1] and used + need + working > budget:
+            groups.append([])
+            used = 0.0
+        groups[-1].append(item)
+        used += need
+    return groups
 
 
 def _rounds_csv(rows) -> str:

@@ -211,16 +211,8 @@ def available_memory(device: str, limit_gib=None):
         free, _ = torch.cuda.mem_get_info()
         found = free, "free GPU memory (cudaMemGetInfo)"
     else:
-        found = (os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"),
-                 "free physical pages (sysconf)")
-        try:
-            with open("/proc/meminfo") as f:
-                for line in f:
-                    if line.startswith("MemAvailable:"):
-                        found = int(line.split()[1]) * 1024, "MemAvailable"
-                        break
-        except OSError:
-            pass
+        from ..devices import cpu_available_memory
+        found = cpu_available_memory()
     if limit_gib is not None and int(limit_gib * GIB) < found[0]:
         return int(limit_gib * GIB), f"{found[1]}, limited by --memory-limit"
     return found
