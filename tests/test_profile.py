@@ -219,23 +219,34 @@ def test_bad_profiling_flags(capsys, args, words):
     assert "Traceback" not in out + err
 
 
-@pytest.mark.prebuild(PREPARED)
-def test_prepared_call_matches_the_checked_call(builds):
+def _prepared(builds, seed):
+    """The tiny layer's build, its ground truth, and its program arrays with a NaN output."""
     import torch
 
     from convbench import registry, verify
-    from convbench.layouts import from_layout, stored_shape, to_layout
-    layer = PREPARED.layer
+    from convbench.layouts import stored_shape, to_layout
     impl = registry.get(IMPL)
-    build = builds(PREPARED.spec())
-    ref = verify.make_truth(layer, seed=3)
+    ref = verify.make_truth(PREPARED.layer, seed=seed)
     arrays = {r: to_layout(ref.inputs[r], impl.layout, r) for r in ("x", "w")}
-    arrays["y"] = torch.full(stored_shape(impl.layout, "y", layer.output_shape), float("nan"))
+    arrays["y"] = torch.full(stored_shape(impl.layout, "y", PREPARED.layer.output_shape),
+                             float("nan"))
+    return builds(PREPARED.spec()), ref, arrays
+
+
+def _output_ok(out, ref):
+    from convbench import registry, verify
+    from convbench.layouts import from_layout
+    check = verify.compare(from_layout(out, registry.get(IMPL).layout, "y"), ref, 2.0 ** -24)
+    assert check.ok, check.summary()
+
+
+@pytest.mark.prebuild(PREPARED)
+def test_prepared_call_matches_the_checked_call(builds):
+    build, ref, arrays = _prepared(builds, seed=3)
     call = timing.prepared_call(build, arrays)
     arrays["y"].fill_(float("nan"))
     call()  # the fast path writes into the same buffers
-    check = verify.compare(from_layout(arrays["y"], impl.layout, "y"), ref, 2.0 ** -24)
-    assert check.ok, check.summary()
+    _output_ok(arrays["y"], ref)
 
 
 @pytest.mark.prebuild(PREPARED)
@@ -243,15 +254,7 @@ def test_fresh_output_call_allocates_like_torch(builds):
     """With ``fresh``, each call writes a new tensor (as torch's convolution returns one)
     and leaves the prepared buffer alone; the result is right."""
     import torch
-
-    from convbench import registry, verify
-    from convbench.layouts import from_layout, stored_shape, to_layout
-    layer = PREPARED.layer
-    impl = registry.get(IMPL)
-    build = builds(PREPARED.spec())
-    ref = verify.make_truth(layer, seed=4)
-    arrays = {r: to_layout(ref.inputs[r], impl.layout, r) for r in ("x", "w")}
-    arrays["y"] = torch.full(stored_shape(impl.layout, "y", layer.output_shape), float("nan"))
+    build, ref, arrays = _prepared(builds, seed=4)
     call = timing.prepared_call(build, arrays, fresh="y")
     assert call.fresh_output
     arrays["y"].fill_(float("nan"))
@@ -260,8 +263,7 @@ def test_fresh_output_call_allocates_like_torch(builds):
     assert first.stride() == arrays["y"].stride()
     assert torch.isnan(arrays["y"]).all(), "a fresh-output call wrote the prepared buffer"
     for out in (first, second):
-        check = verify.compare(from_layout(out, impl.layout, "y"), ref, 2.0 ** -24)
-        assert check.ok, check.summary()
+        _output_ok(out, ref)
 
 
 def test_warm_heap_policy():
