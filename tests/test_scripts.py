@@ -140,6 +140,18 @@ def _network_folder(path, geometry, torch_ms, dace_ms):
         "forward.total,,2,-,torch,50\nforward.total,,2,-,dace,60\n")
 
 
+def test_bench_vs_network_pools_bench_runs(tmp_path, capsys):
+    """Two bench runs: their rounds count together (ratios 1.0-1.2 and 1.4)."""
+    from convbench.commands import bench_vs_network
+    geometry = _bench_folder(tmp_path / "b1", [10, 11, 12])
+    _bench_folder(tmp_path / "b2", [14])
+    _network_folder(tmp_path / "net", geometry, 10, 13)
+    assert bench_vs_network.main(["--bench", str(tmp_path / "b1"), "--bench",
+                                  str(tmp_path / "b2"), "--network", str(tmp_path / "net")]) == 0
+    text = capsys.readouterr().out
+    assert "1.15 (1.00-1.40)" in text and "(bench: 4 rounds; network: 1 runs)" in text
+
+
 @pytest.mark.parametrize("network_ms, overlap", [((15, 16), False), ((11.5, 13), True)])
 def test_bench_vs_network_ratios_and_overlap(tmp_path, capsys, network_ms, overlap):
     """The bench's per-round ratios (1.0, 1.1, 1.2) against two network runs: a median

@@ -1,15 +1,15 @@
 """Per-layer DaCe/torch ratios of the CPU bench next to those measured inside the network.
 
-Reads result folders only.  ``--bench DIR``: a ``bench_cpu.py`` run with one folder per
-pass (``DIR/fwd``, ``DIR/bwd_data``, ``DIR/bwd_filter``; a single pass's folder also
-works).  ``--network DIR`` (repeatable, one per run): ``cosmoflow_end2end.py`` runs.
+Reads result folders only.  ``--bench DIR`` (repeatable, one per run; their rounds are
+pooled): a ``bench_cpu.py`` run with one folder per pass (``DIR/fwd``, ``DIR/bwd_data``,
+``DIR/bwd_filter``; a single pass's folder also works).  ``--network DIR`` (repeatable, one per run): ``cosmoflow_end2end.py`` runs.
 Layers are matched by geometry and batch.  Both ratios use what the network ran: its
 DaCe implementation of each pass, and torch in the network's memory format.  The
 network's backward part of a layer is its data and filter gradients together (the filter
 gradient alone for the first layer), so the bench's side adds the two passes' medians.
 
-A bench ratio is the median over its rounds with their min-max (a folder from before
-``--rounds`` is one round); a network ratio the
+A bench ratio is the median over its (pooled) rounds with their min-max (a folder from
+before ``--rounds`` is one round); a network ratio the
 median over the runs (each run's ratio: median DaCe ms over median torch ms of that
 part) with their min-max.  ``agree`` says whether the two ranges overlap.
 """
@@ -28,8 +28,9 @@ PASSES = ("fwd", "bwd_data", "bwd_filter")
 
 def build_parser(prog: str = PROG):
     p = ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
-    p.add_argument("--bench", required=True, metavar="DIR",
-                   help="a bench_cpu.py result folder (with fwd/, bwd_data/, bwd_filter/)")
+    p.add_argument("--bench", action="append", required=True, metavar="DIR",
+                   help="a bench_cpu.py result folder (with fwd/, bwd_data/, bwd_filter/); "
+                   "repeat for each run: their rounds are pooled")
     p.add_argument("--network", action="append", required=True, metavar="DIR",
                    help="a cosmoflow_end2end.py result folder; repeat for each run")
     p.add_argument("--out", default=None, metavar="FILE",
@@ -92,9 +93,23 @@ def _range(values: List[float]) -> Tuple[float, float, float]:
     return statistics.median(values), min(values), max(values)
 
 
-def compare(bench_dir, network_dirs) -> List[dict]:
+def _pooled(bench_dirs):
+    """The rounds of several bench runs, one after the other."""
+    pooled: Dict[str, Dict[Tuple[str, int], Dict[str, List[float]]]] = {}
+    for folder in bench_dirs:
+        for pass_, per in _bench_rounds(Path(folder)).items():
+            for key, backends in per.items():
+                for backend, values in backends.items():
+                    pooled.setdefault(pass_, {}).setdefault(key, {}).setdefault(
+                        backend, []).extend(values)
+    return pooled
+
+
+def compare(bench_dirs, network_dirs) -> List[dict]:
     """One row per network part that the bench measured (forward and training backward)."""
-    bench = _bench_rounds(Path(bench_dir))
+    if isinstance(bench_dirs, (str, Path)):
+        bench_dirs = [bench_dirs]
+    bench = _pooled(bench_dirs)
     runs = _network_runs(network_dirs)
     layout = "torch-" + runs[0]["meta"].get("memory_format", "ncdhw")
     rows = []
