@@ -41,9 +41,9 @@ SMOKE_LAYER = ("cosmoflow", "conv7", 1)
 REPRESENTATIVE = (("cosmoflow_mlperf", "conv1", 2), ("cosmoflow", "conv7", 16))
 #: The batch sizes of the original work (V100).
 ORIGINAL_BATCH = {"cosmoflow": 16, "cosmoflow_mlperf": 8}
-#: The forward kernels the core tier runs on every CosmoFlow layer at the original batch;
-#: the best of them that verifies is "the best DaCe implementation" of the layer.
-BEST_OF = ("implicitGemmNCDHW", "implicitGemmWarpTiled", "implicitGemmsplitK")
+# The core tier also runs the implementations that declare ``best-of`` on every CosmoFlow
+# layer at the original batch; the best of them that verifies is "the best DaCe
+# implementation" of the layer.
 PLANTED_IMPL = "implicitGemmNCDHW"
 #: A planted hang's time limit: long enough to start, short enough for a rehearsal.
 PLANTED_HANG_TIMEOUT_S = 8.0
@@ -148,7 +148,7 @@ def plan_cases(tier: str, target: str, planted: bool) -> List[Case]:
     sets = [(s, layer.with_batch(ORIGINAL_BATCH[s])) for s in ORIGINAL_BATCH
             for layer in load_layers(s)]
     if tier == "core":
-        pairs += [(impl, s, layer, "best-of") for s, layer in sets for impl in BEST_OF
+        pairs += [(impl, s, layer, "best-of") for s, layer in sets for impl in registry.members("best-of")
                   if target in registry.get(impl).targets]
     elif tier == "full":
         pairs += [(impl, s, layer, "every-layer") for s, layer in sets for impl in impls]

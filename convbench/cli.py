@@ -9,11 +9,6 @@ from . import flags
 from .errors import ArgumentParser, UsageError, check_at_least, run_main
 from .experiment import Observer
 
-#: The implementation run when ``--implementation`` is not given (forward pass).
-DEFAULT_IMPLEMENTATION = "implicitGemmNCDHW"
-#: ... and per pass, with ``--pass``.
-DEFAULT_FOR_PASS = {"fwd": DEFAULT_IMPLEMENTATION, "bwd_data": "implicitGemmBwdData",
-                    "bwd_filter": "implicitGemmBwdFilter"}
 PROG = "profile_conv3d.py"
 
 
@@ -23,13 +18,15 @@ def build_parser(prog: str = PROG, mode: Optional[str] = None) -> argparse.Argum
     p = ArgumentParser(prog=prog, description="Verify and profile DaCe 3D-convolution "
                        "implementations layer by layer against torch (float64 for "
                        "verification; torch/oneDNN or cuDNN for timing).")
-    flags.add_implementation_flag(p, f"default: {DEFAULT_IMPLEMENTATION}, or the default of "
-                                  "--pass; see --list")
+    flags.add_implementation_flag(p, "default: the 'cli' default of --pass (fwd: "
+                                  "implicitGemmNCDHW); see --list")
     p.add_argument("--pass", dest="pass_", default=None, metavar="fwd|bwd_data|bwd_filter",
                    help="the convolution to compute: forward, gradient for the input, or "
                    "gradient for the filter (default: fwd, or the implementation's pass)")
     p.add_argument("--list", action="store_true",
                    help="list the implementations (of --pass, if given) and exit")
+    p.add_argument("--markdown", action="store_true",
+                   help="with --list: one Markdown table (docs/implementations.md holds it)")
     flags.add_layer_flags(p)
     flags.add_device_flag(p)
     flags.add_param_flag(p)
@@ -110,18 +107,21 @@ def _main(argv, prog: str = PROG, mode: Optional[str] = None) -> int:
     from . import registry
 
     pass_ = resolve_pass(args.pass_)
+    if args.markdown and not args.list:
+        raise UsageError("--markdown: it formats --list; add --list (or run convbench list)")
     if args.list:
         impls = registry.all_implementations()
         if pass_ is not None:
             impls = {n: i for n, i in impls.items() if i.pass_ == pass_}
-        print(registry.format_listing(impls))
+        print((registry.format_markdown if args.markdown else registry.format_listing)(impls),
+              end="\n" if not args.markdown else "")
         return 0
 
     from .devices import resolve_device, set_threads
     from .experiment import Experiment, TimingOptions
     from .references import ReferenceOptions
 
-    impl = registry.get(args.implementation or DEFAULT_FOR_PASS[str(pass_ or "fwd")])
+    impl = registry.get(args.implementation or registry.default("cli", pass_ or "fwd"))
     if pass_ is not None and impl.pass_ != pass_:
         same = [n for n, i in registry.all_implementations().items() if i.pass_ == pass_]
         raise UsageError(f"--pass {pass_}: {impl.name} computes {impl.pass_}; implementations "

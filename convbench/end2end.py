@@ -4,7 +4,7 @@ DaCe convolutions, against the same network with torch's.
 A run builds (or loads from the build cache) the DaCe programs it needs, then, each
 optional: ``--check`` (:mod:`convbench.netcheck`), ``--epochs`` of training on synthetic
 data (:mod:`convbench.synthetic`), and timing, torch and DaCe interleaved iteration by
-iteration, every convolution call a span (README.md, "End to end", has the details).
+iteration, every convolution call a span (docs/end2end.md, has the details).
 No caches are flushed between iterations: the network runs as it would in training.
 """
 
@@ -27,7 +27,7 @@ PROG = "cosmoflow_end2end.py"
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
-    from .network import DEFAULT_DACE, MODELS, TORCH
+    from .network import MODELS, TORCH
     p = ArgumentParser(prog=prog, description="CosmoFlow end to end with DaCe convolutions: forward "
                 "pass and training step against torch, checked and timed per layer.")
     p.add_argument("--model", default="mlperf", metavar="|".join(MODELS),
@@ -42,9 +42,10 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=1, metavar="N",
                    help="untimed iterations first (default 1)")
     add_device_flag(p)
-    add_implementation_flag(p, f"forward implementation of every convolution (default "
-                            f"{DEFAULT_DACE[Pass.FWD]}; '{TORCH}': torch's); backward passes "
-                            f"use {DEFAULT_DACE[Pass.BWD_DATA]} and {DEFAULT_DACE[Pass.BWD_FILTER]}")
+    add_implementation_flag(p, f"forward implementation of every convolution ('{TORCH}': "
+                            "torch's; default: per layer and pass, the measured winner or the "
+                            "'network-cpu' kernel on the CPU, else the 'network' default of "
+                            "`convbench list`)")
     p.add_argument("--impl-map", action="append", default=[], metavar="FILE",
                    help="per-layer (and per-pass) choices: JSON, or CSV with layer and "
                    "implementation columns, e.g. --compareprof summary.csv files (the fastest "

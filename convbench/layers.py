@@ -1,6 +1,6 @@
 """The layer model and the layer-set CSV reader.
 
-README.md, "Layer CSV format", describes the canonical and the legacy format.  Every
+docs/layers.md, describes the canonical and the legacy format.  Every
 problem is raised as :class:`~convbench.errors.LayerFileError`, naming the file, the
 line and the field.
 """

@@ -1,7 +1,7 @@
 """Data layouts and convolution passes: what tensors a program takes, in what order.
 
 The harness keeps its tensors in torch's logical NCDHW/KCTRS form and converts them
-here, in one place, to and from the layout a program declares (README.md, "Adding an
+here, in one place, to and from the layout a program declares (docs/architecture.md, "Adding an
 implementation"): NCDHW, with the filter K, C, Kd, Kh, Kw (KCTRS), or NDHWC, with the
 filter K, Kd, Kh, Kw, C (KTRSC: torch's ``channels_last_3d``, cuDNN's NHWC).
 """

@@ -1,6 +1,6 @@
 """Checking a whole network with DaCe convolutions against torch (``--check``).
 
-Two levels, both must pass (README.md, "End to end"): every DaCe convolution call
+Two levels, both must pass (docs/end2end.md): every DaCe convolution call
 against float64 torch on the inputs it got, with the harness's tolerance
 (:func:`convbench.verify.compare`); and the output, loss and parameter gradients of the
 network against float64.  An element-wise bound does not exist through pooling and

@@ -1,6 +1,6 @@
 """CosmoFlow networks whose convolutions are torch's or DaCe implementations.
 
-The two models of :data:`MODELS` are described in README.md ("End to end").  At S = 128
+The two models of :data:`MODELS` are described in docs/end2end.md.  At S = 128
 ``v1``'s convolutions are exactly the layers of ``convparams/cosmoflow.csv`` (which lists
 the zero-padded inputs, 130^3 ... 4^3, with pad 0).
 
@@ -33,12 +33,6 @@ from .layouts import PASS_SIGNATURE, Pass, from_layout, stored_shape, to_layout
 
 #: Name of the torch backend in ``--impl`` and implementation maps.
 TORCH = "torch"
-#: Default DaCe implementation per pass (the NDHWC implicit GEMMs: no layout copies).
-DEFAULT_DACE = {Pass.FWD: "implicitGemm", Pass.BWD_DATA: "implicitGemmBwdData",
-                Pass.BWD_FILTER: "implicitGemmBwdFilter"}
-#: On the CPU, the register-blocked kernels, where they support the layer.
-CPU_FAST = {Pass.FWD: "directConvNDHWCblocked", Pass.BWD_DATA: "directConvNDHWCblockedBwdData",
-            Pass.BWD_FILTER: "directConvNDHWCblockedBwdFilter"}
 PASSES = (Pass.FWD, Pass.BWD_DATA, Pass.BWD_FILTER)
 LEAKY_SLOPE = 0.3
 KERNEL = 3
@@ -315,16 +309,18 @@ Choice = Dict[str, Dict[Pass, str]]  # layer name -> pass -> implementation name
 def default_implementation(layer: Layer, pass_: Pass, device: str) -> str:
     """On the CPU the fastest implementation of ``pass_`` on ``layer`` as measured here
     (``bench_cpu.py --store``, :func:`convbench.tuning.best_implementation`), else the
-    :data:`CPU_FAST` kernel where it supports ``layer``; else (and on the GPU)
-    :data:`DEFAULT_DACE`."""
+    implementation that declares ``network-cpu`` where it supports ``layer``; else (and on
+    the GPU) the one that declares ``network`` (:data:`convbench.registry.ROLES`)."""
+    general = registry.default("network", pass_)
     if device != "cpu":
-        return DEFAULT_DACE[pass_]
-    for name in (tuning.best_implementation(str(pass_), layer, "cpu"), CPU_FAST[pass_]):
+        return general
+    for name in (tuning.best_implementation(str(pass_), layer, "cpu"),
+                 registry.default("network-cpu", pass_)):
         impl = registry.all_implementations().get(name or "")
         if impl is not None and impl.pass_ == pass_ and not impl.unsupported_reason(
                 layer, tuning.tuned_params(impl, layer, "cpu")):
             return impl.name
-    return DEFAULT_DACE[pass_]
+    return general
 
 
 def choose(layers: Sequence[Layer], impl: Optional[str], maps: Sequence[str] = (),
@@ -356,7 +352,7 @@ def _parse_pass(text: str, message: str) -> Pass:
 
 
 def read_impl_maps(paths: Sequence[str], layer_names: Sequence[str]) -> Dict[str, Dict[Pass, str]]:
-    """Per-layer choices from ``--impl-map`` files, JSON or CSV (README.md, "End to end").
+    """Per-layer choices from ``--impl-map`` files, JSON or CSV (docs/end2end.md).
 
     A CSV row's pass defaults to its implementation's own.  Where CSV rows name the same
     layer and pass, the fastest (``median_ms``) wins, so the ``summary.csv`` files of

@@ -1,11 +1,11 @@
 """Reference backends: what a DaCe result is checked against and timed next to.
 
-Every reference has one interface, :class:`Reference` (README.md, "Adding a
+Every reference has one interface, :class:`Reference` (docs/architecture.md, "Adding a
 reference"); :meth:`~Reference.prepare` runs outside the timed region, so cuDNN's Find
 runs there.  The instances: :data:`TORCH_FP64`, the ground truth of
 :mod:`convbench.verify` (on the GPU for large layers); :data:`TORCH`, the timing
 reference on both targets and a second check on the GPU; :data:`CUDNN` (GPU only), a
-timing reference and a third check.  README.md, "Profiling", gives their settings.
+timing reference and a third check.  docs/profiling.md, gives their settings.
 """
 
 import dataclasses

@@ -1,6 +1,6 @@
 """The implementation registry.
 
-README.md, "Adding an implementation", describes what an implementation is (an
+docs/adding-an-implementation.md, describes what an implementation is (an
 algorithm plus one schedule per target) and how a module in ``impls/`` registers
 itself on import.  The harness looks implementations up by the name users type.
 """
@@ -23,6 +23,18 @@ from .layers import FEATURES, Layer  # noqa: F401
 from .layouts import Layout, Pass, stored_shape  # noqa: F401
 
 TARGETS = ("cpu", "gpu")
+
+#: The roles an implementation can be the default for (``Implementation.default_for``),
+#: each within its own pass.  One implementation per pass holds each of the first three;
+#: ``best-of`` has several members.
+ROLES = {
+    "cli": "what profile_conv3d.py runs for its pass when no --implementation is given",
+    "network": "the network's convolution for its pass on the GPU, and on the CPU where "
+               "no CPU kernel applies",
+    "network-cpu": "the network's CPU kernel for its pass, where it supports the layer "
+                   "and no measured winner is stored",
+    "best-of": "run by the GPU campaign's core tier on every layer",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +100,8 @@ class Implementation:
     #: accumulators take on this CPU (register-blocked CPU kernels).  The tuner leaves out
     #: configurations over :func:`convbench.isa.accumulator_budget`, which would spill.
     registers: Optional[Callable[..., int]] = None
+    #: The roles (:data:`ROLES`) this implementation is the default for, in its own pass.
+    default_for: Tuple[str, ...] = ()
     #: The file of the module that registered this implementation (set by :func:`register`).
     module_file: str = dataclasses.field(default="", compare=False)
 
@@ -104,6 +118,10 @@ class Implementation:
             raise ValueError(f"{self.name}: unknown features {sorted(unknown)}; known: {FEATURES}")
         if self.anisotropic_pad and "anisotropic padding" not in self.handles:
             object.__setattr__(self, "handles", tuple(self.handles) + ("anisotropic padding",))
+        unknown = set(self.default_for) - set(ROLES)
+        if unknown:
+            raise ValueError(f"{self.name}: unknown default roles {sorted(unknown)}; known: "
+                             f"{', '.join(ROLES)}")
         names = [p.name for p in self.params]
         if len(set(names)) != len(names):
             raise ValueError(f"{self.name}: duplicated parameter names {names}")
@@ -195,6 +213,28 @@ def get(name: str) -> Implementation:
     return impls[name]
 
 
+def members(role: str, pass_=None) -> Tuple[str, ...]:
+    """The names of the implementations that declare ``role`` (of ``pass_``, if given)."""
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}; known: {', '.join(ROLES)}")
+    return tuple(name for name, impl in sorted(all_implementations().items())
+                 if role in impl.default_for and (pass_ is None or impl.pass_ == Pass(pass_)))
+
+
+def default(role: str, pass_) -> str:
+    """The one implementation that is the ``role`` default of ``pass_``."""
+    names = members(role, pass_)
+    if len(names) != 1:
+        raise LookupError(f"{len(names)} implementations declare default_for {role!r} in "
+                          f"pass {Pass(pass_)}: {', '.join(names) or 'none'}")
+    return names[0]
+
+
+def defaults(role: str) -> Dict[Pass, str]:
+    """``role``'s default of every pass."""
+    return {pass_: default(role, pass_) for pass_ in Pass}
+
+
 def parse_param_overrides(items: Sequence[str]) -> Dict[str, str]:
     """``["CTAtileM=64", ...]`` -> ``{"CTAtileM": "64"}`` (values validated later)."""
     out: Dict[str, str] = {}
@@ -214,6 +254,8 @@ def format_listing(impls: Mapping[str, Implementation]) -> str:
         lines.append(f"    {impl.summary}")
         lines.append(f"    pass: {impl.pass_}   layout: {impl.layout}   targets: "
                      f"{', '.join(impl.targets)}")
+        if impl.default_for:
+            lines.append(f"    default for: {', '.join(impl.default_for)}")
         if impl.params:
             params = ", ".join(f"{p.name}={p.default}" for p in impl.params)
             lines.append(f"    params: {params}")
@@ -226,3 +268,22 @@ def format_listing(impls: Mapping[str, Implementation]) -> str:
         lines.append(f"    handles: {', '.join(impl.handles) or 'the basic model only'} "
                      f"(of: {', '.join(FEATURES)})")
     return "\n".join(lines)
+
+
+def format_markdown(impls: Mapping[str, Implementation]) -> str:
+    """``--list --markdown``: one table row per implementation, machine-independent (the
+    defaults of the CPU kernels' parameters follow the CPU's vector width; ``--list``
+    prints them)."""
+    def cell(text: str) -> str:
+        return " ".join(str(text).split()).replace("|", "\\|")
+    rows = ["| implementation | pass | layout | targets | default for | what | parameters | "
+            "supports | handles |", "|---|---|---|---|---|---|---|---|---|"]
+    for impl in sorted(impls.values(), key=lambda i: (list(Pass).index(i.pass_), i.name)):
+        rows.append("| " + " | ".join([
+            f"`{impl.name}`", str(impl.pass_), str(impl.layout), ", ".join(impl.targets),
+            ", ".join(impl.default_for), cell(impl.summary),
+            ", ".join(f"`{p.name}`" for p in impl.params) or "none",
+            cell(impl.constraints) or "every layer",
+            ", ".join(impl.handles) or "the basic model"]) + " |")
+    roles = [f"- `{role}`: {text}." for role, text in ROLES.items()]
+    return "\n".join(rows + ["", "Roles (column *default for*):", ""] + roles) + "\n"

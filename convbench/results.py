@@ -1,6 +1,6 @@
 """Result files of a profiling run, written into one folder.
 
-README.md, "Result files", describes the three files; :mod:`convbench.schema` declares
+docs/profiling.md, "Result files", describes the three files; :mod:`convbench.schema` declares
 their columns.  All three are rewritten atomically after every layer, so an
 interrupted run keeps every layer it finished and no reader sees a half-written file.
 """

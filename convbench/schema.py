@@ -1,7 +1,7 @@
 """The result files of a run folder, declared once for their writer
 (:mod:`convbench.results`) and their readers (:mod:`convbench.plots`).
 
-README.md, "Result files", describes the files and their columns.  ``backend`` is
+docs/profiling.md, "Result files", describes the files and their columns.  ``backend`` is
 :data:`DACE` for the implementation under test (named in ``implementation``) and the
 reference's name otherwise.  End-to-end runs name their rows ``<phase>.<part>`` in the
 ``layer`` column (``train.conv2.bwd``, ``forward.total``).

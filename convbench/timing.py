@@ -1,6 +1,6 @@
 """Timing: warm-up, then one sample per call, with the caches flushed before each.
 
-README.md, "Profiling: ``--compareprof``" ("Method", "Statistics"), describes the
+docs/profiling.md ("Method", "Statistics"), describes the
 timers, the flush and the statistics.  The GPU timers need torch's current stream to
 be the legacy default stream because GPU builds launch there
 (``compiler.cuda.max_concurrent_streams = -1``, see :mod:`convbench.toolchain`): only

@@ -1,7 +1,7 @@
 """The DaCe toolchain: SDFG generation, scheduling and compilation, for CPU and CUDA.
 
-README.md describes the build names and folders ("Build cache and precompiled
-builds"), the vendor BLAS ("Three commands") and the settings that make DaCe 1.0.2
+docs/build-cache.md describes the build names and folders
+, the vendor BLAS ("Three commands") and the settings that make DaCe 1.0.2
 build CUDA with nvcc 13 ("The toolchain, and CUDA 13").  Those settings apply only for
 the duration of a GPU build; :func:`dace_settings` explains each where it sets it.
 """

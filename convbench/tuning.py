@@ -53,6 +53,20 @@ def machine_id(target: str = "cpu") -> str:
     return f"{model}{generation} | {isa.widest_isa()}"
 
 
+def machine_folder() -> str:
+    """This CPU's folder name under ``results/cpu/``: ``<model word>_f<family>m<model>_<ISA>``,
+    e.g. ``epyc_f25m1_avx2``, so that results of different machines never share a folder."""
+    import re
+    info = isa.cpuinfo()
+    words = re.findall(r"[A-Za-z]+", info.get("model name", ""))
+    skip = {"amd", "intel", "r", "tm", "processor", "cpu", "core"}
+    word = next((w.lower() for w in words if w.lower() not in skip), "cpu")
+    generation = (f"_f{info['cpu family']}m{info['model']}"
+                  if "cpu family" in info and "model" in info else "")
+    widest = isa.widest_isa().replace("avx512f", "avx512")
+    return f"{word}{generation}_{widest}"
+
+
 def tuning_file(target: str) -> Optional[Path]:
     """The file the tuned parameters of ``target`` are read from (None: tuning off)."""
     env = os.environ.get("CONVBENCH_TUNING")

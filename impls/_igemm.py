@@ -17,7 +17,7 @@ valid input element) and are never stored; padded columns of ``A`` meet zero row
 """
 
 from types import SimpleNamespace
-from typing import Optional
+from typing import Optional, Tuple
 
 import dace
 import numpy as np
@@ -190,7 +190,8 @@ def _warp_schedule(target):
 WARP_SCHEDULES = {"cpu": _warp_schedule("cpu"), "gpu": _warp_schedule("gpu")}
 
 
-def warp_variant(name: str, summary: str, layout: Layout, split_k: bool = False) -> Implementation:
+def warp_variant(name: str, summary: str, layout: Layout, split_k: bool = False,
+                 default_for: Tuple[str, ...] = ()) -> Implementation:
     """The registry entry of a warp-tiled variant; ``split_k`` adds the ``nsplitK`` parameter."""
     params = TILE_PARAMS
     if split_k:
@@ -203,7 +204,8 @@ def warp_variant(name: str, summary: str, layout: Layout, split_k: bool = False)
         name=name, summary=summary, layout=layout, pass_=Pass.FWD, algorithm=algorithm,
         schedules=WARP_SCHEDULES, params=params, check_params=check_tiles,
         supports=_split_k_partials if split_k else T.int32_offsets,
-        constraints=T.INT32_CONSTRAINT + (SPLIT_K_CONSTRAINT if split_k else ""))
+        constraints=T.INT32_CONSTRAINT + (SPLIT_K_CONSTRAINT if split_k else ""),
+        default_for=default_for)
 
 
 SPLIT_K_CONSTRAINT = "; nsplitK x padded GEMM rows x padded GEMM columns below 2^31 (partial sums)"

@@ -2,7 +2,7 @@
 and the schedule that maps tile levels onto a target.
 
 Tiled programs follow one shape, chosen to stay clear of DaCe 1.0.2's frontend bugs
-(see the README):
+(docs/adding-an-implementation.md lists them; docs/kernel-design.md the shape):
 
 * a top-level **block map** whose parameters start with ``blk_`` (one thread-block tile);
 * inside it only **maps**, never Python ``for`` loops: a ``for`` loop in a map body
@@ -15,7 +15,7 @@ Tiled programs follow one shape, chosen to stay clear of DaCe 1.0.2's frontend b
   leading dimensions are the thread indices (``acc[ti, tj, r, s]``).
 
 Flat indices (``m`` = output pixel, ``kk`` = filter tap) are never decoded with ``%`` or
-``//`` in subscripts (bug 2 in the README); the programs read precomputed **offset
+``//`` in subscripts (the second bug of docs/adding-an-implementation.md); the programs read precomputed **offset
 tables** instead, as cuDNN's IMPLICIT_PRECOMP_GEMM does.  The tables and the padded
 filter are arguments of the program that :func:`add_tables` turns into transients
 filled by maps in front of the computation.

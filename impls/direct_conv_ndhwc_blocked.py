@@ -84,6 +84,7 @@ def algorithm(layer, dtype, params):
 
 register(Implementation(
     name="directConvNDHWCblocked",
+    default_for=("network-cpu",),
     summary="direct convolution on NDHWC for the CPU: register-blocked micro-tiles of WB "
             "output pixels x NV vectors of NB output channels, packed filter, "
             "unrolled broadcast-FMAs, OpenMP over all tiles",

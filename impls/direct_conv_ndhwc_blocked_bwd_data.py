@@ -92,6 +92,7 @@ def swap_roles(sdfg):
 
 register(Implementation(
     name="directConvNDHWCblockedBwdData",
+    default_for=("network-cpu",),
     summary="backward data on NDHWC for the CPU (stride 1): the register-blocked forward "
             "kernel on dL/dy with the filter flipped and transposed while packed",
     layout=Layout.NDHWC,

@@ -350,6 +350,7 @@ def algorithm(layer, dtype, params):
 
 register(Implementation(
     name="directConvNDHWCblockedBwdFilter",
+    default_for=("network-cpu",),
     summary="backward filter on NDHWC for the CPU: the pixel reduction split into "
             "(batch x depth-chunk) slices with private partial gradients, then summed; "
             "register-blocked micro-tiles of (width taps x CB input channels) x NB output "

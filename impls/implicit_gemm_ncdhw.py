@@ -12,4 +12,5 @@ from impls import _igemm
 register(_igemm.warp_variant(
     name="implicitGemmNCDHW",
     summary="warp-tiled implicit GEMM (register tiles, shared-memory staging) on NCDHW",
-    layout=Layout.NCDHW))
+    layout=Layout.NCDHW,
+    default_for=("cli", "best-of")))

@@ -3,9 +3,9 @@
 
     python scripts/bench_cache.py [--implementation NAME] [--paramscsv SET] [--layer NAME]
                                   [--batch N] [--target cpu|gpu ...] [--cold K] [--warm K]
-                                  [--out results/cpu/bench_cache.json]
+                                  [--out results/cpu/epyc_f26m2_avx512/bench_cache.json]
 
-README.md, "Build cache and precompiled builds", describes what is measured.  Cold
+docs/build-cache.md, describes what is measured.  Cold
 builds run in this process, each into a fresh folder; each warm load runs in a fresh
 process, which reports the load and its own wall time.  No GPU is needed (nothing
 runs).  Not a test: numbers depend on the machine and its load.

@@ -3,7 +3,7 @@
 torch, checked (``--check``) and timed per layer (``runtimebreakdown.png``).
 
 The tool is :mod:`convbench.end2end` (also ``convbench end2end``); see ``--help`` and
-README.md, "End to end: CosmoFlow with DaCe convolutions".
+docs/end2end.md.
 """
 
 import sys

@@ -2,7 +2,7 @@
 """Stress test: one very large convolution layer, a DaCe implementation against torch.
 
 The tool is :mod:`convbench.commands.stress` (also ``convbench stress``); see ``--help``
-and README.md, "Stress test: one very large layer".
+and docs/end2end.md, "Stress test".
 """
 
 import sys

@@ -34,7 +34,7 @@ def test_core_plan_covers_every_gpu_implementation_and_all_cosmoflow_layers():
         assert {i for i, s, n in every if (s, n) == (layer_set, name)} == gpu_impls
     for layer_set, batch in campaign.ORIGINAL_BATCH.items():
         layers = campaign.load_layers(layer_set)
-        for impl in campaign.BEST_OF:
+        for impl in registry.members("best-of"):
             got = {c.layer.name for c in cases if c.impl == impl and c.layer_set == layer_set
                    and c.layer.batch == batch}
             assert got == {layer.name for layer in layers}, (impl, layer_set)

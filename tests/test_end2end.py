@@ -75,6 +75,7 @@ def test_sizes_must_fit_the_pooling(model, size):
 # -- choosing implementations ----------------------------------------------------------------
 
 def test_impl_map_csv_takes_the_fastest(tmp_path):
+    from convbench import registry
     rows = ("layer,implementation,backend,median_ms\n"
             "conv1,implicitGemm,dace,5.0\nconv1,torch_ref,torch,1.0\n"
             "conv1,implicitGemmNCDHW,dace,3.0\nconv2,implicitGemm,dace,2.0\n")
@@ -88,9 +89,9 @@ def test_impl_map_csv_takes_the_fastest(tmp_path):
     assert choice["conv2"][Pass.BWD_FILTER] == "implicitGemmsplitKBwdFilter"
     assert set(choice["conv3"].values()) == {"torch"}
     # Unnamed layers get the CPU's register-blocked kernels, or the implicit GEMMs on the GPU.
-    assert choice["conv4"] == network.CPU_FAST
+    assert choice["conv4"] == registry.defaults("network-cpu")
     gpu = network.choose(layers, None, [str(tmp_path / "b.json")], device="gpu")
-    assert gpu["conv4"] == network.DEFAULT_DACE
+    assert gpu["conv4"] == registry.defaults("network")
     network.validate_choice(choice, layers, "cpu")
 
 

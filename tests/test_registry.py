@@ -1,7 +1,6 @@
 """The implementation registry and the --list output."""
 
 import dataclasses
-import re
 from pathlib import Path
 
 import pytest
@@ -47,18 +46,17 @@ def test_every_variant_is_registered_for_both_targets():
 
 def _defaults():
     from cases import ODD, Case
-    from convbench import cli
-    return [Case(name, ODD["pad2_stride2"], "odd") for name in cli.DEFAULT_FOR_PASS.values()]
+    return [Case(name, ODD["pad2_stride2"], "odd") for name in registry.defaults("cli").values()]
 
 
 @pytest.mark.prebuild(*_defaults())  # the fast tier's builds on its odd layer
 @pytest.mark.parametrize("pass_", list(Pass), ids=str)
 def test_default_implementations(pass_, write_csv, cachedir, capsys):
     """Per pass, the CLI runs its default when no implementation is named: a registered
-    implementation of that pass, for both targets, and the one the README marks."""
+    implementation of that pass, for both targets, and the one that declares the role "cli"."""
     from cases import ODD
     from convbench import cli
-    name = cli.DEFAULT_FOR_PASS[str(pass_)]
+    name = registry.default("cli", pass_)
     impl = registry.get(name)
     assert impl.pass_ == pass_ and impl.targets == ("cpu", "gpu")
     layer = ODD["pad2_stride2"]
@@ -69,10 +67,32 @@ def test_default_implementations(pass_, write_csv, cachedir, capsys):
                      str(path), "--cachedir", str(cachedir), "--loadprecompiled"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"{name} ({pass_}, {impl.layout})") and "PASS" in out
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    marked = {m[1] or "fwd": m[0] for m in
-              re.findall(r"^\| `(\w+)` \(default(?: of `(\w+)`)?\) \|", readme, re.M)}
-    assert marked.get(str(pass_)) == name, marked
+
+
+TABLE_BEGIN = "<!-- begin: convbench list --markdown -->"
+TABLE_END = "<!-- end: convbench list --markdown -->"
+
+
+def test_the_implementation_table_is_the_registry():
+    """docs/implementations.md holds ``convbench list --markdown`` as it prints today; a
+    registered implementation missing from it, or a changed summary, fails here."""
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "implementations.md").read_text()
+    assert TABLE_BEGIN in doc and TABLE_END in doc
+    table = doc.split(TABLE_BEGIN, 1)[1].split(TABLE_END, 1)[0].strip("\n") + "\n"
+    assert table == registry.format_markdown(registry.all_implementations()), \
+        "regenerate the table: .venv/bin/convbench list --markdown"
+
+
+def test_each_role_has_one_default_per_pass():
+    for role in ("cli", "network", "network-cpu"):
+        for pass_, name in registry.defaults(role).items():
+            assert registry.get(name).pass_ == pass_
+    assert len(registry.members("best-of")) >= 2
+    assert registry.default("cli", "fwd") == "implicitGemmNCDHW"
+    with pytest.raises(LookupError):
+        registry.default("best-of", "fwd")
+    with pytest.raises(ValueError):
+        registry.members("fastest")
 
 
 def test_table_based_variants_refuse_int32_overflow():

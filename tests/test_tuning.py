@@ -477,7 +477,7 @@ def test_bench_cpu_backward_passes(tmp_path, cachedir, capsys, tuning_file):
         assert stored in data_impls
         assert network.default_implementation(layer, Pass.BWD_DATA, "cpu") == stored
         assert network.default_implementation(layer.with_batch(3), Pass.BWD_DATA, "cpu") == \
-            network.CPU_FAST[Pass.BWD_DATA]  # no winner stored: the blocked kernel
+            registry.default("network-cpu", Pass.BWD_DATA)  # no winner stored: the blocked kernel
     assert network.default_implementation(layer, Pass.BWD_DATA, "gpu") == "implicitGemmBwdData"
 
 

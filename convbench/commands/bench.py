@@ -1,6 +1,6 @@
 """CPU benchmark: torch's conv3d against every DaCe implementation of a pass, per layer.
 
-README.md, "CPU performance" ("Benchmark"), and docs/benchmarking.md describe the method,
+docs/benchmarking.md describes the method,
 the ceilings and the table.  Both sides are timed alike: each call allocates its output
 (torch through its API, DaCe a fresh tensor per call) from the heap policy of
 :mod:`convbench.heap`, after the same flush, with the same warm-up, interleaved.  Each
@@ -16,7 +16,7 @@ each round's medians and ratio.
 import math
 from pathlib import Path
 
-from .. import flags, schema
+from .. import flags, schema, tuning
 from ..errors import ArgumentParser, UsageError, check_at_least, run_main
 from ..toolchain import PROJECT_ROOT
 
@@ -50,7 +50,7 @@ def build_parser(prog: str = PROG):
     p.add_argument("--store", action="store_true",
                    help="record each layer's fastest DaCe-generated implementation of each "
                    "pass in the tuning file (what cosmoflow_end2end.py takes by default)")
-    flags.add_outdir_flag(p, "results/cpu/bench_cpu_<sets>_b<B>/")
+    flags.add_outdir_flag(p, "results/cpu/<machine>/bench_cpu_<sets>_b<B>/")
     flags.add_cachedir_flag(p)
     return p
 
@@ -87,7 +87,7 @@ def _main(argv, prog: str) -> int:
         pass_, "cpu")) for pass_ in passes]
     set_threads(args.threads)
     base = Path(args.outdir) if args.outdir else PROJECT_ROOT / "results" / "cpu" / \
-        f"bench_cpu_{'+'.join(Path(s).stem for s in sets)}_b{args.batch}"
+        tuning.machine_folder() / f"bench_cpu_{'+'.join(Path(s).stem for s in sets)}_b{args.batch}"
     status = 0
     for pass_, impls in plan:
         outdir = (base if pass_ == Pass.FWD else base.with_name(f"{base.name}_{pass_}")) \
@@ -258,7 +258,6 @@ class Bench:
               f"({row['ratio_min']:.2f}-{row['ratio_max']:.2f} over {len(ratios)} rounds)",
               flush=True)
         if a.store and best:
-            from .. import tuning
             tuning.store_best("cpu", str(self.pass_), run["layer"], best,
                               {"cpu": writer.metadata["device"]["cpu"],
                                "threads": torch.get_num_threads()})

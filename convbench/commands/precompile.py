@@ -1,6 +1,6 @@
 """Fill the build cache: implementations x layers x batches x targets, in parallel.
 
-README.md, "Build cache and precompiled builds", describes the cache and how the
+docs/build-cache.md, describes the cache and how the
 profiler loads these builds.  Parameters are the tuned ones updated by ``--param``,
 exactly as every other entry point builds them (:meth:`Experiment.params
 <convbench.experiment.Experiment.params>`), so the entries are the ones they look up.

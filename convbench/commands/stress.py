@@ -7,8 +7,8 @@ experiment's timer.  Reported per backend: median time, GFLOP/s and the peak mem
 its phase.  A layer whose estimated need exceeds 90% of the available memory is refused
 with exit status 2, before the build and again with the SDFG's own transients.
 ``--check`` verifies the first and last output depth planes against torch float64 (the
-output is poisoned with NaN first); exit status 1 if it fails.  The README's "Stress
-test" section has the details.
+output is poisoned with NaN first); exit status 1 if it fails.  The "Stress test" section
+of docs/end2end.md has the details.
 """
 
 import dataclasses

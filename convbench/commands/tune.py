@@ -1,6 +1,6 @@
 """Parameter search for a CPU implementation: the fastest tile sizes per layer.
 
-README.md, "CPU performance" ("Tuning"), describes the search and where the winners
+docs/benchmarking.md, "Tuning and the CPU bench", describes the search and where the winners
 that ``--store`` writes are used.  Each configuration gets one warm-up call before its
 flushed samples, and one that fails verification is never chosen.  Every
 configuration's time goes to ``--out``.
@@ -43,7 +43,7 @@ def build_parser(prog: str = PROG):
     p.add_argument("--samples", type=int, default=5, metavar="N",
                    help="timed calls per configuration, after one warm-up call (default 5)")
     p.add_argument("--store", action="store_true", help="write the winners to the tuning file")
-    flags.add_out_flag(p, "results/cpu/tuning_<impl>_b<B>.json")
+    flags.add_out_flag(p, "results/cpu/<machine>/tuning/tuning_<impl>_b<B>.json")
     flags.add_cachedir_flag(p)
     return p
 
@@ -174,7 +174,8 @@ def tune(exp, args, space, configs, layers) -> int:
         if args.store:
             tuning.store("cpu", impl.name, layer, best["params"], machine)
     out = Path(args.out) if args.out else \
-        PROJECT_ROOT / "results" / "cpu" / f"tuning_{impl.name}_b{args.batch}.json"
+        PROJECT_ROOT / "results" / "cpu" / tuning.machine_folder() / "tuning" / \
+        f"tuning_{impl.name}_b{args.batch}.json"
     meta = run_metadata(PROJECT_ROOT, "cpu", args.threads)
     meta.update(implementation=impl.name, space=space, samples=args.samples,
                 timing=exp.timer.method, winners=winners)

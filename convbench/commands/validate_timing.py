@@ -1,7 +1,7 @@
 """Validate the profiler's timer against DaCe's own instrumentation, and measure the
 spread of medians across repeated rounds.
 
-README.md, "How the timer was validated", describes the method and its results.  The
+results/cpu/epyc_f26m2_avx512/README.md, "How the timer was validated", describes the method and its results.  The
 instrumented build (DaCe's ``Timer`` or ``GPU_Events`` on the whole SDFG) is made in a
 temporary folder, outside the build cache, which holds only uninstrumented builds.
 """

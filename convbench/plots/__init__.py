@@ -1,7 +1,7 @@
 """Plots of run folders (files: :mod:`convbench.schema`).
 
 :mod:`.reader` reads a run (no matplotlib there); each other module draws one PNG
-(README.md, "Result files"; :mod:`.breakdown` draws an end-to-end run's
+(docs/profiling.md, "Result files"; :mod:`.breakdown` draws an end-to-end run's
 ``runtimebreakdown.png``), and :mod:`._style` holds what they share.  :func:`plot_run`
 draws the three plots of a profiler run.  The plot functions are imported on first
 use, so reading a run does not load matplotlib.

@@ -1,0 +1,131 @@
+"""The status table: per implementation and pass, what the latest committed results say.
+
+    convbench status              # the table, from results/ as committed
+    convbench status --markdown   # the same as the Markdown table README.md embeds
+
+Columns: the CPU verification of the full test tier (``results/verify/cpu/coverage.csv``:
+cases verified / failed), and the latest GPU campaign (``results/gpu/<date>_<device>/
+summary.csv``: cases verified / run, and DaCe's time over the fastest vendor path, cuDNN
+or torch in either memory format, as best-worst over the verified cases).  Nothing is
+measured here: the table only reads result files, so it is as current as they are.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections import defaultdict
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from .. import tables
+from ..errors import ArgumentParser, UsageError, run_main
+from ..toolchain import PROJECT_ROOT
+
+PROG = "convbench status"
+VENDOR_COLUMNS = ("cudnn_ms", "torch_ms", "cudnn_other_ms", "torch_other_ms")
+
+
+def build_parser(prog: str = PROG):
+    p = ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    p.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    p.add_argument("--results", default=str(PROJECT_ROOT / "results"), metavar="DIR",
+                   help="the results folder to read (default: the project's)")
+    return p
+
+
+def main(argv=None, prog: str = PROG) -> int:
+    return run_main(prog, lambda a: _main(a, prog), argv)
+
+
+def _read(path: Path) -> List[Dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def latest_campaign(results: Path) -> Optional[Path]:
+    """The newest GPU campaign folder with a summary (folders are named ``<date>_<device>``)."""
+    found = sorted(p.parent for p in (results / "gpu").glob("*/summary.csv"))
+    return found[-1] if found else None
+
+
+def cpu_verification(results: Path) -> Dict[Tuple[str, str], Tuple[int, int]]:
+    """(implementation, pass) -> (cases verified, cases failed) on the CPU."""
+    path = results / "verify" / "cpu" / "coverage.csv"
+    counts: Dict[Tuple[str, str], List[int]] = defaultdict(lambda: [0, 0])
+    if path.is_file():
+        for row in _read(path):
+            if row.get("target") == "cpu" and row.get("outcome") in ("verified", "failed"):
+                counts[(row["implementation"], row["pass"])][row["outcome"] == "failed"] += 1
+    return {key: (v[0], v[1]) for key, v in counts.items()}
+
+
+def gpu_cases(campaign: Optional[Path]) -> Dict[str, Tuple[int, int, List[float]]]:
+    """implementation -> (cases verified, cases run, DaCe / fastest vendor per verified case)."""
+    from .. import registry
+    out: Dict[str, Tuple[int, int, List[float]]] = {}
+    if campaign is None:
+        return out
+    rows = [r for r in _read(campaign / "summary.csv") if not r.get("planted")]
+    known = registry.all_implementations()
+
+    def problem(row):  # the vendors are timed once per layer, batch and pass
+        impl = known.get(row["impl"])
+        return (row["layer_set"], row["layer"], row["batch"],
+                str(impl.pass_) if impl else row["impl"])
+    fastest: Dict[tuple, float] = {}
+    for row in rows:
+        vendors = [float(row[c]) for c in VENDOR_COLUMNS if row.get(c)]
+        if vendors:
+            fastest[problem(row)] = min(vendors + [fastest.get(problem(row), float("inf"))])
+    for row in rows:
+        verified, run, ratios = out.get(row["impl"], (0, 0, []))
+        run += row["status"] != "refused"
+        if row["status"] == "verified":
+            verified += 1
+            if row.get("dace_ms") and problem(row) in fastest:
+                ratios.append(float(row["dace_ms"]) / fastest[problem(row)])
+        out[row["impl"]] = (verified, run, ratios)
+    return out
+
+
+def table(results: Path) -> Tuple[List[str], List[List[str]], str]:
+    from .. import registry
+    campaign = latest_campaign(results)
+    cpu, gpu = cpu_verification(results), gpu_cases(campaign)
+    header = ["implementation", "pass", "targets", "CPU: verified / failed",
+              "GPU: verified / run", "GPU: DaCe / fastest vendor"]
+    rows = []
+    from ..layouts import Pass
+    impls = sorted(registry.all_implementations().values(),
+                   key=lambda i: (list(Pass).index(i.pass_), i.name))
+    for impl in impls:
+        ok, bad = cpu.get((impl.name, str(impl.pass_)), (0, 0))
+        verified, run, ratios = gpu.get(impl.name, (0, 0, []))
+        ratio = (f"{min(ratios):.2f}x" if len(ratios) == 1 else
+                 f"{min(ratios):.2f}-{max(ratios):.2f}x") if ratios else ""
+        rows.append([impl.name, str(impl.pass_), ", ".join(impl.targets),
+                     f"{ok} / {bad}" if ok or bad else "not run",
+                     f"{verified} / {run}" if run else ("not run" if "gpu" in impl.targets
+                                                       else "CPU only"), ratio])
+    source = campaign.name if campaign is not None else "none"
+    return header, rows, source
+
+
+def _main(args, prog: str) -> int:
+    args = build_parser(prog).parse_args(args)
+    results = Path(args.results)
+    if not results.is_dir():
+        raise UsageError(f"--results: not a folder: {results}")
+    header, rows, source = table(results)
+    if args.markdown:
+        print(format_markdown(header, rows, source), end="")
+    else:
+        print(tables.aligned(header, rows))
+        print(f"CPU: results/verify/cpu/coverage.csv; GPU: results/gpu/{source}/summary.csv")
+    return 0
+
+
+def format_markdown(header, rows, source: str) -> str:
+    body = tables.markdown(header, [[f"`{r[0]}`"] + r[1:] for r in rows], "llllrr")
+    return body + ("\n\nCPU: the full tier's [coverage](results/verify/cpu/coverage.md); "
+                   f"GPU: [{source}](results/gpu/{source}/README.md).\n")

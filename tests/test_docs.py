@@ -1,0 +1,80 @@
+"""The README and the manual stay true: short, linked, generated tables current, and the
+commands they show accepted by the parsers they name."""
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+STATUS_BEGIN = "<!-- begin: convbench status --markdown -->"
+STATUS_END = "<!-- end: convbench status --markdown -->"
+
+
+def _pages():
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+            *sorted((ROOT / "results").glob("*.md")),
+            *sorted((ROOT / "results").glob("*/README.md")),
+            *sorted((ROOT / "results" / "cpu").glob("*/README.md"))]
+
+
+def test_the_readme_is_short():
+    lines = (ROOT / "README.md").read_text().count("\n")
+    assert lines <= 250, f"README.md has {lines} lines; the manual goes into docs/"
+
+
+def test_the_status_table_is_the_results():
+    from convbench.commands import status
+    readme = (ROOT / "README.md").read_text()
+    assert STATUS_BEGIN in readme and STATUS_END in readme
+    table = readme.split(STATUS_BEGIN, 1)[1].split(STATUS_END, 1)[0].strip("\n") + "\n"
+    header, rows, source = status.table(ROOT / "results")
+    assert table == status.format_markdown(header, rows, source), \
+        "regenerate it: .venv/bin/convbench status --markdown"
+
+
+@pytest.mark.parametrize("page", _pages(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_resolve(page):
+    """Every relative link of the page names a file or folder that exists."""
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target) or target.startswith("#"):
+            continue
+        path = (page.parent / target.split("#", 1)[0]).resolve()
+        if not path.exists():
+            broken.append(target)
+    assert not broken, f"{page.relative_to(ROOT)}: broken links {broken}"
+
+
+def _readme_commands():
+    text = (ROOT / "README.md").read_text()
+    for block in re.findall(r"```sh\n(.*?)```", text, flags=re.S):
+        for line in block.splitlines():
+            line = line.split("  #", 1)[0].strip()
+            if line:
+                yield line
+
+
+def test_the_readme_commands_parse():
+    """Each command of the README's shell blocks names a make target or a script whose
+    parser accepts its flags as written."""
+    from convbench import cli, end2end
+    parsers = {"profile_conv3d.py": cli.build_parser, "scripts/cosmoflow_end2end.py":
+               end2end.build_parser}
+    makefile = (ROOT / "Makefile").read_text()
+    seen = 0
+    for line in _readme_commands():
+        words = shlex.split(line)
+        if words[0] == "make":
+            assert re.search(rf"^{re.escape(words[1])}:", makefile, re.M), line
+        elif words[0] == ".venv/bin/python" and words[1] in parsers:
+            parsers[words[1]]().parse_args(words[2:])  # SystemExit(2) on an unknown flag
+        elif words[0] == ".venv/bin/convbench":
+            from convbench import main
+            assert words[1].startswith("-") or words[1] in main.SUBCOMMANDS, line
+        else:
+            pytest.fail(f"a README command this test does not know how to check: {line}")
+        seen += 1
+    assert seen >= 6
