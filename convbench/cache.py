@@ -1,7 +1,7 @@
 """The build cache: compiled SDFGs stored per build, reloaded without parsing,
 transforming or compiling.
 
-docs/build-cache.md, describes the key, the stale and
+docs/build-cache.md describes the key, the stale and
 corrupt checks, the locks and why a cache folder can move between hosts.  An entry::
 
     <root>/<build name>/            DaCe's build folder of one BuildSpec

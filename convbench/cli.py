@@ -97,7 +97,7 @@ def resolve_pass(text, flag: str = "--pass"):
 
 def select_layers(args):
     """The layers that ``add_layer_flags``' flags select, with ``--batch`` applied."""
-    from .layers import load_layers, select_layers as select
+    from .layersets import load_layers, select_layers as select
     layers = select(load_layers(args.paramscsv), args.currlayer, args.lastlayer)
     return [layer.with_batch(args.batch) for layer in layers] if args.batch else layers
 

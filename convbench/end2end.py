@@ -4,7 +4,7 @@ DaCe convolutions, against the same network with torch's.
 A run builds (or loads from the build cache) the DaCe programs it needs, then, each
 optional: ``--check`` (:mod:`convbench.netcheck`), ``--epochs`` of training on synthetic
 data (:mod:`convbench.synthetic`), and timing, torch and DaCe interleaved iteration by
-iteration, every convolution call a span (docs/end2end.md, has the details).
+iteration, every convolution call a span (docs/end2end.md has the details).
 No caches are flushed between iterations: the network runs as it would in training.
 """
 

@@ -1,5 +1,9 @@
 """Errors that the command-line tools report as one line and exit status 2."""
 
+import os
+
+from . import files
+
 
 class UsageError(Exception):
     """Bad input from the user: a flag, a file, a name.
@@ -38,8 +42,7 @@ class ArgumentParser(_argparse_base()):
 
     def parse_args(self, args=None, namespace=None):
         """Parse, then check the paths the flags name (``--outdir``, ``--cachedir``,
-        ``--out``: :func:`convbench.files.check_paths`) before any work starts."""
-        from .files import check_paths
+        ``--out``: :func:`check_paths`) before any work starts."""
         parsed = super().parse_args(args, namespace)
         check_paths(parsed)
         return parsed
@@ -75,3 +78,27 @@ def run_main(prog: str, body, argv=None) -> int:
         import os
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+
+
+def check_paths(args, environ=os.environ) -> None:
+    """Check the paths of parsed flags before any work starts (:class:`UsageError`, one
+    line): ``--outdir`` and ``--cachedir`` (or ``$CONVBENCH_CACHE``) must be writable
+    folders or creatable, ``--out`` a writable file (where ``flags.add_out_flag`` declared
+    it: some commands' ``--out`` names a folder, or a path on another machine)."""
+    checks = [("--outdir", getattr(args, "outdir", None), files.writable_folder_problem)]
+    if getattr(args, "check_out_file", False):
+        checks.append(("--out", getattr(args, "out", None), files.output_file_problem))
+    if hasattr(args, "cachedir"):
+        if args.cachedir is not None:
+            checks.append(("--cachedir", args.cachedir, files.writable_folder_problem))
+        elif environ.get("CONVBENCH_CACHE"):
+            checks.append(("$CONVBENCH_CACHE", environ["CONVBENCH_CACHE"],
+                           files.writable_folder_problem))
+    for flag, value, problem_of in checks:
+        if value is None or not isinstance(value, (str, os.PathLike)):
+            continue
+        problem = problem_of(value)
+        if problem and problem.startswith("cannot be created: "):
+            raise UsageError(f"{flag}: cannot create {value}: {problem[19:]}")
+        if problem:
+            raise UsageError(f"{flag}: {value} {problem}")

@@ -58,28 +58,3 @@ def output_file_problem(path: Union[str, os.PathLike]) -> Union[str, None]:
     if path.exists() and not os.access(path, os.W_OK):
         return "is not writable"
     return writable_folder_problem(path.parent) if not path.exists() else None
-
-
-def check_paths(args, environ=os.environ) -> None:
-    """Check the paths of parsed flags before any work starts (:class:`UsageError`, one
-    line): ``--outdir`` and ``--cachedir`` (or ``$CONVBENCH_CACHE``) must be writable
-    folders or creatable, ``--out`` a writable file (where ``flags.add_out_flag`` declared
-    it: some commands' ``--out`` names a folder, or a path on another machine)."""
-    from .errors import UsageError
-    checks = [("--outdir", getattr(args, "outdir", None), writable_folder_problem)]
-    if getattr(args, "check_out_file", False):
-        checks.append(("--out", getattr(args, "out", None), output_file_problem))
-    if hasattr(args, "cachedir"):
-        if args.cachedir is not None:
-            checks.append(("--cachedir", args.cachedir, writable_folder_problem))
-        elif environ.get("CONVBENCH_CACHE"):
-            checks.append(("$CONVBENCH_CACHE", environ["CONVBENCH_CACHE"],
-                           writable_folder_problem))
-    for flag, value, problem_of in checks:
-        if value is None or not isinstance(value, (str, os.PathLike)):
-            continue
-        problem = problem_of(value)
-        if problem and problem.startswith("cannot be created: "):
-            raise UsageError(f"{flag}: cannot create {value}: {problem[19:]}")
-        if problem:
-            raise UsageError(f"{flag}: {value} {problem}")

@@ -148,4 +148,4 @@ def add_out_flag(p, default: str) -> None:
     """``--out FILE``: one result file (JSON), where a tool writes a single file."""
     p.add_argument("--out", default=None, metavar="FILE",
                    help=f"result file (default {default})")
-    p.set_defaults(check_out_file=True)  # the parser checks it (files.check_paths)
+    p.set_defaults(check_out_file=True)  # the parser checks it (errors.check_paths)

@@ -1,6 +1,6 @@
 """The layer model and the layer-set CSV reader.
 
-docs/layers.md, describes the canonical and the legacy format.  Every
+docs/layers.md describes the canonical and the legacy format.  Every
 problem is raised as :class:`~convbench.errors.LayerFileError`, naming the file, the
 line and the field.
 """
@@ -10,11 +10,9 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
-import os
-from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
-from .errors import LayerFileError, UsageError
+from .errors import LayerFileError
 
 CANONICAL_HEADER = ("layer", "batch", "in_channels", "out_channels", "in_d", "in_h", "in_w",
                     "k_d", "k_h", "k_w", "stride", "pad")
@@ -34,7 +32,6 @@ LEGACY_HEADER = ("InChannel", "InputDepth", "InputHeight", "InputWidth", "Kernel
 LEGACY_BATCH = 1
 
 #: The folder of the shipped layer sets.
-CONVPARAMS_DIR = Path(__file__).resolve().parent.parent / "convparams"
 
 
 #: What a layer may need beyond the basic model (one stride, one padding, no dilation, no
@@ -480,61 +477,3 @@ def _legacy_layer(path, lineno, cells, index) -> Layer:
             raise LayerFileError(path, lineno, f"output size {given} is inconsistent with the "
                                  f"input and kernel (stride 1, pad 0 give {computed})", field=col)
     return layer
-
-
-#: File endings of the shipped layer sets: CSV, and benchdnn descriptor files.
-SET_SUFFIXES = (".csv", ".benchdnn")
-
-
-def resolve_layer_set(spec: str) -> Path:
-    """Map ``--paramscsv`` (a set name in ``convparams/`` or a path) to a file path."""
-    candidates = [Path(spec)]
-    if os.sep not in spec and "/" not in spec:
-        named = [CONVPARAMS_DIR / spec] if spec.endswith(SET_SUFFIXES) else \
-            [CONVPARAMS_DIR / (spec + suffix) for suffix in SET_SUFFIXES]
-        candidates[:0] = named
-    for cand in candidates:
-        if cand.is_file():
-            return cand
-    if Path(spec).exists():
-        raise UsageError(f"--paramscsv: '{spec}' is not a file")
-    known = ", ".join(available_layer_sets()) or "none"
-    raise UsageError(f"--paramscsv: no layer set or file named '{spec}' (known sets: {known})")
-
-
-def available_layer_sets() -> List[str]:
-    return sorted(p.stem for suffix in SET_SUFFIXES for p in CONVPARAMS_DIR.glob("*" + suffix))
-
-
-def load_layers(spec: str) -> List[Layer]:
-    """Read a layer set by name or path: a layer CSV, or a file of benchdnn problem
-    descriptors (told apart by their first line that is not a comment)."""
-    from .benchdnn import looks_like_descriptors, parse_descriptors
-    path = resolve_layer_set(spec)
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as err:
-        raise LayerFileError(path, None, f"cannot read: {err}") from None
-    if looks_like_descriptors(text):
-        return parse_descriptors(text, path=_display_path(path))
-    return parse_layers(text, path=_display_path(path))
-
-
-def _display_path(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
-
-
-def select_layers(layers: Sequence[Layer], first: Optional[int], last: Optional[int]) -> List[Layer]:
-    """Layers ``first .. last-1`` (the original CLI's ``--currlayer``/``--lastlayer``)."""
-    n = len(layers)
-    lo = 0 if first is None else first
-    hi = n if last is None else last
-    if not 0 <= lo < n:
-        raise UsageError(f"--currlayer: {lo} is out of range (the set has layers 0..{n - 1})")
-    if not lo < hi <= n:
-        raise UsageError(f"--lastlayer: {hi} must be in {lo + 1}..{n} (layers --currlayer.."
-                         f"--lastlayer-1 are run)")
-    return list(layers[lo:hi])

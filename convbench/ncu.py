@@ -19,7 +19,7 @@ import csv
 import io
 import json
 import sys
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 METRICS = (
     "sm__sass_thread_inst_executed_op_fadd_pred_on.sum",
@@ -145,16 +145,33 @@ def plot(points: Dict[str, dict], ceilings: dict, path: str) -> Optional[str]:
     return path
 
 
+def profile_call(target: dict) -> Callable[[], object]:
+    """A no-argument call of one roofline target (``backend`` dace or cudnn), for
+    :func:`profile_main`."""
+    from . import references, verify
+    from .experiment import Experiment
+    from .layercase import LayerCase
+    case = LayerCase.from_json(target["case"])
+    impl, layer = case.implementation, case.layer
+    inputs = verify.make_inputs(layer, impl.pass_, seed=0)
+    if target["backend"] == "dace":
+        exp = Experiment(impl, [layer], "gpu", policy="reuse", cachedir=target["cachedir"])
+        return exp.call(exp.build(impl, layer, case.resolved_params()), inputs)
+    ref = {r.name: r for r in references.REFERENCES}[target["backend"]]
+    return ref.prepare(layer, impl.pass_, impl.layout, "gpu",
+                       {r: t.cuda() for r, t in inputs.items()},
+                       references.ReferenceOptions(allow_tf32=False, cudnn_algo="find"))
+
+
 def profile_main(targets_json: str, labels_out: str) -> int:
     """Under ncu: build every target's call, warm each up, then profile each once between
     a marker kernel and the end of its profiled range.  Writes the labels in order."""
     import torch
-    from . import campaign
     targets = json.loads(open(targets_json).read())
     calls, failed = [], {}
     for t in targets:  # a target that cannot be prepared or run is left out, and said so
         try:
-            fn = campaign.profile_call(t)
+            fn = profile_call(t)
             fn()  # warm-up, outside any profiled range
             torch.cuda.synchronize()
             calls.append((t["label"], fn))

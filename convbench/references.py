@@ -5,7 +5,7 @@ reference"); :meth:`~Reference.prepare` runs outside the timed region, so cuDNN'
 runs there.  The instances: :data:`TORCH_FP64`, the ground truth of
 :mod:`convbench.verify` (on the GPU for large layers); :data:`TORCH`, the timing
 reference on both targets and a second check on the GPU; :data:`CUDNN` (GPU only), a
-timing reference and a third check.  docs/profiling.md, gives their settings.
+timing reference and a third check.  docs/profiling.md gives their settings.
 """
 
 import dataclasses

@@ -1,6 +1,6 @@
 """The implementation registry.
 
-docs/adding-an-implementation.md, describes what an implementation is (an
+docs/adding-an-implementation.md describes what an implementation is (an
 algorithm plus one schedule per target) and how a module in ``impls/`` registers
 itself on import.  The harness looks implementations up by the name users type.
 """

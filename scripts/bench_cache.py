@@ -5,7 +5,7 @@
                                   [--batch N] [--target cpu|gpu ...] [--cold K] [--warm K]
                                   [--out results/cpu/epyc_f26m2_avx512/bench_cache.json]
 
-docs/build-cache.md, describes what is measured.  Cold
+docs/build-cache.md describes what is measured.  Cold
 builds run in this process, each into a fresh folder; each warm load runs in a fresh
 process, which reports the load and its own wall time.  No GPU is needed (nothing
 runs).  Not a test: numbers depend on the machine and its load.
@@ -33,7 +33,7 @@ warnings.simplefilter("ignore")
 t0 = time.perf_counter()
 from convbench import registry, toolchain
 from convbench.cache import BuildCache
-from convbench.layers import load_layers
+from convbench.layersets import load_layers
 layer = [l for l in load_layers({set!r}) if l.name == {layer!r}][0].with_batch({batch})
 spec = toolchain.make_spec(registry.get({impl!r}), layer, "float32", {target!r})
 t1 = time.perf_counter()
@@ -63,7 +63,7 @@ def _main(argv) -> int:
     from convbench import registry, toolchain
     from convbench.cache import BuildCache
     from convbench.errors import UsageError
-    from convbench.layers import load_layers
+    from convbench.layersets import load_layers
     impl = registry.get(args.implementation)
     layers = [x for x in load_layers(args.paramscsv) if x.name == args.layer]
     if not layers:

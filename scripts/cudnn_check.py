@@ -38,7 +38,7 @@ def _main(argv) -> int:
     args = p.parse_args(argv)
     from convbench import devices
     from convbench.errors import UsageError
-    from convbench.layers import load_layers
+    from convbench.layersets import load_layers
     from convbench.references import torch_pass
     problem = devices.gpu_problem()
     if problem:

@@ -21,8 +21,9 @@ from typing import Iterable, List, Sequence, Tuple
 import pytest
 
 from convbench import registry, verify
-from convbench.campaign import LayerCase
-from convbench.layers import Layer, load_layers
+from convbench.layercase import LayerCase
+from convbench.layers import Layer
+from convbench.layersets import load_layers
 from convbench.layouts import Pass
 
 

@@ -53,3 +53,37 @@ def test_layers_contract_names_every_module_once():
     modules = {m.name for m in pkgutil.iter_modules(convbench.__path__)}
     assert len(named) == len(set(named))
     assert set(named) >= modules
+
+
+def test_no_import_circles():
+    """No module of convbench, impls or cudnn_bindings reaches itself through imports,
+    counting the imports inside functions, between modules and between convbench's
+    top-level modules and packages alike (so a circle through a package's submodules
+    counts too)."""
+    import grimp
+    graph = grimp.build_graph("convbench", "impls", "cudnn_bindings")
+
+    def unit(module):  # convbench.campaign.plan -> convbench.campaign
+        parts = module.split(".")
+        return ".".join(parts[:2]) if len(parts) > 1 else module
+
+    edges = {}
+    for module in graph.modules:
+        for imported in graph.find_modules_directly_imported_by(module):
+            for a, b in ((module, imported), (unit(module), unit(imported))):
+                if a != b:
+                    edges.setdefault(a, set()).add(b)
+    circles, state = [], {}
+
+    def visit(node, path):
+        state[node] = "open"
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == "open":
+                circles.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = "done"
+    for node in sorted(edges):
+        if node not in state:
+            visit(node, [node])
+    assert circles == [], "import circles: " + "; ".join(" -> ".join(c) for c in circles)

@@ -413,7 +413,7 @@ def test_halo_slabs_cover_the_border_exactly_once(layout, pads):
 
 def test_csv_optional_pad_columns(write_csv):
     from convbench.errors import LayerFileError
-    from convbench.layers import load_layers
+    from convbench.layersets import load_layers
     head = "layer,batch,in_channels,out_channels,in_d,in_h,in_w,k_d,k_h,k_w,stride,pad,pad_d\n"
     layers = load_layers(str(write_csv(head + "a,1,2,3,1,5,5,1,3,3,1,1,0\nb,1,2,3,4,5,5,3,3,3,1,1,\n")))
     assert [x.pads for x in layers] == [(0, 1, 1), (1, 1, 1)]
@@ -422,7 +422,7 @@ def test_csv_optional_pad_columns(write_csv):
 
 
 def test_alcf_layer_set_counts_2d_flops():
-    from convbench.layers import load_layers
+    from convbench.layersets import load_layers
     layers = {x.name: x for x in load_layers("alcf_conv2d")}
     assert len(layers) == 4
     for layer in layers.values():

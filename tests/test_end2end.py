@@ -11,7 +11,7 @@ from cases import Case
 from conftest import ENV, PYTHON, ROOT
 from convbench import end2end, netcheck, network, toolchain
 from convbench.errors import UsageError
-from convbench.layers import load_layers
+from convbench.layersets import load_layers
 from convbench.layouts import Pass
 from convbench.plots import plot_breakdown, read_breakdown
 

@@ -20,7 +20,8 @@ from conftest import assert_usage_error, in_process
 from convbench import cli, registry, toolchain, verify
 from convbench.benchdnn import descriptor_layer, parse_descriptor, parse_descriptors
 from convbench.errors import LayerFileError
-from convbench.layers import FEATURES, Layer, format_csv, load_layers, parse_layers
+from convbench.layers import FEATURES, Layer, format_csv, parse_layers
+from convbench.layersets import load_layers
 from convbench.layouts import Pass
 
 #: Small layers that need the features (``all`` needs every one of them at once).
@@ -242,7 +243,7 @@ def test_the_benchdnn_suite_reads_as_it_is():
 
 
 def cli_sets():
-    from convbench.layers import available_layer_sets
+    from convbench.layersets import available_layer_sets
     return available_layer_sets()
 
 

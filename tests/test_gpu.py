@@ -4,7 +4,8 @@ import pytest
 
 from cases import GPU_IMPLS, case_params, cases
 from convbench import verify
-from convbench.layers import Layer, load_layers
+from convbench.layers import Layer
+from convbench.layersets import load_layers
 
 pytestmark = pytest.mark.gpu
 

@@ -7,7 +7,8 @@ import dace
 import pytest
 
 from convbench import launch, registry, toolchain
-from convbench.layers import Layer, load_layers
+from convbench.layers import Layer
+from convbench.layersets import load_layers
 
 
 def _kernel(sizes, block=(256, 1, 1)):

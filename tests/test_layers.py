@@ -3,7 +3,8 @@
 import pytest
 
 from convbench.errors import LayerFileError, UsageError
-from convbench.layers import Layer, load_layers, parse_layers, select_layers
+from convbench.layers import Layer, parse_layers
+from convbench.layersets import load_layers, select_layers
 
 HEADER = "layer,batch,in_channels,out_channels,in_d,in_h,in_w,k_d,k_h,k_w,stride,pad\n"
 LEGACY = ("InChannel,InputDepth,InputHeight,InputWidth,KernelDepth,KernelHeight,KernelWidth,"

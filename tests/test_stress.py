@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from conftest import ENV, PYTHON, ROOT, in_process
 from conftest import assert_usage_error as _assert_usage_error
+from convbench import memory
 from convbench.commands import stress
 from convbench.layers import Layer
 
@@ -144,7 +145,7 @@ def test_refusal_suggests_a_size_that_fits(tmp_path, main):
     usable = stress.MEMORY_MARGIN * limit * 2 ** 30
 
     def need(s):
-        return stress.memory_estimate(stress.make_layer(s, 16, 32, 1, 3, 1, 1), "cpu",
+        return memory.memory_estimate(stress.make_layer(s, 16, 32, 1, 3, 1, 1), "cpu",
                                       flush)["peak_bytes"]
     assert need(size) <= usable < need(size + 1)
 
@@ -155,20 +156,20 @@ def test_memory_estimate_formula():
     X, W, Y = 2 ** 30, 4 * 32 * 16 * 27, 2 ** 31
     Xp = 4 * 16 * 258 ** 3
     flush = 128 << 20
-    est = stress.memory_estimate(layer, "cpu", flush)
+    est = memory.memory_estimate(layer, "cpu", flush)
     assert est["torch_phase_bytes"] == flush + 2 * (X + W) + Y + Xp + Y
     assert est["dace_phase_bytes"] == flush + 2 * (X + W) + Y + Xp + Y
-    with_check = stress.memory_estimate(layer, "cpu", flush, check_planes=2)
-    assert with_check["dace_phase_bytes"] - est["dace_phase_bytes"] == stress.check_bytes(layer, 2)
-    assert stress.check_bytes(layer, 2) < 2 ** 30
+    with_check = memory.memory_estimate(layer, "cpu", flush, check_planes=2)
+    assert with_check["dace_phase_bytes"] - est["dace_phase_bytes"] == memory.check_bytes(layer, 2)
+    assert memory.check_bytes(layer, 2) < 2 ** 30
     # The SDFG's transients replace the allowance only where they are larger.
-    assert stress.memory_estimate(layer, "cpu", flush, dace_transients=Xp)["dace_phase_bytes"] \
+    assert memory.memory_estimate(layer, "cpu", flush, dace_transients=Xp)["dace_phase_bytes"] \
         == est["dace_phase_bytes"]
-    big = stress.memory_estimate(layer, "cpu", flush, dace_transients=30 * 2 ** 30)
+    big = memory.memory_estimate(layer, "cpu", flush, dace_transients=30 * 2 ** 30)
     assert big["dace_phase_bytes"] == flush + 2 * (X + W) + Y + 30 * 2 ** 30
-    assert stress.memory_estimate(layer, "cpu", flush, skip_torch=True)["torch_phase_bytes"] == 0
+    assert memory.memory_estimate(layer, "cpu", flush, skip_torch=True)["torch_phase_bytes"] == 0
     # On the GPU the check runs on the host: not counted.
-    gpu = stress.memory_estimate(layer, "gpu", 256 << 20, check_planes=2)
+    gpu = memory.memory_estimate(layer, "gpu", 256 << 20, check_planes=2)
     assert gpu["dace_phase_bytes"] == (256 << 20) + 2 * (X + W) + Y + Xp + Y
 
 
@@ -254,12 +255,12 @@ def _inputs(layer, seed=0):
 def test_check_subvolume_passes_a_correct_output(layer):
     x, w, y = _inputs(layer)
     results = stress.check_subvolume(layer, x, w, y, planes=2)
-    assert [r for r, _ in results] == stress.check_regions(layer.out_d, 2)
+    assert [r for r, _ in results] == memory.check_regions(layer.out_d, 2)
     assert all(c.ok and c.nonfinite == 0 for _, c in results), [c.summary() for _, c in results]
     # The regions cover exactly their planes, over everything else.
     assert sum(c.numel for _, c in results) == sum(
         (o1 - o0) * layer.batch * layer.out_channels * layer.out_h * layer.out_w
-        for o0, o1 in stress.check_regions(layer.out_d, 2))
+        for o0, o1 in memory.check_regions(layer.out_d, 2))
 
 
 @pytest.mark.parametrize("layer", LAYERS, ids=lambda layer: layer.name)
@@ -307,6 +308,6 @@ def test_check_subvolume_on_a_stored_layout_view():
 
 
 def test_check_regions():
-    assert stress.check_regions(256, 2) == [(0, 2), (254, 256)]
-    assert stress.check_regions(4, 2) == [(0, 4)]
-    assert stress.check_regions(1, 3) == [(0, 1)]
+    assert memory.check_regions(256, 2) == [(0, 2), (254, 256)]
+    assert memory.check_regions(4, 2) == [(0, 4)]
+    assert memory.check_regions(1, 3) == [(0, 1)]

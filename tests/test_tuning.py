@@ -12,7 +12,8 @@ from conftest import ROOT
 from convbench import cli, registry, toolchain, tuning, verify
 from convbench.commands import bench, tune
 from convbench.errors import UsageError
-from convbench.layers import Layer, load_layers
+from convbench.layers import Layer
+from convbench.layersets import load_layers
 
 BLOCKED = "directConvNDHWCblocked"
 LAYER = Layer("tt", 2, 3, 32, 6, 6, 8, 3, 3, 3, pad=1)

@@ -253,7 +253,7 @@ def test_check_passes_torch_and_fails_a_one_percent_loss(layer, pass_):
 def test_check_power_on_the_first_cosmoflow_layers(layer_set, pass_):
     """The 2.1M-term filter gradients (and both other passes) of CosmoFlow's first layers
     at batch 1: torch passes, a 1% loss and a 1% error fail."""
-    from convbench.layers import load_layers
+    from convbench.layersets import load_layers
     layer = load_layers(layer_set)[0].with_batch(1)
     rows = _power_verdicts(layer, pass_)
     assert rows["torch-fp32"]["l2_ok"], rows["torch-fp32"]

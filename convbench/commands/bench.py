@@ -71,7 +71,7 @@ def _main(argv, prog: str) -> int:
     from ..cli import resolve_pass
     from ..devices import set_threads
     from ..experiment import Experiment, TimingOptions, resolve_implementations
-    from ..layers import load_layers
+    from ..layersets import load_layers
     from ..layouts import Pass
 
     sets = args.paramscsv or DEFAULT_SETS

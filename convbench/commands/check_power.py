@@ -36,7 +36,7 @@ def _main(argv, prog: str) -> int:
     check_at_least(("--batch", args.batch, 1))
     from ..cli import resolve_pass
     passes = [str(resolve_pass(p.strip())) for p in args.passes.split(",") if p.strip()]
-    from ..layers import load_layers
+    from ..layersets import load_layers
     sets = args.paramscsv or ["cosmoflow_mlperf", "cosmoflow"]
     layers = [(s, layer.with_batch(args.batch)) for s in sets for layer in load_layers(s)]
     if args.layer:

@@ -63,7 +63,7 @@ def _main(argv, prog: str) -> int:
     else:
         if args.input_shape:
             raise UsageError("--input-shape goes with --from-torch")
-        from ..layers import load_layers
+        from ..layersets import load_layers
         spec = args.paramscsv or "cosmoflow"
         layers = load_layers(spec)
         source = f"--paramscsv {spec}"

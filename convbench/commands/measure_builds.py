@@ -42,7 +42,7 @@ def _main(argv, prog: str) -> int:
         check_choice("--targets", target, TARGETS, "target")
     from .. import cache, toolchain
     from ..experiment import resolve_implementations
-    from ..layers import load_layers
+    from ..layersets import load_layers
     layers = load_layers(args.paramscsv)
     if not 0 <= args.layer < len(layers):
         raise UsageError(f"--layer: {args.layer} is out of range (0..{len(layers) - 1})")

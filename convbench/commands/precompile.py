@@ -1,6 +1,6 @@
 """Fill the build cache: implementations x layers x batches x targets, in parallel.
 
-docs/build-cache.md, describes the cache and how the
+docs/build-cache.md describes the cache and how the
 profiler loads these builds.  Parameters are the tuned ones updated by ``--param``,
 exactly as every other entry point builds them (:meth:`Experiment.params
 <convbench.experiment.Experiment.params>`), so the entries are the ones they look up.
@@ -44,7 +44,7 @@ def plan(args):
     from .. import registry
     from ..cache import Job
     from ..experiment import Experiment, resolve_implementations
-    from ..layers import load_layers
+    from ..layersets import load_layers
     check_at_least(("--jobs", args.jobs, 1), *(("--batch", b, 1) for b in args.batch or []))
     impls = resolve_implementations(flags.implementation_names(args.implementation))
     overrides = registry.parse_param_overrides(args.param)

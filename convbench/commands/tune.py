@@ -83,7 +83,7 @@ def _main(argv, prog: str) -> int:
                    ("--samples", args.samples, 1))
     from ..devices import set_threads
     from ..experiment import Experiment, TimingOptions, resolve_implementations
-    from ..layers import load_layers
+    from ..layersets import load_layers
     impl, = resolve_implementations([args.implementation or DEFAULT_IMPLEMENTATION],
                                     device="cpu", flag="--implementation")
     space = args.space or DEFAULT_SPACES.get(impl.name)

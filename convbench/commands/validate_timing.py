@@ -80,7 +80,7 @@ def _main(argv, prog: str) -> int:
     from .. import toolchain
     from ..devices import resolve_device
     from ..experiment import Experiment, TimingOptions, resolve_implementations
-    from ..layers import load_layers
+    from ..layersets import load_layers
     from ..verify import make_inputs
     device = resolve_device(args.device)
     impl, = resolve_implementations([args.implementation or DEFAULT_IMPLEMENTATION],

@@ -1,0 +1,188 @@
+"""The phases a campaign runs around its cases: identity, ceilings, builds, the GPU
+tests and the Nsight Compute roofline."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from typing import Callable, Dict, List, Sequence
+from .folder import _not_measured
+from .plan import Case, ORIGINAL_BATCH
+from .report import best_per_layer
+from .worker import _run_group, _tail
+
+
+
+def _command(argv: List[str], timeout: float = 60) -> str:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        return (done.stdout + done.stderr).strip()
+    except (OSError, subprocess.SubprocessError) as err:
+        return f"not available: {type(err).__name__}: {err}"
+
+
+def identity(folder: Folder, target: str) -> dict:
+    import platform
+
+    import dace
+    import numpy
+    import torch
+
+    from .. import devices, toolchain
+    from ..results import git_commit
+    info = {"target": target, "host": platform.node(), "python": platform.python_version(),
+            "dace": dace.__version__, "numpy": numpy.__version__, "torch": torch.__version__,
+            "torch_cuda": torch.version.cuda, "cpu": devices.describe("cpu"),
+            "git": git_commit(toolchain.PROJECT_ROOT),
+            "nvcc": _command(["nvcc", "--version"]).splitlines()[-1:],
+            "ncu": _command(["ncu", "--version"]).splitlines()[-1:]}
+    try:
+        import cupy
+        info["cupy"] = cupy.__version__
+    except Exception as err:  # noqa: BLE001 - optional
+        info["cupy"] = f"not importable: {type(err).__name__}"
+    if target == "gpu":
+        smi = _command(["nvidia-smi", "-q"])
+        (folder.root / "identity" / "nvidia-smi.txt").write_text(smi + "\n")
+        props = torch.cuda.get_device_properties(0)
+        info.update(gpu=devices.describe("gpu"), cudnn_torch=torch.backends.cudnn.version(),
+                    sm_count=props.multi_processor_count,
+                    memory_gib=round(props.total_memory / 2 ** 30, 1),
+                    clocks=_command(["nvidia-smi", "--query-gpu=clocks.sm,clocks.max.sm,"
+                                     "clocks.mem,clocks.max.mem,power.draw,temperature.gpu,"
+                                     "driver_version,compute_mode", "--format=csv"]))
+        try:
+            import cudnn_bindings
+            lib = cudnn_bindings.load()
+            info["cudnn_bindings"] = {"version": ".".join(map(str, lib.version_tuple)),
+                                      "library": str(lib.path)}
+        except Exception as err:  # noqa: BLE001 - recorded, the campaign goes on
+            info["cudnn_bindings"] = f"not usable: {type(err).__name__}: {err}"
+        info["cuda_arch"] = toolchain.CUDA_ARCH
+    info["device"] = info.get("gpu") or info["cpu"]
+    folder.write_json("identity/versions.json", info)
+    return info
+
+
+def measure_ceilings(folder: Folder, target: str) -> dict:
+    from .. import ceilings
+    out = ceilings.measure(target)
+    out.update(ceilings.tensor_core_peaks() if target == "gpu" else
+               {"tf32_gflops": None, "fp16_gflops": None,
+                "tensor_method": "not measured: tensor-core GEMM needs a GPU"})
+    folder.write_json("ceilings.json", out)
+    if target == "gpu":
+        import torch
+        torch.cuda.empty_cache()  # the case workers need the memory, not this process
+    return out
+
+
+# -- phase: builds ---------------------------------------------------------------------------
+
+def run_builds(folder: Folder, cases: Sequence[Case], cachedir, workers: int,
+               say: Callable[[str], None]) -> Dict[str, str]:
+    """Build what ``cases`` need; the failures by case id (their message)."""
+    from .. import cache
+    jobs, owners, failed = {}, {}, {}
+    for case in cases:
+        job = case.job()
+        name = job.spec().name
+        jobs.setdefault(name, job)
+        owners.setdefault(name, []).append(case.id)
+    if not jobs:
+        return failed
+    rows = folder.read_json("builds.json", {})
+    say(f"[builds] {len(jobs)} build(s) with {workers} process(es)")
+    t0 = time.perf_counter()
+    for n, (job, outcome, seconds, message) in enumerate(
+            cache.fill(jobs.values(), cachedir, workers), 1):
+        name = job.spec().name
+        rows[name] = {"outcome": outcome, "seconds": round(seconds, 2), "message": message,
+                      "cases": owners[name]}
+        if outcome == "failed":
+            failed.update(dict.fromkeys(owners[name], message))
+            say(f"[builds]   FAILED {job.describe()}: {message}")
+        if n % 10 == 0 or n == len(jobs):
+            say(f"[builds]   {n}/{len(jobs)} in {time.perf_counter() - t0:.0f}s")
+        folder.write_json("builds.json", rows)
+    return failed
+
+
+def run_gpu_tests(folder: Folder, target: str, timeout: float, cores: int) -> dict:
+    from .. import devices
+    why = "the gpu tests need a GPU" if target != "gpu" else devices.gpu_problem()
+    if why is not None:
+        return _not_measured(why)
+    try:
+        import pytest  # noqa: F401
+    except ImportError:
+        return _not_measured("pytest is not installed")
+    log = folder.root / "logs" / "pytest-gpu.log"
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider",
+           f"--build-jobs={cores}", "--junitxml", str(folder.root / "tests-gpu.xml")]
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        code = _run_group(cmd, timeout, f, subprocess.STDOUT)
+    summary = (_tail(log, 3).splitlines() or [""])[-1]
+    folder.write_json("tests.json", {"exit": code, "summary": summary, "log": "logs/pytest-gpu.log",
+                                     "seconds": round(time.perf_counter() - t0, 1)})
+    return {"status": "done" if code == 0 else "failed",
+            "detail": f"pytest -m gpu: exit {code}, {summary}"}
+
+
+def roofline_rows(rows: Dict[tuple, object]) -> Dict[tuple, object]:
+    """The rows the roofline profiles: the forward pass of the CosmoFlow layers at the
+    original batch where the campaign ran them, else every row (the smoke tier)."""
+    main = {k: v for k, v in rows.items()
+            if k[2] == ORIGINAL_BATCH.get(k[0]) and k[3] == "fwd"}
+    return main or dict(rows)
+
+
+def run_roofline(folder: Folder, target: str, cachedir, workers: int, timeout: float,
+                 say: Callable[[str], None]) -> dict:
+    """Nsight Compute counters of cuDNN and the best DaCe kernel per layer, and the plot."""
+    from .. import devices, ncu
+    why = "Nsight Compute needs a GPU" if target != "gpu" else devices.gpu_problem()
+    if why is None and shutil.which("ncu") is None:
+        why = "ncu is not on the PATH"
+    if why is not None:
+        return _not_measured(why)
+    targets, cases = [], []
+    for (lset, lname, batch, pass_), row in sorted(
+            roofline_rows(best_per_layer(folder.records())).items()):
+        case = Case.from_json(row["best"]["case"])
+        cases.append(case)
+        targets += [{"label": f"{lset}.{lname}.b{batch}.{pass_}.{backend}", "backend": backend,
+                     "case": case.to_json(), "cachedir": str(cachedir)}
+                    for backend in ["dace"] + (["cudnn"] if "cudnn" in row["refs"] else [])]
+    if not targets:
+        return _not_measured("no verified, timed case")
+    failed = run_builds(folder, cases, cachedir, workers, say)
+    if failed:
+        say(f"[roofline] {len(failed)} build(s) failed; their layers are left out")
+        targets = [t for t in targets if Case.from_json(t["case"]).id not in failed]
+    rdir = folder.root / "roofline"
+    rdir.mkdir(exist_ok=True)
+    csv, labels, log = rdir / "ncu.csv", rdir / "labels.json", folder.root / "logs" / "ncu.log"
+    (rdir / "targets.json").write_text(json.dumps(targets, indent=1))
+    cmd = ncu.ncu_command() + [sys.executable, "-m", "convbench.ncu", str(rdir / "targets.json"),
+                               str(labels)]
+    say(f"[roofline] ncu on {len(targets)} target(s)")
+    with open(csv, "w") as out, open(log, "w") as err:
+        code = _run_group(cmd, timeout, out, err)
+    if "ERR_NVGPUCTRPERM" in csv.read_text(errors="replace") + _tail(log, 50):
+        return _not_measured("ncu may not read the GPU's counters (ERR_NVGPUCTRPERM)")
+    if code == "timeout":
+        return {"status": "failed", "detail": f"ncu ran past {timeout:g} s; see logs/ncu.log"}
+    if code != 0 or not labels.exists():
+        return {"status": "failed", "detail": f"ncu exit status {code}; see logs/ncu.log"}
+    parts = ncu.segments(ncu.parse_csv(csv.read_text()), json.loads(labels.read_text()))
+    points = {label: ncu.summarize(kernels) for label, kernels in parts.items()}
+    folder.write_json("roofline/roofline.json", points)
+    plotted = ncu.plot(points, folder.read_json("ceilings.json", {}) or {},
+                       str(rdir / "roofline.png"))
+    return {"status": "done", "detail": f"{len(points)} target(s)" +
+            (", roofline/roofline.png" if plotted else ", no plot (matplotlib missing)")}

@@ -1,0 +1,193 @@
+"""The plan of a campaign: tiers, cases, and the device-time estimate."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from ..errors import UsageError, check_choice
+from ..layers import Layer
+from ..layercase import LayerCase
+from ..layersets import load_layers
+from .folder import _load
+
+
+TIERS = ("smoke", "core", "full")
+PHASES = ("identity", "ceilings", "builds", "cases", "tests", "roofline", "table")
+TARGETS = ("gpu", "cpu")
+PLANTED = ("crash", "hang", "wrong")
+
+#: The smoke tier's layer: 256 channels on 4^3 (one output tile), cheap on both targets.
+SMOKE_LAYER = ("cosmoflow", "conv7", 1)
+#: The core tier's layers for every implementation x pass: MLPerf CosmoFlow's 4-channel,
+#: padded first layer (the most pixels), and the smallest spatial size.
+REPRESENTATIVE = (("cosmoflow_mlperf", "conv1", 2), ("cosmoflow", "conv7", 16))
+#: The batch sizes of the original work (V100).
+ORIGINAL_BATCH = {"cosmoflow": 16, "cosmoflow_mlperf": 8}
+# The core tier also runs the implementations that declare ``best-of`` on every CosmoFlow
+# layer at the original batch; the best of them that verifies is "the best DaCe
+# implementation" of the layer.
+PLANTED_IMPL = "implicitGemmNCDHW"
+#: A planted hang's time limit: long enough to start, short enough for a rehearsal.
+PLANTED_HANG_TIMEOUT_S = 8.0
+
+#: The original work's forward ratios, DaCe time over cuDNN time on a V100 (thesis
+#: "Optimizing GPU Convnets", DaCe 0.14): the range it reports per set and batch.
+V100_RATIOS = {"cosmoflow_mlperf": "2.2x-4.9x (batch 8)", "cosmoflow": "2.5x-48x (batch 16)"}
+
+#: Seconds per build where no cache has measured them: on this project's 2-core
+#: development machine (README, "Measured here").
+DEFAULT_BUILD_SECONDS = {"cpu": 5.0, "gpu": 50.0}
+#: Assumed rates for the run-time estimate (GFLOP/s): pessimistic for DaCe (the original
+#: work was up to 48x slower than cuDNN), the vendor libraries at a fraction of peak.
+ESTIMATE_GFLOPS = {"gpu": {"dace": 1000.0, "ref": 15000.0},
+                   "cpu": {"dace": 15.0, "ref": 80.0}}
+#: Per-case overhead (s): loading the build, the reference, verification, the result file.
+CASE_OVERHEAD_S = {"gpu": 1.5, "cpu": 0.5}
+WORKER_START_S = 4.0
+#: Device set-up per call (machine start, wheel install), from the device tool's notes.
+CALL_SETUP_S = 120.0
+#: One call's command limit, and the share of it the plan fills.
+CALL_LIMIT_S = 600.0
+CALL_FILL = 0.9
+#: Phases a tier leaves out: smoke is the quick check.
+TIER_SKIPS = {"smoke": ("tests", "roofline")}
+#: The whole campaign's device-time budget (core must fit it, set-up included).
+BUDGET_S = {"smoke": 10 * 60.0, "core": 20 * 60.0, "full": 30 * 60.0}
+
+
+@dataclasses.dataclass(frozen=True)
+class Case(LayerCase):
+    """A campaign's case: its group in the plan, and how to run it."""
+
+    group: str = "every-impl"
+    #: Time the references (cuDNN, torch) too: once per layer and pass.
+    time_refs: bool = True
+    #: A planted failure: "crash", "hang" or "wrong" (the rehearsal's checks of the harness).
+    planted: str = ""
+
+    @property
+    def id(self) -> str:
+        text = f"{self.impl}.{self.layer_set}.{self.layer.name}.b{self.layer.batch}"
+        return text + (f".planted-{self.planted}" if self.planted else "")
+
+    @property
+    def refs_key(self) -> tuple:
+        return self.layer_set, self.layer, self.pass_
+
+
+
+def _layer(layer_set: str, name: str, batch: int) -> Layer:
+    for layer in load_layers(layer_set):
+        if layer.name == name:
+            return layer.with_batch(batch)
+    raise UsageError(f"layer {name} is not in {layer_set}")
+
+
+def plan_cases(tier: str, target: str, planted: bool) -> List[Case]:
+    """The cases of ``tier`` on ``target`` (with the three planted ones if ``planted``)."""
+    from .. import registry
+    check_choice("--tier", tier, TIERS, "tier")
+    impls = [n for n, i in registry.all_implementations().items() if target in i.targets]
+    every = [SMOKE_LAYER] if tier == "smoke" else list(REPRESENTATIVE)
+    pairs = [(impl, s, _layer(s, n, b), "every-impl") for s, n, b in every for impl in impls]
+    sets = [(s, layer.with_batch(ORIGINAL_BATCH[s])) for s in ORIGINAL_BATCH
+            for layer in load_layers(s)]
+    if tier == "core":
+        pairs += [(impl, s, layer, "best-of") for s, layer in sets for impl in registry.members("best-of")
+                  if target in registry.get(impl).targets]
+    elif tier == "full":
+        pairs += [(impl, s, layer, "every-layer") for s, layer in sets for impl in impls]
+    cases, seen, timed = [], set(), set()
+    for impl, layer_set, layer, group in pairs:
+        if (impl, layer_set, layer) not in seen:
+            seen.add((impl, layer_set, layer))
+            case = Case(impl, layer, layer_set, target, group)
+            cases.append(dataclasses.replace(case, time_refs=case.refs_key not in timed))
+            timed.add(case.refs_key)
+    if planted:
+        s, n, b = SMOKE_LAYER
+        cases += [Case(PLANTED_IMPL, _layer(s, n, b), s, target, "planted", False, kind)
+                  for kind in PLANTED]
+    return cases
+
+
+def measured_build_seconds(target: str, cachedir: Optional[os.PathLike]) -> Tuple[float, str]:
+    """Median seconds per build of ``target`` in the manifests of ``cachedir`` (a build
+    cache that has GPU builds in it, say), else :data:`DEFAULT_BUILD_SECONDS`."""
+    root = Path(cachedir) if cachedir else None
+    manifests = (_load(m, {}) for m in (root.glob("*/manifest.json") if root else ()))
+    times = sorted(sum(v for v in m.get("build_seconds", {}).values()
+                       if isinstance(v, (int, float)))
+                   for m in manifests if m.get("key", {}).get("target") == target)
+    if len(times) >= 3:
+        return times[len(times) // 2], f"median of {len(times)} builds in {root}"
+    return DEFAULT_BUILD_SECONDS[target], "this project's measured build time (README)"
+
+
+@dataclasses.dataclass
+class Estimate:
+    phases: Dict[str, float]
+    calls: List[List[str]]
+    build_seconds: float
+    build_source: str
+    cores: int
+    builds: int
+
+    @property
+    def run_s(self) -> float:
+        return sum(self.phases.values())
+
+    @property
+    def total_s(self) -> float:
+        return self.run_s + CALL_SETUP_S * len(self.calls)
+
+
+def _case_seconds(case: Case, iterations: int, warmup: int, time_limit: float) -> float:
+    rates = ESTIMATE_GFLOPS[case.target]
+    gflop = case.layer.flops() / 1e9
+    refs = (2 if case.target == "gpu" else 1) if case.time_refs else 0
+    timed = sum(min(time_limit, (warmup + iterations) * gflop / r)
+                for r in [rates["dace"]] + [rates["ref"]] * refs)
+    verification = gflop / rates["dace"]
+    return CASE_OVERHEAD_S[case.target] + verification + timed
+
+
+def estimate(cases: Sequence[Case], target: str, cores: int, iterations: int, warmup: int,
+             time_limit: float, cachedir=None, roofline_layers: int = 0,
+             skip: Sequence[str] = ()) -> Estimate:
+    """Host seconds per phase, and the phases split into calls of at most
+    ``CALL_FILL * CALL_LIMIT_S`` (a later call builds again what its cases need)."""
+    per_build, source = measured_build_seconds(target, cachedir)
+    builds = len({c.job().spec().name for c in cases})  # planted cases share a build
+    gpu = target == "gpu"
+    phases = {"identity": 5.0, "ceilings": 20.0 if gpu else 8.0,
+              "builds": math.ceil(builds / max(1, cores)) * per_build,
+              "cases": WORKER_START_S + sum(_case_seconds(c, iterations, warmup, time_limit)
+                                            for c in cases)
+              + sum(WORKER_START_S for c in cases if c.planted)
+              + sum(PLANTED_HANG_TIMEOUT_S for c in cases if c.planted == "hang"),
+              # test_gpu.py: 13 implementations x 3 shapes of GPU builds, then the runs.
+              "tests": math.ceil(39 / max(1, cores)) * per_build + 60.0 if gpu else 0.0,
+              # ncu: one profiled process, a few replays per kernel, two targets per layer.
+              "roofline": 30.0 + 2 * roofline_layers * 5.0 if gpu else 0.0,
+              "table": 2.0}
+    phases.update(dict.fromkeys(skip, 0.0))
+    calls, current, used = [], [], 0.0
+    for phase in (p for p in PHASES if p not in skip):
+        if current and used + phases[phase] > CALL_FILL * CALL_LIMIT_S:
+            calls.append(current)
+            current, used = [], 0.0
+            # A fresh host keeps no builds: the cases' builds (those left) and the best
+            # kernels' builds (roofline) are compiled again; the tests build their own.
+            if phase == "cases":
+                used += phases["builds"]
+            elif phase == "roofline":
+                used += math.ceil(roofline_layers / max(1, cores)) * per_build
+        current.append(phase)
+        used += phases[phase]
+    calls.append(current)
+    return Estimate(phases, calls, per_build, source, cores, builds)

@@ -1,0 +1,142 @@
+"""The campaign's table: the best DaCe implementation per layer and pass against the
+fastest vendor path, its README and summary.csv, and the index of results/gpu/."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Dict, Iterable, Optional
+
+from .. import tables
+from ..files import write_atomic
+from .folder import _now
+from .plan import PHASES, V100_RATIOS
+from .worker import fastest_vendor
+
+
+def best_per_layer(records: Iterable[dict]) -> Dict[tuple, dict]:
+    """Per (set, layer, batch, pass): the fastest verified DaCe record, and the references'
+    medians from whichever record timed them."""
+    from .. import registry
+    rows: Dict[tuple, dict] = {}
+    for rec in records:
+        case = rec.get("case", {})
+        if case.get("planted") or "timings" not in rec:
+            continue
+        key = (case["layer_set"], case["layer"]["name"], case["layer"]["batch"],
+               str(registry.get(case["impl"]).pass_))
+        row = rows.setdefault(key, {"best": None, "refs": {}, "gflop": rec.get("gflop")})
+        t = rec["timings"]
+        row["refs"].update((name, stats["median_ms"]) for name, stats in t.items()
+                           if name != "dace" and "median_ms" in stats)
+        if row["best"] is None or t["dace"]["median_ms"] < row["best"]["timings"]["dace"]["median_ms"]:
+            row["best"] = rec
+    return rows
+
+
+def write_table(folder: Folder, target: str, meta: dict) -> Path:
+    """``README.md`` and ``summary.csv`` of the campaign folder, from what is recorded."""
+    records = folder.records()
+    ceilings = folder.read_json("ceilings.json", {}) or {}
+    peak = ceilings.get("peak_gflops")
+    gpu = target == "gpu"
+    git = meta.get("git", {})
+    header = (["set", "layer", "batch", "pass", "best DaCe", "DaCe ms"]
+              + (["cudnn ms", "torch ms", "fastest vendor", "vendor ms"] if gpu
+                 else ["torch ms"]) + ["ratio", "% of FP32 peak"])
+    best = []
+    for (lset, lname, batch, pass_), row in sorted(best_per_layer(records).items()):
+        d = row["best"]["timings"]["dace"]["median_ms"]
+        refs = row["refs"] if gpu else {"torch": row["refs"].get("torch")}
+        winner, v = fastest_vendor(refs)
+        gfs = row["gflop"] / (d * 1e-3) if row["gflop"] else None
+        best.append([lset, lname, batch, pass_, row["best"]["case"]["impl"], f"{d:.3f}"]
+                    + ([_fmt(row["refs"].get("cudnn"), ".3f"), _fmt(row["refs"].get("torch"), ".3f"),
+                        winner or "—", _fmt(v, ".3f")] if gpu else [_fmt(v, ".3f")])
+                    + [_fmt(d / v if v else None, ".2f") + ("x" if v else ""),
+                       _fmt(100 * gfs / peak if gfs and peak else None, ".1f")])
+    best = best or [["(no case was timed)"] + [""] * (len(header) - 1)]
+    state, phases = folder.state()["phases"], []
+    for p in PHASES:
+        s = state.get(p, {"status": "not run", "detail": "", "seconds": ""})
+        phases.append((p, s["status"], str(s["detail"]).replace("|", "/")[:200], s["seconds"]))
+    cases = [(r["id"], r["case"].get("group"), r["status"],
+              ((r.get("detail") or "").replace("|", "/").splitlines() or [""])[0][:140])
+             for r in records]
+    counts = Counter(r["status"] for r in records)
+    lines = [f"# Campaign {folder.root.name}", "",
+             f"Tier `{meta.get('tier')}` on {meta.get('device', '?')} (target `{target}`), "
+             f"commit {str(git.get('commit', '?'))[:10]}{' (dirty)' if git.get('dirty') else ''}"
+             f", written {_now()}.", "",
+             "## Best DaCe implementation per layer", "",
+             f"Medians of CUDA-event (GPU) or wall-clock (CPU) samples, caches flushed before "
+             f"each call. Ratio = DaCe / "
+             + ("the fastest vendor path: cuDNN (this project's bindings, Find) or torch, each "
+                "in both memory formats (`-ndhwc`/`-ncdhw`: the layout other than the DaCe "
+                "kernel's)" if gpu else "torch")
+             + f" (below 1: DaCe is faster). % of peak: GFLOP/s over the measured FP32 SGEMM "
+             f"ceiling ({_fmt(peak, '.0f')} GFLOP/s).", "",
+             tables.markdown(header, best, "llrll" + "r" * (len(header) - 5)), "",
+             f"The original work (DaCe 0.14 on a V100) reported forward ratios to cuDNN of "
+             + "; ".join(f"{s} {r}" for s, r in V100_RATIOS.items()) + ".", "",
+             "## Cases", "",
+             "Totals: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), "",
+             tables.markdown(["case", "group", "status", "detail"], cases, "llll"), "",
+             "## Phases", "",
+             tables.markdown(["phase", "status", "detail", "seconds"], phases, "lllr"), "",
+             "## Ceilings", ""]
+    lines += [f"- {key}: {_fmt(ceilings[key], '.0f') if ceilings[key] else 'not measured'}"
+              for key in ("peak_gflops", "bandwidth_gbs", "tf32_gflops", "fp16_gflops",
+                          "fma_peak_gflops") if key in ceilings]
+    lines += ["", "Files: `campaign.json` (plan, options), `identity/`, `ceilings.json`, "
+              "`builds.json`, `cases/<case>.json` (checks, every timing sample), "
+              "`logs/<case>.log`, `summary.csv`, `roofline/` (GPU).", ""]
+    path = folder.root / "README.md"
+    write_atomic(path, "\n".join(lines))
+    csv = ["id,impl,layer_set,layer,batch,group,planted,status,dace_ms,cudnn_ms,torch_ms,"
+           "cudnn_other_ms,torch_other_ms,gflop,detail"]
+    for rec in records:
+        c, t = rec["case"], rec.get("timings", {})
+        detail = '"' + (rec.get("detail") or "").replace('"', "'")[:300] + '"'
+        csv.append(",".join(str(v) for v in [
+            rec["id"], c["impl"], c["layer_set"], c["layer"]["name"], c["layer"]["batch"],
+            c["group"], c["planted"], rec["status"]]
+            + [f"{t[k]['median_ms']:.6f}" if "median_ms" in t.get(k, {}) else ""
+               for k in ("dace", "cudnn", "torch")]
+            + [next((f"{v['median_ms']:.6f}" for k, v in t.items()
+                     if k.startswith(f"{ref}-") and "median_ms" in v), "")
+               for ref in ("cudnn", "torch")]
+            + [rec.get("gflop", ""), detail]))
+    write_atomic(folder.root / "summary.csv", "\n".join(csv) + "\n")
+    return path
+
+
+def _fmt(value, spec: str) -> str:
+    return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+
+
+def update_index(results_dir: Path) -> Optional[Path]:
+    """``results/gpu/README.md``: one line per campaign folder beside it."""
+    if not results_dir.is_dir():
+        return None
+    rows = []
+    for sub in sorted(p for p in results_dir.iterdir() if (p / "campaign.json").exists()):
+        meta = json.loads((sub / "campaign.json").read_text())
+        rows.append([f"[{sub.name}]({sub.name}/README.md)", meta.get("tier"), meta.get("target"),
+                     meta.get("device"), len(list((sub / "cases").glob("*.json")))])
+    path = results_dir / "README.md"
+    old = path.read_text() if path.exists() else ""
+    kept = old[old.index(INDEX_KEEP_MARKER):] if INDEX_KEEP_MARKER in old else ""
+    write_atomic(path, "\n".join([
+        "# GPU campaigns", "", "One folder per campaign (`scripts/gpu_campaign.py run`), named "
+        "`<date>_<device>`; each has its own README.md.", "",
+        tables.markdown(["campaign", "tier", "target", "device", "cases"], rows, "lllll")]) + "\n"
+        + ("\n" + kept if kept else ""))
+    return path
+
+
+#: Text of ``results/gpu/README.md`` from this line on is written by hand (the analysis
+#: of the campaigns) and kept when the index above it is rewritten.
+INDEX_KEEP_MARKER = "<!-- written by hand below; kept by update_index -->"

@@ -1,0 +1,340 @@
+"""The cases phase: a parent that feeds cases to worker processes (one case at a time,
+replaced after a crash, a hang or a wrong result), and the worker that runs a case.
+The worker runs as ``python -m convbench.campaign worker DIR OPTIONS_JSON``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from .folder import Folder
+from .plan import Case, PLANTED_HANG_TIMEOUT_S
+
+
+
+READY, DONE = "@@campaign-ready", "@@campaign-done"
+
+
+class Worker:
+    """A case-worker process, talking through its stdout (one line per event)."""
+
+    def __init__(self, folder: Folder, options: dict):
+        cmd = [sys.executable, "-m", "convbench.campaign", "worker", str(folder.root),
+               json.dumps(options)]
+        self.log = open(folder.root / "logs" / "workers.log", "ab")
+        # Unbuffered pipes: what select() finds ready is all there is to read.
+        self.proc = _spawn(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
+                           bufsize=0)
+        self.cases = 0
+
+    def wait_for(self, marker: str, timeout: float) -> str:
+        """``ok`` when a line starting with ``marker`` arrives, ``crash`` at end of file,
+        ``timeout`` after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while select.select([self.proc.stdout], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            line = self.proc.stdout.readline()
+            if not line:
+                return "crash"
+            if line.startswith(marker.encode()):
+                return "ok"
+        return "timeout"
+
+    def send(self, case: Case) -> None:
+        self.proc.stdin.write((json.dumps(case.to_json()) + "\n").encode())
+        self.cases += 1
+
+    def stop(self) -> Optional[int]:
+        code = self.proc.poll()
+        code = _kill(self.proc) if code is None else code
+        self.log.close()
+        return code
+
+
+def _project_root() -> Path:
+    from ..toolchain import PROJECT_ROOT
+    return PROJECT_ROOT
+
+
+def _spawn(cmd: List[str], **kwargs) -> subprocess.Popen:
+    """``cmd`` in the project root, importing this checkout, in a process group of its own
+    (so that :func:`_kill` ends what it started too: pytest's build workers, the process
+    ncu profiles)."""
+    root = str(_project_root())
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    return subprocess.Popen(cmd, cwd=root, start_new_session=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=path), **kwargs)
+
+
+def _kill(proc: subprocess.Popen) -> int:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return proc.wait()
+
+
+def _run_group(cmd: List[str], timeout: float, stdout, stderr) -> object:
+    """``cmd``'s exit status, or "timeout" (its process group killed)."""
+    proc = _spawn(cmd, stdout=stdout, stderr=stderr)
+    try:
+        return proc.wait(timeout=max(1.0, timeout))
+    except subprocess.TimeoutExpired:
+        _kill(proc)
+        return "timeout"
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def run_cases(folder: Folder, cases: Sequence[Case], build_failures: Dict[str, str],
+              options: dict, say: Callable[[str], None], deadline: Optional[float],
+              after_each: Callable[[], None]) -> int:
+    """Run the cases not recorded yet; returns how many were left for lack of time."""
+    worker: Optional[Worker] = None
+    todo = [c for c in cases if not folder.case_path(c).exists()]
+    # The references are timed with the first case of a layer and pass that verifies: a
+    # case that is refused, wrong or lost does not take the layer's cuDNN time with it.
+    refs_done = {Case.from_json(r["case"]).refs_key for r in folder.records()
+                 if len(r.get("timings", {})) > 1}
+    say(f"[cases] {len(todo)} to run ({len(cases) - len(todo)} recorded already)")
+    try:
+        for i, case in enumerate(todo):
+            if deadline is not None and time.monotonic() > deadline:
+                say(f"[cases] time budget spent: {len(todo) - i} case(s) left for --resume")
+                return len(todo) - i
+            t0 = time.perf_counter()
+            if not case.planted:
+                case = dataclasses.replace(case, time_refs=case.refs_key not in refs_done)
+            if case.id in build_failures:
+                record = {"status": "build-error", "detail": build_failures[case.id]}
+            else:
+                if worker is None:
+                    worker = Worker(folder, options)
+                    if worker.wait_for(READY, options["worker_start_timeout"]) != "ok":
+                        raise RuntimeError("a case worker did not start; see "
+                                           f"{folder.root / 'logs' / 'workers.log'}")
+                timeout = (PLANTED_HANG_TIMEOUT_S if case.planted == "hang"
+                           else options["case_timeout"])
+                if deadline is not None:  # a case started late must not outrun the call
+                    timeout = min(timeout, max(30.0, deadline + 60.0 - time.monotonic()))
+                worker.send(case)
+                outcome = worker.wait_for(DONE, timeout)
+                record = folder.read_json(f"cases/{case.id}.json") if outcome == "ok" else None
+                if record is None:
+                    code = worker.stop()
+                    worker = None
+                    if outcome == "timeout":
+                        record = {"status": "timeout", "detail": f"no result within the "
+                                  f"{timeout:g} s limit; the worker was killed"}
+                    else:
+                        signal_ = f" (signal {-code})" if code is not None and code < 0 else ""
+                        record = {"status": "crash",
+                                  "detail": f"the worker died with exit status {code}{signal_}"}
+                    record["log_tail"] = _tail(folder.log_path(case))
+                elif (record["status"] not in ("verified", "refused")
+                      or worker.cases >= options["cases_per_worker"]):
+                    worker.stop()  # a fresh process (and CUDA context) for the next case
+                    worker = None
+            if "case" not in record:
+                folder.save(case, record, seconds=round(time.perf_counter() - t0, 2))
+            if len(record.get("timings", {})) > 1:
+                refs_done.add(case.refs_key)
+            if "dace" in record.get("timings", {}):
+                line = ", ".join(f"{k} {v['median_ms']:.3f} ms" if "median_ms" in v else
+                                 f"{k} {v.get('error')}" for k, v in record["timings"].items())
+            else:
+                line = ((record.get("detail") or "").splitlines() or [""])[0][:160]
+            say(f"[cases] {i + 1}/{len(todo)} {case.id}: {record['status']}  {line}")
+            after_each()
+    finally:
+        if worker is not None:
+            worker.stop()
+    return 0
+
+
+def worker_main(root: str, options_json: str) -> int:
+    """The worker: reads cases (JSON lines) on stdin, writes each one's record file and
+    ``DONE`` on the protocol channel (the original stdout); the case's own output, native
+    code's included, goes to its log."""
+    options = json.loads(options_json)
+    folder = Folder(root)
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # stray prints must not reach the protocol channel
+    from ..devices import set_threads
+    set_threads(options.get("threads"))
+    import torch  # noqa: F401 - imported before READY, so that its cost is not a case's
+    from .. import registry
+    registry.load_implementations()
+    proto.write(READY + "\n")
+
+    def point_output_to(out: int, err: int) -> None:  # Python's and native code's
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        case = Case.from_json(json.loads(line))
+        log = os.open(folder.log_path(case), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        saved = os.dup(1), os.dup(2)
+        point_output_to(log, log)
+        try:
+            record = run_case(case, options)
+        except Exception as err:  # noqa: BLE001 - a launch or load error is a result
+            import traceback
+            traceback.print_exc()
+            record = {"status": "error", "detail": f"{type(err).__name__}: {err}".strip()}
+        finally:
+            point_output_to(*saved)
+            for fd in (*saved, log):
+                os.close(fd)
+        folder.save(case, record)
+        proto.write(f"{DONE} {case.id}\n")
+    return 0
+
+
+def vendor_layouts(layout, device: str) -> list:
+    """The memory formats the vendors are timed in: on the GPU both (cuDNN's fastest
+    engines differ between them, and the baseline is the fastest vendor path), on the CPU
+    the implementation's own."""
+    from ..layouts import Layout
+    own = Layout(layout)
+    return [own] + ([other for other in Layout if other != own] if device == "gpu" else [])
+
+
+def vendor_name(name: str, layout, own) -> str:
+    """A vendor path's name in the result files: ``torch``/``cudnn`` in the DaCe
+    implementation's layout, ``torch-ndhwc``/``cudnn-ncdhw`` in the other."""
+    return name if str(layout) == str(own) else f"{name}-{str(layout).lower()}"
+
+
+def fastest_vendor(refs: Dict[str, float]) -> Tuple[Optional[str], Optional[float]]:
+    """The fastest vendor path among the timed ones (name to median ms): the baseline."""
+    timed = {k: v for k, v in refs.items() if v is not None and not math.isnan(v)}
+    if not timed:
+        return None, None
+    name = min(timed, key=timed.get)
+    return name, timed[name]
+
+
+def run_case(case: Case, options: dict) -> dict:
+    """Verify ``case`` against torch float64 (and cuDNN on a GPU), then time it next to
+    the references; a record (``status``: verified, wrong or refused)."""
+    import torch
+
+    from .. import timing, verify
+    from ..experiment import Experiment, TimingOptions
+    from ..layouts import PASS_SIGNATURE
+    from ..references import ReferenceOptions
+    t_start = time.perf_counter()
+    if case.planted == "crash":
+        print("planted crash: reading address 0", flush=True)
+        import ctypes
+        ctypes.string_at(0)  # SIGSEGV, as a faulting kernel launch or a bad pointer would
+    if case.planted == "hang":
+        print("planted hang: sleeping past the case's time limit", flush=True)
+        while True:
+            time.sleep(60)
+    impl, layer, device = case.implementation, case.layer, case.target
+    params = case.resolved_params()
+    reason = impl.unsupported_reason(layer, params)
+    if reason:
+        return {"status": "refused", "detail": reason, "params": params}
+    events = options.get("events", "torch")
+    exp = Experiment(impl, [layer], device, policy="reuse", cachedir=options["cachedir"],
+                     seed=options["seed"], timing=TimingOptions(flush=True, events=events),
+                     references=ReferenceOptions(allow_tf32=False, cudnn_algo="find"))
+    build = exp.build(impl, layer, params)
+    reference = exp.truth(impl.pass_, layer)
+    out = verify.run_build(build, reference, device)
+    if case.planted == "wrong":
+        print("planted wrong result: one output element doubled, plus 1", flush=True)
+        out = out.contiguous()
+        flat = out.view(-1)
+        flat[flat.numel() // 2] = flat[flat.numel() // 2] * 2 + 1
+    checks = verify.check_output(out, reference, build.spec.dtype.unit_roundoff, device)
+    del out
+    # The verdict is the float64 check's.  The float32 references (torch on the GPU, cuDNN)
+    # are recorded beside it: an algorithm they pick (FFT, Winograd) may round worse.
+    ok = checks[0].ok
+    record = {"status": "verified" if ok else "wrong", "params": params,
+              "checks": [dataclasses.asdict(c) for c in checks],
+              "detail": "; ".join(f"{c.reference}: {c.summary()}" for c in checks),
+              "gflop": layer.flops() / 1e9,
+              "build": {"name": build.spec.name, "origin": build.origin}}
+    for c in checks:
+        print(f"check {c.reference}: {c.summary()} -> {'ok' if c.ok else 'WRONG'}", flush=True)
+    if not ok:
+        return record
+    timer = exp.timer
+    arrays = verify.program_arrays(impl, layer, reference.inputs, device,
+                                   build.spec.dtype.torch, 0.0)
+    reference.drop()
+    array_library = "torch"
+
+    def dace_call():
+        nonlocal array_library
+        if device == "gpu" and events == "cupy":
+            import cupy
+            try:  # DaCe takes any __cuda_array_interface__ array: CuPy views, no copies
+                call = timing.prepared_call(build, {k: cupy.from_dlpack(v)
+                                                    for k, v in arrays.items()})
+                array_library = f"cupy {cupy.__version__}"
+                return call
+            except Exception as err:  # noqa: BLE001 - recorded; torch's arrays instead
+                print(f"DaCe on CuPy arrays failed ({type(err).__name__}: {err}); "
+                      "using torch's", flush=True)
+        return timing.prepared_call(build, arrays)
+    backends = [("dace", dace_call)]
+    if case.time_refs:
+        tdev = "cuda" if device == "gpu" else "cpu"
+        inputs = {r: t.to(tdev) for r, t in reference.inputs.items()}
+        for layout in vendor_layouts(impl.layout, device):
+            backends += [(vendor_name(r.name, layout, impl.layout),
+                          lambda r=r, layout=layout: r.prepare(layer, impl.pass_, layout, device,
+                                                               inputs, exp.ref_options))
+                         for r in exp.reference_backends]
+    timings, infos = {}, {}
+    for name, prepare in backends:
+        try:
+            fn = prepare()
+            if getattr(fn, "info", None):
+                infos[name] = fn.info
+            result = timer.measure(fn, options["warmup"], options["iterations"],
+                                   options["time_limit"])
+        except Exception as err:  # noqa: BLE001 - one backend's failure is its own result
+            if name == "dace":
+                raise
+            timings[name] = {"error": f"{type(err).__name__}: {err}".splitlines()[0][:300]}
+            print(f"timing {name} failed: {timings[name]['error']}", flush=True)
+            continue
+        timings[name] = dict(result.stats(), samples_ms=[round(x, 6) for x in result.samples_ms],
+                             warmup=result.warmup, limited=result.limited)
+        print(f"timed {name}: median {timings[name]['median_ms']:.4f} ms over "
+              f"{len(result.samples_ms)} samples", flush=True)
+    record.update({"timings": timings, "reference_info": infos, "timer": timer.method,
+                   "array_library": array_library, "flush_bytes": timer.flush_bytes,
+                   "seconds": round(time.perf_counter() - t_start, 2),
+                   "out_role": PASS_SIGNATURE[impl.pass_][1]})
+    if device == "gpu":
+        torch.cuda.synchronize()
+        try:  # cuDNN plans keep their workspaces: free them for the next case
+            import cudnn_bindings
+            cudnn_bindings.clear_plans()
+        except Exception:  # noqa: BLE001
+            pass
+        torch.cuda.empty_cache()
+    return record
