@@ -3,12 +3,10 @@
 torch's CPU convolution allocates its output on every call, and so does a DaCe program
 called from a network (:class:`convbench.network.DaceConv`).  With glibc's defaults a
 block of more than 32 MiB is always a fresh ``mmap``, given back with ``munmap`` when
-freed, so every call of a large layer page-faults its whole output in again.  On the
-AVX2 EPYC VM of 2026-11-26 that cost 27 ms per call for the 67 MB output of MLPerf
-CosmoFlow's 64^3 conv1 at batch 2, more than the convolution itself (21 ms):
-torch's call took 48 ms, the same DaCe kernel in a fresh buffer 48 ms, in a buffer
-prepared once 22 ms (docs/benchmarking.md).  Such a cost belongs to the allocator,
-not to either kernel, and it hits whichever side allocates.
+freed, so every call of a large layer page-faults its whole output in again, which can
+cost more than the convolution itself (docs/benchmarking.md has the measurement).  Such
+a cost belongs to the allocator, not to either kernel, and it hits whichever side
+allocates.
 
 ``warm`` (the default of every timed command on the CPU) keeps freed memory in the
 process: no ``mmap`` for large blocks (``M_MMAP_MAX`` 0) and no trimming of the heap's

@@ -4,9 +4,8 @@ A kernel's grid may have up to 2^31 - 1 blocks along x but only 65535 along y an
 DaCe 1.0.2 puts a GPU_Device map's last parameter on x, the one before on y, and the
 product of all the others on z, and it checks the block size against the device's
 limits but never the grid: a map over (channels, taps) or over (GEMM rows, columns)
-compiles, and its launch fails on the GPU with "invalid argument" (first seen on an
-H100, 2026-11-24: the filter matrix of CosmoFlow conv7 asked for a grid of
-(1, 3, 196608)).
+compiles, and its launch fails on the GPU with "invalid argument" (the filter matrix of
+CosmoFlow conv7 asks for a grid of (1, 3, 196608)).
 
 :func:`fit_grids` reorders the parameters of such a map (iterations of a map are
 independent, so their order is free).  It tries two orders: the last parameter kept on
@@ -14,11 +13,11 @@ x (usually the contiguous one) with the largest of the others on y, and the larg
 parameter on x.  For element-wise kernels (a map with its own block size, as the tiled
 schedules give their tables, padding and filter matrix) it takes the order whose x
 parameter fills more of the block's threads, the first on a tie: the filter-matrix map
-over (n, c, kd, kh, kw) would otherwise run 3 of each block's 256 threads, along kw
-(on the H100, CosmoFlow conv7 b16 with implicitGemmNCDHW: 1.025 -> 0.706 ms).  Other
-kernels take the first order that fits, which keeps neighbouring threads on neighbouring
-elements: for the direct backward-filter map the fuller order was slower (0.687 ->
-0.908 ms), since each thread there reduces over long strided rows.  :func:`grid_problems` then names every
+over (n, c, kd, kh, kw) would otherwise run 3 of each block's 256 threads, along kw.
+Other kernels take the first order that fits, which keeps neighbouring threads on
+neighbouring elements: for the direct backward-filter map the fuller order is slower,
+since each thread there reduces over long strided rows (both measured in
+results/gpu/).  :func:`grid_problems` then names every
 kernel whose grid is still out of range, so that the build stops with the reason here,
 on the CPU, instead of at the launch on a GPU.  The grid is computed by DaCe's own code
 generator function, so these rules and the launch agree.

@@ -102,6 +102,8 @@ class Implementation:
     registers: Optional[Callable[..., int]] = None
     #: The roles (:data:`ROLES`) this implementation is the default for, in its own pass.
     default_for: Tuple[str, ...] = ()
+    #: The values ``convbench tune`` tries by default, as ``"P=a,b;Q=c"`` (empty: not tuned).
+    search_space: str = ""
     #: The file of the module that registered this implementation (set by :func:`register`).
     module_file: str = dataclasses.field(default="", compare=False)
 
@@ -256,6 +258,8 @@ def format_listing(impls: Mapping[str, Implementation]) -> str:
                      f"{', '.join(impl.targets)}")
         if impl.default_for:
             lines.append(f"    default for: {', '.join(impl.default_for)}")
+        if impl.search_space:
+            lines.append(f"    search space: {impl.search_space}")
         if impl.params:
             params = ", ".join(f"{p.name}={p.default}" for p in impl.params)
             lines.append(f"    params: {params}")

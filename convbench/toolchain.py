@@ -224,10 +224,9 @@ def _vector_width_args(args: str) -> str:
     """``args`` with :data:`WIDE_VECTORS` added where the host has AVX-512 and gcc's tuning
     for it prefers 256-bit vectors (Intel cores since Skylake-X, which gcc tunes against
     the frequency drop of 512-bit code).  The register-blocked kernels keep micro-tiles of
-    16-lane vectors in registers: split into 256-bit halves they spill, and run 3x slower
-    (cosmoflow_mlperf conv3 forward on a Xeon whose ``-march=native`` is rocketlake: 239
-    against 78 ms).  Hosts without AVX-512 are left alone: their tuned entries pick 8-lane
-    vectors."""
+    16-lane vectors in registers: split into 256-bit halves they spill and run several
+    times slower (results/cpu/xeon_f6m167_avx512/).  Hosts without AVX-512 are left
+    alone: their tuned entries pick 8-lane vectors."""
     target = _native_target()
     if ("-march=native" not in args or "-mprefer-vector-width" in args
             or target.get("-mavx512f") != "[enabled]"

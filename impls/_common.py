@@ -142,8 +142,8 @@ def auto_gpu(sdfg, layer, params):
         raise ValueError(f"{DACE_NESTED_PROPAGATION_BUG} (DaCe: {str(err).splitlines()[0]})") from None
 
 
-#: Why some GPU builds of the auto-scheduled programs stop (first seen on an H100,
-#: 2026-11-24, batch 1 with a 3x1x5 kernel).  The GPU transformation re-propagates
+#: Why some GPU builds of the auto-scheduled programs stop (batch 1 with a 3x1x5
+#: kernel, for example).  The GPU transformation re-propagates
 #: memlets out of nested SDFGs; when the nested SDFG's view of the input dropped one
 #: unit dimension (the batch index) and kept another (a kernel extent of 1), DaCe 1.0.2
 #: aligns the dimensions wrongly and the SDFG fails validation.  A known DaCe 1.x

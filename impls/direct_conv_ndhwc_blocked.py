@@ -38,9 +38,8 @@ once per ``wb`` FMAs and each input value once per ``nb`` FMAs.
   dimensions, whose tap bounds are then exact, and ``EDGE`` bodies along the width: see
   :func:`impls._blocked.reads_in_place`), the kernel reads the unpadded input, index less
   padding, and the padded copy (zero the border, copy the interior: a pass over the
-  input per call) is not made.  On the data gradient of CosmoFlow's conv2 (64^3, the
-  transposed layer padded by 2) that was 88 -> 65 ms; on mlperf conv2 forward 237 -> 215.
-  Other tiles keep the copy.
+  input per call) is not made; that pass matters most on the data gradient, whose
+  transposed layer is padded by k-1.  Other tiles keep the copy.
 * **Per-layer specialisation**: every size is a constant; ``wb`` is the largest divisor
   of the output width up to ``WB``, ``nb`` the largest divisor of K up to ``NB``, ``nv``
   the largest divisor of ``K / nb`` up to ``NV``.
@@ -84,6 +83,7 @@ def algorithm(layer, dtype, params):
 
 register(Implementation(
     name="directConvNDHWCblocked",
+    search_space="PIX=2,4,8,16;NV=1,2,4,8;KOUTER=0,1",
     default_for=("network-cpu",),
     summary="direct convolution on NDHWC for the CPU: register-blocked micro-tiles of WB "
             "output pixels x NV vectors of NB output channels, packed filter, "

@@ -13,9 +13,8 @@ is not supported here (``implicitGemmBwdData`` splits it by stride phase).
 The original filter ``w[k, taps, c]`` already has the vector dimension ``c`` innermost,
 so packing is optional (``PACK``): with ``PACK`` = 0 the kernel reads its filter vectors
 in place, flipped where read, one cache line per vector at a constant stride.  For the
-many-channel, few-pixel layers the copy costs more than the convolution (CosmoFlow's
-conv7 at batch 2: 0.75 ms without it, 2.5 ms with it); for large layers the contiguous
-packed stream is up to 20% faster.  The tuner picks per layer.
+many-channel, few-pixel layers the copy costs more than the convolution; for large
+layers the contiguous packed stream is faster.  The tuner picks per layer.
 """
 
 import math
@@ -92,6 +91,7 @@ def swap_roles(sdfg):
 
 register(Implementation(
     name="directConvNDHWCblockedBwdData",
+    search_space="PIX=2,3,4,6,8,16;NV=1,2,4,8;PACK=0,1;GROUP=2;KOUTER=0,1",
     default_for=("network-cpu",),
     summary="backward data on NDHWC for the CPU (stride 1): the register-blocked forward "
             "kernel on dL/dy with the filter flipped and transposed while packed",

@@ -30,12 +30,11 @@ slices outermost, and each tile sweeps its whole slice: every tile streams the s
 ``dy`` and ``x`` from the last-level cache.  With ``ROWS`` > 0 the map runs over the
 slices only; a slice's partial (lanes innermost) stays in the core's L2 while, for each
 block of ``ROWS`` output rows, every tile loads its accumulators from the partial,
-sweeps the block (its ``dy`` and ``x`` rows in L1/L2) and stores them back.  On
-mlperf conv2 (32 -> 64 channels at 64^3, batch 2) that is 161-172 ms instead of 250-296
-(torch: 143); it pays where the partial fits in L2.
+sweeps the block (its ``dy`` and ``x`` rows in L1/L2) and stores them back, so each
+tile's operands come from the near caches; it pays where the partial fits in L2.
 
-**The border.**  The kernel reads ``x`` where it lies, unpadded (no padded copy: on
-mlperf conv2 that copy was 12% of the pass), and runs only the work that reads it: a
+**The border.**  The kernel reads ``x`` where it lies, unpadded (no padded copy, a
+pass over x per call), and runs only the work that reads it: a
 tile's loops over output planes and rows (row blocks: the rows of each block, and no
 rows for a plane of the border) are bounded to those whose input plane and row, for the
 tile's depth and height taps, lie inside the input; along the width, the pixels whose
@@ -350,6 +349,7 @@ def algorithm(layer, dtype, params):
 
 register(Implementation(
     name="directConvNDHWCblockedBwdFilter",
+    search_space="SLICES=0,8;CB=2,8;NV=1,2;ROWS=0,4,8;SPLIT=0,1",
     default_for=("network-cpu",),
     summary="backward filter on NDHWC for the CPU: the pixel reduction split into "
             "(batch x depth-chunk) slices with private partial gradients, then summed; "

@@ -117,6 +117,7 @@ registers = registers_of(tile_sizes, width_first=False)
 
 register(Implementation(
     name="directConvNDHWCdot",
+    search_space="PIX=2,4,6;KT=4,8;KOUTER=0,1",
     summary="direct convolution on NDHWC for the CPU, vectorised over input channels: "
             "register-blocked micro-tiles of PIX output pixels x KT output channels (PIX*KT "
             "accumulator vectors of CV channels), filter read in place (no packing), OpenMP "

@@ -31,6 +31,7 @@ def algorithm(layer, dtype, params):
 
 register(Implementation(
     name="directConvNDHWCdotBwdData",
+    search_space="PIX=4,6;KT=1,4",
     summary="backward data on NDHWC for the CPU (stride 1): the dot-product forward kernel "
             "(vectorised over the reduction channels K) on dL/dy, filter flipped and "
             "transposed first; for layers with few input channels",

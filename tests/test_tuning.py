@@ -597,10 +597,12 @@ def test_fma_probe_fits_the_registers(monkeypatch):
         assert chains + 2 <= isa.vector_registers(host)  # the chains, b and c in registers
 
 
-@pytest.mark.parametrize("name", sorted(tune.DEFAULT_SPACES))
+@pytest.mark.parametrize("name", sorted(n for n, i in registry.all_implementations().items()
+                                         if i.search_space))
 def test_default_spaces_name_parameters_that_exist(name):
     """Every default search space parses for its implementation: a misspelt or removed
     parameter there would only surface when someone runs the search."""
-    configs = tune.parse_space(tune.DEFAULT_SPACES[name], registry.get(name))
-    axes = [part.partition("=")[0] for part in tune.DEFAULT_SPACES[name].split(";")]
+    space = registry.get(name).search_space
+    configs = tune.parse_space(space, registry.get(name))
+    axes = [part.partition("=")[0] for part in space.split(";")]
     assert configs and all(set(axes) <= set(c) for c in configs)

@@ -19,12 +19,6 @@ DEFAULT_IMPLEMENTATION = "directConvNDHWCblocked"
 DEFAULT_SETS = ["cosmoflow_mlperf", "cosmoflow"]
 #: ``--space elsewhere``: per layer, the defaults and the other machines' entries.
 ELSEWHERE = "elsewhere"
-#: The search space per implementation (``--space`` replaces it).
-DEFAULT_SPACES = {"directConvNDHWCblocked": "PIX=2,4,8,16;NV=1,2,4,8;KOUTER=0,1",
-                  "directConvNDHWCdot": "PIX=2,4,6;KT=4,8;KOUTER=0,1",
-                  "directConvNDHWCblockedBwdData": "PIX=2,3,4,6,8,16;NV=1,2,4,8;PACK=0,1;GROUP=2;KOUTER=0,1",
-                  "directConvNDHWCdotBwdData": "PIX=4,6;KT=1,4",
-                  "directConvNDHWCblockedBwdFilter": "SLICES=0,8;CB=2,8;NV=1,2;ROWS=0,4,8;SPLIT=0,1"}
 
 
 def build_parser(prog: str = PROG):
@@ -34,9 +28,9 @@ def build_parser(prog: str = PROG):
                           select=False)
     flags.add_threads_flag(p, default=2)
     p.add_argument("--space", default=None, metavar="P=a,b;Q=c",
-                   help="values to try per parameter (default per implementation: "
-                   + "; ".join(f"{k}: {v!r}" for k, v in DEFAULT_SPACES.items())
-                   + "); the other parameters keep their defaults, and configurations whose "
+                   help="values to try per parameter (default: the implementation's own "
+                   "search space, which convbench list shows); the other parameters keep their "
+                   "defaults, and configurations whose "
                    "accumulators would not fit this CPU's vector registers are left out. "
                    "'elsewhere': a short "
                    "retune, each layer's defaults and the entries tuned for it on other machines")
@@ -86,9 +80,9 @@ def _main(argv, prog: str) -> int:
     from ..layersets import load_layers
     impl, = resolve_implementations([args.implementation or DEFAULT_IMPLEMENTATION],
                                     device="cpu", flag="--implementation")
-    space = args.space or DEFAULT_SPACES.get(impl.name)
-    if space is None:
-        raise UsageError(f"--space: give one for {impl.name} (no default space)")
+    space = args.space or impl.search_space
+    if not space:
+        raise UsageError(f"--space: give one for {impl.name} (it declares no search_space)")
     configs = None if space == ELSEWHERE else parse_space(space, impl)
     sets = args.paramscsv or DEFAULT_SETS
     layers = [(s, layer.with_batch(args.batch)) for s in sets for layer in load_layers(s)]
