@@ -118,22 +118,18 @@ def _main(argv, prog: str = PROG, mode: Optional[str] = None) -> int:
         return 0
 
     from .devices import resolve_device, set_threads
-    from .experiment import Experiment, TimingOptions
+    from .experiment import Experiment, TimingOptions, resolve_implementations
     from .references import ReferenceOptions
 
-    impl = registry.get(args.implementation or registry.default("cli", pass_ or "fwd"))
-    if pass_ is not None and impl.pass_ != pass_:
-        same = [n for n, i in registry.all_implementations().items() if i.pass_ == pass_]
-        raise UsageError(f"--pass {pass_}: {impl.name} computes {impl.pass_}; implementations "
-                         f"of {pass_}: {', '.join(same) or 'none'}")
+    impl, = resolve_implementations(
+        [args.implementation or registry.default("cli", pass_ or "fwd")], pass_,
+        flag=f"--pass {pass_}" if pass_ is not None else "--implementation")
     overrides = registry.parse_param_overrides(args.param)
     impl.resolve_params(overrides)  # validates --param before anything runs
     _check_args(args)
     layers = select_layers(args)
     device = resolve_device(args.device)
-    if device not in impl.targets:
-        raise UsageError(f"--device {device}: {impl.name} has no schedule for it (targets: "
-                         f"{', '.join(impl.targets)})")
+    resolve_implementations([impl.name], device=device, flag=f"--device {device}")
     args.threads = set_threads(args.threads)
     timing = (TimingOptions(args.warmupiter, args.totaliter, args.time_limit, not args.no_flush,
                             heap=args.heap) if args.compareprof else None)

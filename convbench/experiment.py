@@ -113,7 +113,7 @@ def resolve_implementations(names: Optional[Sequence[str]], pass_: Optional[Pass
     for name in names:
         impl = registry.get(name)
         if pass_ is not None and impl.pass_ != Pass(pass_):
-            same = [n for n, i in every.items() if i.pass_ == Pass(pass_)]
+            same = sorted(n for n, i in every.items() if i.pass_ == Pass(pass_))
             raise UsageError(f"{flag}: {name} computes {impl.pass_}, not {Pass(pass_)} "
                              f"(implementations of {Pass(pass_)}: {', '.join(same) or 'none'})")
         if device is not None and device not in impl.targets:

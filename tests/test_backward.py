@@ -339,11 +339,11 @@ def test_blocked_bwd_filter_reads_only_the_input(rows, plant, builds, reference)
 @pytest.mark.parametrize("args, words", [
     (["--pass", "bwd"], "--pass: unknown pass 'bwd' (choose from fwd, bwd_data, bwd_filter)"),
     (["--pass", "bwd_data", "--implementation", "implicitGemm"],
-     "--pass bwd_data: implicitGemm computes fwd; implementations of bwd_data: "
-     "directConvNCDHWBwdData, directConvNDHWCblockedBwdData, directConvNDHWCdotBwdData, "
-     "implicitGemmBwdData"),
+     "--pass bwd_data: implicitGemm computes fwd, not bwd_data (implementations of "
+     "bwd_data: directConvNCDHWBwdData, directConvNDHWCblockedBwdData, "
+     "directConvNDHWCdotBwdData, implicitGemmBwdData)"),
     (["--pass", "fwd", "--implementation", "implicitGemmBwdFilter"],
-     "--pass fwd: implicitGemmBwdFilter computes bwd_filter"),
+     "--pass fwd: implicitGemmBwdFilter computes bwd_filter, not fwd"),
 ])
 def test_pass_errors(capsys, args, words):
     assert cli.main(["--verify", "--device", "cpu", *args]) == 2
