@@ -1,13 +1,22 @@
 """Pieces shared by the register-blocked CPU convolutions on NDHWC
 (``directConvNDHWCblocked``, ``directConvNDHWCdot``): tile shapes, loop order,
-generated map headers and the OpenMP schedule."""
+generated map headers and the OpenMP schedule.
+
+A kernel is described before it is written (:mod:`impls._kernel`: the taps each tile
+runs, the bodies of the width tiles, the statements with the loads they use).  Every
+decision (which taps run, which tiles get bodies of their own, whether the input is read
+in place) is taken on that description; the program text is emitted from it here, last,
+and never read back.
+"""
 
 import math
-import re
+from typing import NamedTuple
 
 import dace
 
 from convbench.isa import registers_per_vector, vector_floats, widest_isa
+from impls._kernel import (Load, Update, WidthCase, reads_in_place, tap_ranges, vector_loops,
+                           width_cases)
 
 
 def largest_divisor(n: int, limit: int) -> int:
@@ -25,6 +34,25 @@ def pixel_tile(layer, pix: int, wmax: int, ragged: bool = False):
     hb = largest_divisor(layer.out_h, max(1, pix // wb))
     db = largest_divisor(layer.out_d, max(1, pix // (wb * hb)))
     return db, hb, wb
+
+
+class MicroTile(NamedTuple):
+    """A register-blocked micro-tile: ``db x hb x wb`` output pixels times ``nv`` vectors
+    of ``nb`` channels (one accumulator vector per pixel and vector)."""
+
+    db: int
+    hb: int
+    wb: int
+    nb: int
+    nv: int
+
+
+def micro_tile(layer, params, channels: int) -> MicroTile:
+    """The :class:`MicroTile` of ``params`` (``PIX``, ``WB``, ``NB``, ``NV``, ``EDGE``) on
+    ``layer``, with vectors over ``channels``."""
+    ragged, _ = edge_modes(params)
+    return MicroTile(*pixel_tile(layer, params["PIX"], params["WB"], ragged),
+                     *channel_vectors(channels, params["NB"], params["NV"]))
 
 
 def channel_vectors(channels: int, nb: int, nv: int):
@@ -125,24 +153,11 @@ def tile_loop(L, k_blocks, pixel_tile_shape, k_outer):
 
 
 def tap_loops(L, pixel_tile_shape, index, indent):
-    """The ``for kd / kh / kw`` loop headers of a micro-tile's reduction, and the indent
-    after them.  In a padded dimension a tap runs only if it reads the input (not the
-    zero border) for at least one of the tile's pixels: for tile start ``o0 = ob * b``
-    and ``b`` pixels, ``max(0, P - (o0 + b - 1) * S) <= k < min(K, I + P - o0 * S)``.
-    Tiles away from the border get the whole range.  (Per-tile bounds are what a
-    library's direct convolution does; padding costs no arithmetic then.)"""
+    """The ``for kd / kh / kw`` loop headers of a micro-tile's reduction (each bounded
+    per tile, :class:`TapRange`), and the indent after them."""
     lines = []
-    dims = (("kd", L.KD, L.PD, L.D, "odb", pixel_tile_shape[0]),
-            ("kh", L.KH, L.PH, L.H, "ohb", pixel_tile_shape[1]),
-            ("kw", L.KW, L.PW, L.W, "owb", pixel_tile_shape[2]))
-    for name, k, pad, size, tile, b in dims:
-        if pad == 0:
-            bounds = f"{k}"
-        else:
-            o0 = f"{index[tile]} * {b}"
-            bounds = (f"max(0, {pad} - ({o0} + {b - 1}) * {L.S}), "
-                      f"min({k}, {size + pad} - {o0} * {L.S})")
-        lines.append(f"{indent}for {name} in range({bounds}):")
+    for taps in tap_ranges(L, pixel_tile_shape):
+        lines.append(taps.loop(index[taps.tile], indent))
         indent += "    "
     return lines, indent
 
@@ -179,14 +194,15 @@ def reduction_nest(L, k_blocks, pixel_tile_shape, k_outer, accumulators, width, 
     return lines, ind, depth + "    ", t
 
 
-def input_at(t, pixel_tile_shape, offset, S, channel, pads=(0, 0, 0)):
-    """``x[...]`` of the tile pixel at ``offset = (di, hi, wi)``, tap ``(kd, kh, kw)``;
-    ``pads``: ``x`` is the unpadded input (each index less the padding of its dimension)."""
+def input_at(t, pixel_tile_shape, offset, S, channel, pads=(0, 0, 0), kw="kw"):
+    """``x[...]`` of the tile pixel at ``offset = (di, hi, wi)``, tap ``(kd, kh, kw)``
+    (``kw``: the width tap's variable, or a constant); ``pads``: ``x`` is the unpadded
+    input (each index less the padding of its dimension)."""
     (db, hb, wb), (di, hi, wi) = pixel_tile_shape, offset
     shift = [f" - {p}" if p else "" for p in pads]
     return (f"x[{t['b']}, ({t['odb']} * {db} + {di}) * {S} + kd{shift[0]}, "
             f"({t['ohb']} * {hb} + {hi}) * {S} + kh{shift[1]}, "
-            f"({t['owb']} * {wb} + {wi}) * {S} + kw{shift[2]}, {channel}]")
+            f"({t['owb']} * {wb} + {wi}) * {S} + {kw}{shift[2]}, {channel}]")
 
 
 def store_tile(indent, t, pixel_tile_shape, var, channels, value, vectors=1, add=False,
@@ -234,28 +250,6 @@ def group_param():
                              "live at a time", minimum=0)
 
 
-def vector_loops(indent, width, loads, groups, size=0):
-    """``for j in range(width)`` loops at ``indent`` minus one level, each with the
-    ``loads`` (``(name, value)``) that its statements use and the statements of ``size``
-    consecutive ``groups`` (0: all in one loop).
-    GCC's vectoriser puts every broadcast of a loop body at its top, so a micro-tile of
-    many broadcasts in one loop has them all live beside its accumulators, and on 16
-    vector registers some accumulators then live on the stack (every FMA a load-add-store
-    chain); loops of a few groups each keep only theirs live (the loads that repeat are
-    shared by the compiler).  The first line is the first loop's header."""
-    size = size or len(groups)
-    outer = indent[:-4]
-    lines = []
-    for start in range(0, len(groups), size):
-        body = [line for group in groups[start:start + size] for line in group]
-        used = [(name, value) for name, value in loads
-                if any(re.search(rf"\b{name}\b", line) for line in body)]
-        lines.append(f"{outer}for j in range({width}):")
-        lines += [f"{indent}{name} = {value}" for name, value in used]
-        lines += [f"{indent}{line}" for line in body]
-    return lines
-
-
 def generated_program(layer, source, function, tag, in_place=False):
     """The SDFG of the generated ``source``, taking the unpadded input as the harness
     passes it: the source reads a zero-padded copy of it, or (``in_place``) the unpadded
@@ -297,90 +291,6 @@ def cpu_schedule(sdfg, layer, params):
             node.map.schedule = dace.ScheduleType.CPU_Multicore
             node.map.collapse = len(node.map.params)
     persistent_buffers(sdfg)
-
-
-def reads_input(o, k, S, pad, size):
-    """Whether output ``o``'s tap ``k`` reads the input (not the zero border) in a
-    dimension of ``size`` padded by ``pad`` at stride ``S``."""
-    return 0 <= o * S + k - pad < size
-
-
-def width_cases(L, pixel_tile_shape, owb):
-    """The bodies of the micro-tile along the width: ``(condition, taps, width)`` each,
-    ``condition`` the ``if``/``elif``/``else`` text on the width tile index ``owb`` (None:
-    one body for all tiles), ``width`` the tile's pixels along the width (None: ``wb``).
-    ``taps`` None: the width taps run as a loop bounded per tile (:func:`tap_loops`);
-    else ``[(kw, columns)]``, the taps written out, each for the tile columns whose input
-    it reads (not the zero border), for a tile whose index is known.
-
-    The first and the last width tile get bodies of their own when the width is padded
-    (a tap that reads the border for one of the tile's pixels then costs nothing for the
-    others: in the transposed convolution of the backward data pass, the border is
-    ``k - 1`` wide, and whole-row tiles would otherwise spend a quarter of their FMAs on
-    zeros at CosmoFlow's 8^3) or when ``wb`` does not divide the width (the last tile is
-    then shorter).  Every other layer keeps the single body.  The tiles between keep the
-    loop bounded per tile, which still runs a border tap for all of a tile's pixels where
-    the border reaches past the first tile (``wb * S`` below the padding) or past a short
-    last one: correct (the border is zero), only not exact there."""
-    wb = pixel_tile_shape[2]
-    tiles = -(-L.OW // wb)
-    last = L.OW - (tiles - 1) * wb
-
-    def taps(tile, width):
-        o0 = tile * wb
-        used = [(kw, [wi for wi in range(width) if reads_input(o0 + wi, kw, L.S, L.PW, L.W)])
-                for kw in range(L.KW)]
-        return [(kw, columns) for kw, columns in used if columns]
-
-    if tiles == 1:
-        return [(None, taps(0, last) if L.PW or last != wb else None, None)]
-    if not L.PW and last == wb:
-        return [(None, None, None)]
-    cases = []
-    if L.PW:
-        cases.append((f"if {owb} == 0", taps(0, wb), None))
-    keyword = "elif" if cases else "if"
-    if tiles > 2 or not cases:
-        cases.append((f"{keyword} {owb} == {tiles - 1}", taps(tiles - 1, last), last))
-        cases.append(("else", None, None))
-    else:
-        cases.append(("else", taps(tiles - 1, last), last))
-    return cases
-
-
-def written_out_tiles(L, pixel_tile_shape):
-    """The width tile indices whose body has its width taps written out per pixel
-    (:func:`width_cases` with edge bodies)."""
-    tiles = -(-L.OW // pixel_tile_shape[2])
-    exact = set()
-    for condition, taps, _ in width_cases(L, pixel_tile_shape, "owb"):
-        if taps is not None:
-            index = re.search(r"== (\d+)$", condition or "")
-            exact.add(int(index.group(1)) if index else (tiles - 1 if condition else 0))
-    return exact
-
-
-def reads_in_place(L, pixel_tile_shape, edge):
-    """Whether every tap that a micro-tile runs reads the input (not the zero border) for
-    every one of its pixels, in every tile: then the kernel can read the unpadded input
-    where it lies, and the padded copy (a pass over the whole input per call: up to a
-    quarter of the pass on CosmoFlow's large layers on the Xeon) is not needed.  True in a padded dimension when its tiles are
-    one pixel deep (the per-tile tap bounds of :func:`tap_loops` are then exact), and
-    along the width with ``edge`` bodies (:func:`width_cases`) when the border does not
-    reach past the first or the last width tile."""
-    exact = written_out_tiles(L, pixel_tile_shape) if edge else set()
-    dims = zip((L.KD, L.KH, L.KW), (L.PD, L.PH, L.PW), (L.D, L.H, L.W), (L.OD, L.OH, L.OW),
-               pixel_tile_shape, (set(), set(), exact))
-    for k, pad, size, out, b, skip in dims:
-        for ob in range(-(-out // b)):
-            o0 = ob * b
-            lo, hi = max(0, pad - (o0 + b - 1) * L.S), min(k, size + pad - o0 * L.S)
-            if ob in skip or lo >= hi:
-                continue
-            if not all(reads_input(o0 + i, k, L.S, pad, size)
-                       for i in range(min(b, out - o0)) for k in (lo, hi - 1)):
-                return False
-    return True
 
 
 def input_modes(L, pixel_tile_shape, params):
@@ -425,7 +335,6 @@ def blocked_source(L, dtype_name, db, hb, wb, nb, k_outer, flip=False, nv=1, pac
     lines = signature(L, dtype_name, "direct_blocked",
                       (L.C, L.KD, L.KH, L.KW, L.K) if flip else None, in_place)
     pads = (L.PD, L.PH, L.PW) if in_place else (0, 0, 0)
-    flipped = f"{L.KD - 1} - kd, {L.KH - 1} - kh, {L.KW - 1} - kw"
     if pack or not flip:
         lines.append(f"    wp = dace.define_local([{kblk}, {L.KD}, {L.KH}, {L.KW}, {L.C}, "
                      f"{cw}], dt)")
@@ -441,44 +350,44 @@ def blocked_source(L, dtype_name, db, hb, wb, nb, k_outer, flip=False, nv=1, pac
         lines.append(f"{body}wp[{i['kb']}, {i['td']}, {i['th']}, {i['tw']}, {i['c']}, {i['j']}] = "
                      + (f"w[{i['c']}, {taps}, {k}]" if flip else f"w[{k}, {taps}, {i['c']}]"))
 
-        def filter_at(kb, lane, c):
-            return f"wp[{kb}, kd, kh, kw, {c}, {lane}]"
+        def filter_at(kb, lane, c, kw="kw"):
+            return f"wp[{kb}, kd, kh, {kw}, {c}, {lane}]"
     else:
-        def filter_at(kb, lane, c):
-            return f"w[{c}, {flipped}, {kb} * {cw} + {lane}]"
+        def filter_at(kb, lane, c, kw="kw"):
+            return f"w[{c}, {L.KD - 1} - kd, {L.KH - 1} - kh, {L.KW - 1} - {kw}, {kb} * {cw} + {lane}]"
     tile = (db, hb, wb)
     blocks = L.C // cblk if cblk else 1
     channel = f"cc * {cblk} + c" if blocks > 1 else "c"
     reduced = L.C // blocks
     nest, ind, t = tile_prologue(L, kblk, tile, k_outer, pixels * nv, nb)
-    loads = [(f"wv{v}", filter_at(t['kb'], f'{v * nb} + j' if v else 'j', channel))
-             for v in range(nv)]
-    statements = [[f"acc[{p * nv + v}, j] += {input_at(t, tile, offset, S, channel, pads)} * wv{v}"
-                   for v in range(nv)] for p, offset in enumerate(tile_pixels(tile))]
+    loads = [Load(f"wv{v}", lambda kw="kw", v=v: filter_at(
+        t['kb'], f'{v * nb} + j' if v else 'j', channel, kw)) for v in range(nv)]
     offsets = tile_pixels(tile)
-    cases = width_cases(L, tile, t["owb"]) if edge else [(None, None, None)]
-    for condition, taps_w, width in cases:
+    statements = [[Update(lambda kw="kw", p=p, v=v, offset=offset:
+                          f"acc[{p * nv + v}, j] += "
+                          f"{input_at(t, tile, offset, S, channel, pads, kw)} * wv{v}",
+                          frozenset({f"wv{v}"}))
+                   for v in range(nv)] for p, offset in enumerate(offsets)]
+    cases = width_cases(L, tile) if edge else [WidthCase(None, None, None, None)]
+    for case in cases:
+        condition = case.condition(t["owb"])
         body = ind if condition is None else ind + "    "
         if condition is not None:
             nest.append(f"{ind}{condition}:")
         taps, depth = tap_loops(L, tile, t, body)
-        if taps_w is None:  # every pixel, the width taps bounded per tile
+        if case.taps is None:  # every pixel, the width taps bounded per tile
             nest += taps + [f"{depth}for c in range({reduced}):"]
             nest += vector_loops(depth + "        ", nb, loads, statements, group)
-        elif taps_w:  # the width taps unrolled, each with the pixels it reads the input for
+        elif case.taps:  # the width taps unrolled, each with the pixels it reads the input for
             nest += taps[:2]
             depth = body + "        "
-            for kw, columns in taps_w:
-                def fixed(text, kw=kw):
-                    return re.sub(r"\bkw\b", str(kw), text)
-                groups = [[fixed(line) for line in statements[p]]
-                          for p, offset in enumerate(offsets) if offset[2] in columns]
+            for tap in case.taps:
+                groups = [statements[p] for p, offset in enumerate(offsets)
+                          if offset[2] in tap.columns]
                 nest.append(f"{depth}for c in range({reduced}):")
-                nest += vector_loops(depth + "        ", nb,
-                                     [(name, fixed(value)) for name, value in loads], groups,
-                                     group)
+                nest += vector_loops(depth + "        ", nb, loads, groups, group, at=str(tap.kw))
         nest += store_tile(body, t, tile, "j1", nb, lambda p, v=0: f"acc[{p * nv + v}, j1]",
-                           nv, add=blocks > 1, width=width)
+                           nv, add=blocks > 1, width=case.width)
     if blocks > 1:
         zero, z = map_header([("zb", L.N), ("zd", L.OD), ("zh", L.OH), ("zw", L.OW),
                               ("zk", L.K)], "    ")

@@ -11,7 +11,8 @@ place.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+import dataclasses
+from typing import Tuple
 
 import dace
 
@@ -19,20 +20,54 @@ from convbench.registry import Layer
 from convbench.registry import Layout, stored_shape
 
 
-def layer_constants(layer: Layer, layout: Layout) -> SimpleNamespace:
-    """Sizes of ``layer`` as plain integers, plus the stored shapes for ``layout``.
+@dataclasses.dataclass(frozen=True)
+class LayerSizes:
+    """The sizes a generated program is written with, as plain integers (each compiled
+    SDFG has constant sizes), and the stored shapes for one layout."""
 
-    Fields: ``N C K D H W KD KH KW S P DP HP WP OD OH OW`` (``DP = D + 2*PD`` ...), the
-    per-dimension padding ``PD PH PW`` (``P`` is ``Layer.pad``, the same in every
-    dimension unless the layer says otherwise), stride ``SD SH SW`` (``S``: ``Layer.stride``)
-    and dilation ``ED EH EW``, the groups ``G`` with ``CG = C/G`` input and ``KG = K/G``
-    output channels each, the GEMM sizes ``GM GN GK``, and the shapes ``xp_shape`` (padded
-    input), ``w_shape``, ``y_shape``.
-    """
+    N: int    # batch
+    C: int    # input channels
+    K: int    # output channels
+    D: int    # input depth, height, width
+    H: int
+    W: int
+    KD: int   # kernel depth, height, width
+    KH: int
+    KW: int
+    S: int    # Layer.stride (SD SH SW per dimension)
+    P: int    # Layer.pad (PD PH PW per dimension)
+    PD: int
+    PH: int
+    PW: int
+    SD: int
+    SH: int
+    SW: int
+    ED: int   # dilation per dimension
+    EH: int
+    EW: int
+    G: int    # groups, with CG = C/G input and KG = K/G output channels each
+    CG: int
+    KG: int
+    DP: int   # padded input: D + 2*PD, ...
+    HP: int
+    WP: int
+    OD: int   # output depth, height, width
+    OH: int
+    OW: int
+    GM: int   # the implicit GEMM's sizes
+    GN: int
+    GK: int
+    xp_shape: Tuple[int, ...]  # padded input, filter and output as stored
+    w_shape: Tuple[int, ...]
+    y_shape: Tuple[int, ...]
+
+
+def layer_constants(layer: Layer, layout: Layout) -> LayerSizes:
+    """The :class:`LayerSizes` of ``layer``, with the stored shapes for ``layout``."""
     pd, ph, pw = layer.pads
     padded = (layer.batch, layer.in_channels, layer.in_d + 2 * pd, layer.in_h + 2 * ph,
               layer.in_w + 2 * pw)
-    return SimpleNamespace(
+    return LayerSizes(
         N=layer.batch, C=layer.in_channels, K=layer.out_channels, D=layer.in_d, H=layer.in_h,
         W=layer.in_w, KD=layer.k_d, KH=layer.k_h, KW=layer.k_w, S=layer.stride, P=layer.pad,
         PD=pd, PH=ph, PW=pw, SD=layer.strides[0], SH=layer.strides[1], SW=layer.strides[2],

@@ -36,7 +36,7 @@ once per ``wb`` FMAs and each input value once per ``nb`` FMAs.
 * **The input where it lies** (``INPLACE``, default 1): when every tap that a tile runs
   reads the input for every one of its pixels (tiles one pixel deep and high in padded
   dimensions, whose tap bounds are then exact, and ``EDGE`` bodies along the width: see
-  :func:`impls._blocked.reads_in_place`), the kernel reads the unpadded input, index less
+  :func:`impls._kernel.reads_in_place`), the kernel reads the unpadded input, index less
   padding, and the padded copy (zero the border, copy the interior: a pass over the
   input per call) is not made; that pass matters most on the data gradient, whose
   transposed layer is padded by k-1.  Other tiles keep the copy.
@@ -48,10 +48,9 @@ once per ``wb`` FMAs and each input value once per ``nb`` FMAs.
 from convbench.registry import Layout, Pass
 from convbench.registry import Implementation, Param, register
 from impls._blocked import (blocked_source, channel_tiles_outer, cpu_schedule,
-                            generated_program, kouter_param, largest_divisor, pixel_tile,
-                            channel_vectors, nv_param, channel_block, cblk_param, group_param,
-                            edge_modes, edge_param, inplace_param, input_modes,
-                            lanes_param, registers_of)
+                            generated_program, kouter_param, largest_divisor, micro_tile,
+                            nv_param, channel_block, cblk_param, group_param, edge_param,
+                            inplace_param, input_modes, lanes_param, registers_of)
 from convbench.isa import fit_pixels
 from impls._common import layer_constants
 
@@ -59,12 +58,10 @@ __all__ = ["largest_divisor", "tile_sizes"]
 
 
 def tile_sizes(layer, params):
-    """``(db, hb, wb, nb)``: a micro-tile of ``db x hb x wb`` output pixels (width first,
-    then height, then depth, up to ``PIX`` pixels: one accumulator vector each) times
-    ``nb`` output channels."""
-    ragged, _ = edge_modes(params)
-    return pixel_tile(layer, params["PIX"], params["WB"], ragged) + channel_vectors(
-        layer.out_channels, params["NB"], params["NV"])
+    """The :class:`~impls._blocked.MicroTile`: ``db x hb x wb`` output pixels (width
+    first, then height, then depth, up to ``PIX`` pixels) times ``nv`` vectors of ``nb``
+    output channels."""
+    return micro_tile(layer, params, layer.out_channels)
 
 
 def algorithm(layer, dtype, params):

@@ -21,10 +21,9 @@ import math
 
 from convbench.registry import Implementation, Layer, Layout, Pass, Param, register
 from impls._blocked import (blocked_source, channel_tiles_outer, cpu_schedule,
-                            generated_program, kouter_param, largest_divisor, pixel_tile,
-                            channel_vectors, nv_param, channel_block, cblk_param, group_param,
-                            edge_modes, edge_param, inplace_param, input_modes,
-                            lanes_param, registers_of)
+                            generated_program, kouter_param, micro_tile, nv_param,
+                            channel_block, cblk_param, group_param, edge_param,
+                            inplace_param, input_modes, lanes_param, registers_of)
 from impls._common import layer_constants
 from convbench.isa import fit_pixels
 
@@ -47,12 +46,10 @@ def supports(layer, params):
 
 
 def tile_sizes(layer, params):
-    """The micro-tile of the transposed layer: ``(db, hb, wb, nb, nv)`` with ``nv``
-    vectors of ``nb`` input channels of ``layer`` (its output channels)."""
+    """The :class:`~impls._blocked.MicroTile` of the transposed layer: ``nv`` vectors of
+    ``nb`` input channels of ``layer`` (its output channels)."""
     t = transposed_layer(layer)
-    ragged, _ = edge_modes(params)
-    return pixel_tile(t, params["PIX"], params["WB"], ragged) + channel_vectors(
-        t.out_channels, params["NB"], params["NV"])
+    return micro_tile(t, params, t.out_channels)
 
 
 def algorithm(layer, dtype, params):

@@ -45,13 +45,13 @@ dimension's work multiplied zeros before.  With ``TAPS`` = 1 (the depth and heig
 inside each row) the kernel keeps the padded input and runs every loop whole.
 """
 
-import re
 from collections import namedtuple
+from typing import NamedTuple
 
 from convbench.registry import Implementation, Layout, Pass, Param, register
 from impls._blocked import (channel_vectors, cpu_schedule, generated_program, largest_divisor,
-                            map_header, nv_param, reads_input, signature, lanes_param,
-                            tile_registers, vector_loops)
+                            map_header, nv_param, signature, lanes_param, tile_registers)
+from impls._kernel import Load, Update, reads_input, vector_loops
 from impls._common import layer_constants
 
 
@@ -61,15 +61,24 @@ from impls._common import layer_constants
 PARTIAL_BYTES = 16 << 20
 
 
-def tile_sizes(layer, params):
-    """``(chunks, tw, cb, nb, nv, taps_inner, form, rows, kfirst, split, planes)``: depth
-    chunks per batch element (0: no slices), width taps, broadcast channels per
-    micro-tile, ``nv`` vectors of ``nb`` channels, whether the depth and height taps loop
-    inside each output row (else they are dimensions of the parallel map), ``FORM`` (0:
-    vectors over the output channels, broadcasts over the input channels; 1: the other
-    way round), the output rows per row block (0: none), whether the vector-channel
-    blocks loop outside them, one vector loop per width tap, and the depth planes per
-    row block (a divisor of the chunk's planes)."""
+class FilterTiles(NamedTuple):
+    """How the filter gradient is cut, from the parameters and the layer."""
+
+    chunks: int     # depth chunks per batch element (0: no slices, no partials)
+    tw: int         # width taps per micro-tile
+    cb: int         # broadcast channels per micro-tile
+    nb: int         # channels per vector
+    nv: int         # vectors per broadcast channel
+    inner: bool     # the depth and height taps loop inside each output row (else: map dims)
+    form: int       # 0: vectors over the output channels, broadcasts over the input; 1: reverse
+    rows: int       # output rows per row block (0: none)
+    kfirst: bool    # the vector-channel blocks loop outside the row blocks
+    split: bool     # one vector loop per width tap
+    planes: int     # depth planes per row block (a divisor of the chunk's planes)
+
+
+def tile_sizes(layer, params) -> FilterTiles:
+    """The :class:`FilterTiles` of ``layer`` with ``params``."""
     form = params["FORM"]
     vec, bcast = ((layer.out_channels, layer.in_channels) if form == 0
                   else (layer.in_channels, layer.out_channels))
@@ -79,7 +88,7 @@ def tile_sizes(layer, params):
     inner = bool(params["TAPS"])
     split = bool(params["SPLIT"]) and tw > 1
     if params["SLICES"] == 0:  # no slices: each tile reduces over every pixel into w
-        return 0, tw, cb, nb, nv, inner, form, 0, False, split, 1
+        return FilterTiles(0, tw, cb, nb, nv, inner, form, 0, False, split, 1)
     per_slice = 4 * layer.batch * layer.out_channels * layer.in_channels * layer.k_d \
         * layer.k_h * layer.k_w
     slices = max(1, min(params["SLICES"], PARTIAL_BYTES // per_slice))
@@ -87,12 +96,15 @@ def tile_sizes(layer, params):
     inner = inner and not rows
     chunks = largest_divisor(layer.out_d, slices)
     planes = largest_divisor(layer.out_d // chunks, params["PLANES"]) if rows else 1
-    return (chunks, tw, cb, nb, nv, inner, form, rows, bool(params["KFIRST"]), split, planes)
+    return FilterTiles(chunks, tw, cb, nb, nv, inner, form, rows, bool(params["KFIRST"]), split,
+                       planes)
 
 
 #: One accumulator of a micro-tile: its index in ``acc``; its filter element (output
-#: channel ``k``, input channel ``c``, with the lane variable as "@", width tap ``kw``);
-#: the scalar and vector factors of its statement; its place in a row-blocked partial.
+#: channel ``k``, input channel ``c``, for the lane ``j1`` of the stores, width tap ``kw``);
+#: the scalar factor of its statement (``scalar(ow)``, for output column ``ow``) and its
+#: vector factor (a :class:`~impls._blocked.Load`'s name); its place in a row-blocked
+#: partial.
 Slot = namedtuple("Slot", "acc k c kw scalar vector at")
 
 
@@ -124,10 +136,9 @@ def _within(lo, hi, base, size):
     return f"max(0, {lo} - {base})", f"min({size}, {hi} - {base})"
 
 
-def _source(L, dtype_name, chunks, tw, cb, nb, nv, inner, form=0, rows=0, kfirst=False,
-            split=False, planes=1):
-    """The program's text.  ``form`` 0: ``nv`` vectors of ``nb`` output channels (from
-    dL/dy) times ``cb`` broadcast input channels; 1: ``nv`` vectors of ``nb`` input
+def _source(L, dtype_name, tiles: FilterTiles):
+    """The program's text for the cut ``tiles``.  ``form`` 0: ``nv`` vectors of ``nb``
+    output channels (from dL/dy) times ``cb`` broadcast input channels; 1: ``nv`` vectors of ``nb`` input
     channels (from x) times ``cb`` broadcast output channels.  ``rows`` 0: each tile
     sweeps its whole slice (tiles are map dimensions); else blocks of ``rows`` output
     rows, each swept by all tiles in turn; ``kfirst``: the tiles' vector-channel blocks
@@ -135,6 +146,7 @@ def _source(L, dtype_name, chunks, tw, cb, nb, nv, inner, form=0, rows=0, kfirst
     ``planes``: a row block is ``rows`` rows of each of ``planes`` consecutive depth
     planes (a tile's accumulators are loaded and stored once per block: fewer, longer
     sweeps where the partial does not stay in L2)."""
+    chunks, tw, cb, nb, nv, inner, form, rows, kfirst, split, planes = tiles
     ch, S, cw = L.OD // max(chunks, 1), L.S, nb * nv
     kbs, cbs = (cw, cb) if form == 0 else (cb, cw)  # output and input channels per tile
     wblk = L.KW // tw
@@ -196,12 +208,12 @@ def _source(L, dtype_name, chunks, tw, cb, nb, nv, inner, form=0, rows=0, kfirst
     def lane(base, v, var):
         return f"{base} + {f'{v * nb} + ' if v else ''}{var}"
 
-    def x_at(kw, c):
+    def x_at(kw, c, ow="ow"):
         return (f"x[{t['b']}, ({od}) * {S} + {kd}{pads[0]}, ({oh}) * {S} + {kh}{pads[1]}, "
-                f"ow * {S} + {kw}{pads[2]}, {c}]")
+                f"{ow} * {S} + {kw}{pads[2]}, {c}]")
 
-    def dy_at(k):
-        return f"y[{t['b']}, {od}, {oh}, ow, {k}]"
+    def dy_at(k, ow="ow"):
+        return f"y[{t['b']}, {od}, {oh}, {ow}, {k}]"
 
     # One accumulator per (width tap a, broadcast channel ci, vector v).
     slots = []
@@ -211,22 +223,25 @@ def _source(L, dtype_name, chunks, tw, cb, nb, nv, inner, form=0, rows=0, kfirst
             for v in range(nv):
                 i = f"{tap or '0, '}{(a * cb + ci) * nv + v}"
                 if form == 0:
-                    at = f"{t['kb']}, {kd}, {kh}, {kw}, {c0} + {ci}, {v * nb} + @"
-                    slots.append(Slot(i, lane(k0, v, "@"), f"{c0} + {ci}", kw,
-                                      x_at(kw, f"{c0} + {ci}"), f"dv{v}", at))
+                    at = f"{t['kb']}, {kd}, {kh}, {kw}, {c0} + {ci}, {v * nb} + j1"
+                    slots.append(Slot(i, lane(k0, v, "j1"), f"{c0} + {ci}", kw,
+                                      lambda ow="ow", kw=kw, ci=ci: x_at(kw, f"{c0} + {ci}", ow),
+                                      f"dv{v}", at))
                 else:
-                    at = f"{t['cb']}, {kd}, {kh}, {kw}, {k0} + {ci}, {v * nb} + @"
-                    slots.append(Slot(i, f"{k0} + {ci}", lane(c0, v, "@"), kw,
-                                      dy_at(f"{k0} + {ci}"), f"xv{a}_{v}", at))
+                    at = f"{t['cb']}, {kd}, {kh}, {kw}, {k0} + {ci}, {v * nb} + j1"
+                    slots.append(Slot(i, f"{k0} + {ci}", lane(c0, v, "j1"), kw,
+                                      lambda ow="ow", ci=ci: dy_at(f"{k0} + {ci}", ow),
+                                      f"xv{a}_{v}", at))
     if form == 0:
-        loads = [(f"dv{v}", dy_at(lane(k0, v, "j"))) for v in range(nv)]
+        loads = [Load(f"dv{v}", lambda ow="ow", v=v: dy_at(lane(k0, v, "j"), ow))
+                 for v in range(nv)]
     else:
-        loads = [(f"xv{a}_{v}", x_at(f"{t['wb']} * {tw} + {a}", lane(c0, v, "j")))
-                 for a in range(tw) for v in range(nv)]
+        loads = [Load(f"xv{a}_{v}", lambda ow="ow", a=a, v=v: x_at(
+            f"{t['wb']} * {tw} + {a}", lane(c0, v, "j"), ow)) for a in range(tw) for v in range(nv)]
     if rows:
         lines.append(f"{body}for j1 in range({nb}):")
         lines += [f"{body}    acc[{s.acc}, j1] = part[{t['b']}, {t['dc']}, "
-                  f"{s.at.replace('@', 'j1')}]" for s in slots]
+                  f"{s.at}]" for s in slots]
         deep = body
         if planes > 1:
             lines.append(f"{deep}for tp in range({planes}):")
@@ -260,7 +275,8 @@ def _source(L, dtype_name, chunks, tw, cb, nb, nv, inner, form=0, rows=0, kfirst
             deep += "        "
     deep += "    "
     per_tap = len(slots) // tw  # slots are in width-tap order
-    taps = [[f"acc[{s.acc}, j] += {s.scalar} * {s.vector}"
+    taps = [[Update(lambda ow="ow", s=s: f"acc[{s.acc}, j] += {s.scalar(ow)} * {s.vector}",
+                    frozenset({s.vector}))
              for s in slots[a * per_tap:(a + 1) * per_tap]] for a in range(tw)]
     group = 1 if split else 0
     if not L.PW or inner:
@@ -281,15 +297,13 @@ def _source(L, dtype_name, chunks, tw, cb, nb, nv, inner, form=0, rows=0, kfirst
             if lo <= ow < hi or not used:
                 continue
 
-            def fixed(text, ow=ow):
-                return re.sub(r"\bow\b", str(ow), text)
-            lines += vector_loops(deep + "    ", nb, [(n, fixed(v)) for n, v in loads],
-                                  [[fixed(line) for line in taps[a]] for a in used], group)
+            lines += vector_loops(deep + "    ", nb, loads, [taps[a] for a in used], group,
+                                  at=str(ow))
         if not full and not any(inside.values()):  # no pixel reads the input
             lines.append(f"{deep}pass")
     if rows:
         lines.append(f"{body}for j1 in range({nb}):")
-        lines += [f"{body}    part[{t['b']}, {t['dc']}, {s.at.replace('@', 'j1')}] = "
+        lines += [f"{body}    part[{t['b']}, {t['dc']}, {s.at}] = "
                   f"acc[{s.acc}, j1]" for s in slots]
         return "\n".join(lines + _sum_partials(L, chunks, cw, form, vblocks)) + "\n"
     store = ind
@@ -298,8 +312,8 @@ def _source(L, dtype_name, chunks, tw, cb, nb, nv, inner, form=0, rows=0, kfirst
         store += "        "
     lines.append(f"{store}for j1 in range({nb}):")
     out = f"part[{t['b']}, {t['dc']}, " if chunks else "w["
-    lines += [f"{store}    {out}{s.k.replace('@', 'j1')}, {kd}, {kh}, {s.kw}, "
-              f"{s.c.replace('@', 'j1')}] = acc[{s.acc}, j1]" for s in slots]
+    lines += [f"{store}    {out}{s.k}, {kd}, {kh}, {s.kw}, "
+              f"{s.c}] = acc[{s.acc}, j1]" for s in slots]
     return "\n".join(lines + (_sum_partials(L, chunks) if chunks else [])) + "\n"
 
 
@@ -334,17 +348,16 @@ def _sum_partials(L, chunks, cw=None, form=0, vblocks=None):
 
 def registers(layer, params):
     """Accumulator registers of one micro-tile on this CPU (for the tuner)."""
-    _, tw, cb, nb, nv = tile_sizes(layer, params)[:5]
-    return tile_registers(tw * cb, nv, nb)
+    tiles = tile_sizes(layer, params)
+    return tile_registers(tiles.tw * tiles.cb, tiles.nv, tiles.nb)
 
 
 def algorithm(layer, dtype, params):
     L = layer_constants(layer, Layout.NDHWC)
-    sizes = tile_sizes(layer, params)
-    source = _source(L, dtype.name, *sizes)
-    # With the taps inside each row (sizes[5]) the program reads the padded input.
-    return generated_program(layer, source, "bwd_filter_blocked",
-                             "x".join(str(int(v)) for v in sizes), in_place=not sizes[5])
+    tiles = tile_sizes(layer, params)
+    # With the taps inside each row the program reads the padded input.
+    return generated_program(layer, _source(L, dtype.name, tiles), "bwd_filter_blocked",
+                             "x".join(str(int(v)) for v in tiles), in_place=not tiles.inner)
 
 
 register(Implementation(

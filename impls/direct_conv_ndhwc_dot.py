@@ -25,6 +25,8 @@ statements generated unrolled, plain inner loops, size-1 map dimensions dropped,
 OpenMP collapsed over the tile map, every size a constant.
 """
 
+from typing import NamedTuple
+
 from convbench.registry import Layout, Pass
 from convbench.registry import Implementation, Param, register
 from impls._blocked import (channel_tiles_outer, cpu_schedule, generated_program, input_at,
@@ -39,13 +41,23 @@ from impls._common import layer_constants
 MAX_ACCUMULATORS = 28
 
 
-def tile_sizes(layer, params):
-    """``(db, hb, wb, kt, cv)``: ``db x hb x wb`` output pixels times ``kt`` output
-    channels per micro-tile, and ``cv`` input channels per vector (the largest divisor
-    of C up to ``CV``)."""
-    return pixel_tile(layer, params["PIX"], params["WB"]) + (
-        largest_divisor(layer.out_channels, params["KT"]),
-        largest_divisor(layer.in_channels, params["CV"]))
+class DotTile(NamedTuple):
+    """``db x hb x wb`` output pixels times ``kt`` output channels per micro-tile, and
+    ``cv`` input channels per vector."""
+
+    db: int
+    hb: int
+    wb: int
+    kt: int
+    cv: int
+
+
+def tile_sizes(layer, params) -> DotTile:
+    """The :class:`DotTile` of ``params`` on ``layer`` (``kt`` and ``cv`` the largest
+    divisors of K and C up to ``KT`` and ``CV``)."""
+    return DotTile(*pixel_tile(layer, params["PIX"], params["WB"]),
+                   largest_divisor(layer.out_channels, params["KT"]),
+                   largest_divisor(layer.in_channels, params["CV"]))
 
 
 def dot_source(L, dtype_name, db, hb, wb, kt, cv, k_outer, flip=False):

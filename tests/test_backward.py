@@ -234,7 +234,7 @@ def test_blocked_bwd_filter_catches_planted_bugs(form, rows, plant, split, build
                   SPLIT=split)
     layer = BLOCKED_LAYER  # output depth 6: 2 chunks of 3 planes
     source = bf._source(layer_constants(layer, "NDHWC"), "float32",
-                        *bf.tile_sizes(layer, params))
+                        bf.tile_sizes(layer, params))
     if plant == "drop_partial":  # the last depth chunk's partial is never added
         assert source.count("for dc in range(2):") == 1
         source = source.replace("for dc in range(2):", "for dc in range(1):")
@@ -282,7 +282,7 @@ def test_blocked_bwd_filter_row_blocks_of_several_planes(plant, builds, referenc
                   SLICES=1, ROWS=2, PLANES=2, CB=2)
     layer = BLOCKED_LAYER
     source = bf._source(layer_constants(layer, "NDHWC"), "float32",
-                        *bf.tile_sizes(layer, params))
+                        bf.tile_sizes(layer, params))
     assert source.count("for tp in range(2):") == 1 and "for t in range(3):" in source
     if plant == "one_plane":
         source = source.replace("for tp in range(2):", "for tp in range(1):")
@@ -310,7 +310,7 @@ def test_blocked_bwd_filter_reads_only_the_input(rows, plant, builds, reference)
     params = dict(registry.get("directConvNDHWCblockedBwdFilter").resolve_params(),
                   SLICES=1, ROWS=rows, CB=2, NB=8)
     source = bf._source(layer_constants(BORDER_LAYER, "NDHWC"), "float32",
-                        *bf.tile_sizes(BORDER_LAYER, params))
+                        bf.tile_sizes(BORDER_LAYER, params))
     lines = source.splitlines()
     if plant == "row":  # the rows' lower bound one too high
         assert source.count("max(0, 1 - (kh))") == 1

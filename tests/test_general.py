@@ -105,18 +105,16 @@ def _planted(monkeypatch, module_name, change):
     real = module.layer_constants
 
     def wrong(layer, layout):
-        L = real(layer, layout)
-        change(L)
-        return L
+        return change(real(layer, layout))
     monkeypatch.setattr(module, "layer_constants", wrong)
 
 
 def _drop_dilation(L):
-    L.ED = L.EH = L.EW = 1
+    return dataclasses.replace(L, ED=1, EH=1, EW=1)
 
 
 def _one_group(L):  # every filter reads the first group's channels
-    L.G, L.KG = 1, L.K
+    return dataclasses.replace(L, G=1, KG=L.K)
 
 
 PLANTED = [("implicitGemm", "impls.implicit_gemm", _drop_dilation, GENERAL[0]),

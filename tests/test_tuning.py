@@ -2,6 +2,7 @@
 register-blocked CPU implementation."""
 
 import csv as csvmod
+import dataclasses
 import json
 import sys
 
@@ -296,17 +297,19 @@ def test_width_cases_run_exactly_the_taps_that_read_the_input(layer, wb):
     the tile, exactly the taps that read the input (checked against counting them out),
     and only the tiles in the middle go to the loop bounded per tile."""
     from convbench.layouts import Layout
-    from impls._blocked import width_cases
+    from impls._kernel import width_cases
     from impls._common import layer_constants
     L = layer_constants(layer, Layout.NDHWC)
-    cases = width_cases(L, (1, 1, wb), "owb")
+    cases = width_cases(L, (1, 1, wb))
     tiles = -(-L.OW // wb)
     for ob in range(tiles):
         taken = None
-        for condition, taps, width in cases:
+        for case in cases:  # the emitted condition, and the tile the description names
+            condition = case.condition("owb")
             test = condition.split(" ", 1)[1] if condition not in (None, "else") else "True"
             if eval(test.replace("owb", str(ob))):  # noqa: S307 (our own text)
-                taken = (taps, width)
+                assert case.tile in (ob, None), (ob, case)
+                taken = (case.taps, case.width)
                 break
         taps, width = taken
         pixels = min(wb, L.OW - ob * wb)
@@ -316,7 +319,7 @@ def test_width_cases_run_exactly_the_taps_that_read_the_input(layer, wb):
         if taps is None:  # the loop: a tile with every pixel and no border waste but its own
             assert 0 < ob < tiles - 1 or (not L.PW and pixels == wb), ob
         else:
-            assert {(kw, wi) for kw, columns in taps for wi in columns} == needed, ob
+            assert {(tap.kw, wi) for tap in taps for wi in tap.columns} == needed, ob
 
 
 def test_a_dropped_edge_tap_is_caught(monkeypatch, builds, reference):
@@ -325,10 +328,11 @@ def test_a_dropped_edge_tap_is_caught(monkeypatch, builds, reference):
     from impls import _blocked
     real = _blocked.width_cases
 
-    def dropping(L, tile, owb):
-        cases = real(L, tile, owb)
-        condition, taps, width = cases[0]
-        return [(condition, [(kw, columns[:-1]) for kw, columns in taps], width)] + cases[1:]
+    def dropping(L, tile):
+        cases = real(L, tile)
+        first = cases[0]
+        taps = tuple(dataclasses.replace(tap, columns=tap.columns[:-1]) for tap in first.taps)
+        return [dataclasses.replace(first, taps=taps)] + cases[1:]
     monkeypatch.setattr(_blocked, "width_cases", dropping)
     layer = Layer("bug_edge", 1, 16, 8, 4, 4, 6, 3, 3, 3)
     impl = registry.get(BLOCKED_BWD_DATA)
@@ -354,7 +358,7 @@ def test_reads_in_place_only_where_every_tap_reads_the_input(layer, tile, edge, 
     also along the width, without edge bodies), or, along the width, edge bodies and a
     border that ends inside the first and the last tile."""
     from convbench.layouts import Layout
-    from impls._blocked import reads_in_place
+    from impls._kernel import reads_in_place
     from impls._common import layer_constants
     assert reads_in_place(layer_constants(layer, Layout.NDHWC), tile, edge) is expected
 
