@@ -12,10 +12,13 @@ out; an :class:`Observer` sees each step as it happens (the command line prints 
     for record in exp.run():
         print(record.layer.name, record.status, record.rows)
 
-The steps are methods too, for tools that arrange them differently (``bench_cpu`` times
-every implementation of a layer in interleaved rounds; ``tune_cpu`` times many parameter
-sets): :meth:`Experiment.params`, :meth:`~Experiment.build`, :meth:`~Experiment.truth`,
-:meth:`~Experiment.check`, :meth:`~Experiment.call` and :meth:`~Experiment.time`.
+One case, one implementation on one layer, is :meth:`Experiment.run_case`: build, check,
+time the references, time the build; :meth:`Experiment.run` runs it over implementations
+x layers and the GPU campaign's workers run it per case.  The steps are methods too, for
+tools that arrange them differently (``bench_cpu`` times every implementation of a layer
+in interleaved rounds; ``tune_cpu`` times many parameter sets): :meth:`Experiment.params`,
+:meth:`~Experiment.build`, :meth:`~Experiment.truth`, :meth:`~Experiment.check`,
+:meth:`~Experiment.call` and :meth:`~Experiment.time`.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ class Record:
     #: ``unsupported``, ``error``, ``built``, ``passed`` or ``failed`` (verification).
     status: str = "pending"
     reason: str = ""
+    build_name: str = ""
     build_origin: str = ""
     build_seconds: float = 0.0
     checks: List[Any] = dataclasses.field(default_factory=list)
@@ -72,6 +76,8 @@ class Record:
     rows: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
     #: Per reference: what it chose (cuDNN's algorithm and how long Find took).
     infos: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: Per reference that could not be timed: why (the other backends are timed).
+    errors: Dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def verified(self) -> Optional[bool]:
@@ -158,6 +164,8 @@ class Experiment:
         self.observer = observer or Observer()
         self.records: List[Record] = []
         self.writer = None
+        #: The arrays the last prepared DaCe call got: ``torch``, or ``cupy <version>``.
+        self.array_library = "torch"
         self._timer = self._refs = None
 
     # -- the steps -------------------------------------------------------------------------
@@ -179,10 +187,15 @@ class Experiment:
         from .verify import make_truth
         return make_truth(layer, pass_, seed=self.seed + index, device=self.device)
 
-    def check(self, build, truth) -> list:
-        """Run ``build`` on the ground truth's inputs and check its output."""
-        from .verify import verify_build
-        return verify_build(build, truth, self.device, cudnn_algo=self.ref_options.cudnn_algo)
+    def check(self, build, truth, tamper: Optional[Callable[[Any], Any]] = None) -> list:
+        """Run ``build`` on the ground truth's inputs and check its output (``tamper``:
+        applied to the output first)."""
+        from .verify import check_output, run_build
+        out = run_build(build, truth, self.device)
+        if tamper is not None:
+            out = tamper(out)
+        return check_output(out, truth, build.spec.dtype.unit_roundoff, self.device,
+                            self.ref_options.cudnn_algo)
 
     def call(self, build, inputs, fill: float = 0.0, fresh: Optional[bool] = None
              ) -> Callable[[], object]:
@@ -193,7 +206,9 @@ class Experiment:
         ``fresh`` (default: on the CPU) gives every later call a newly allocated output,
         as torch's calls get theirs (:func:`convbench.timing.prepared_call`); on the GPU
         torch's outputs come from its caching allocator, at no cost, and the DaCe call
-        writes into the prepared buffer."""
+        writes into the prepared buffer.  With CuPy's events on the GPU the program gets
+        CuPy views of the arrays (DaCe takes any ``__cuda_array_interface__``; no copies),
+        torch's arrays where that fails (``array_library`` says which)."""
         from .layouts import PASS_SIGNATURE
         from .timing import prepared_call
         from .verify import program_arrays
@@ -201,7 +216,19 @@ class Experiment:
         arrays = program_arrays(impl, layer, inputs, self.device, build.spec.dtype.torch, fill)
         if fresh is None:
             fresh = self.device == "cpu"
-        return prepared_call(build, arrays, PASS_SIGNATURE[impl.pass_][1] if fresh else None)
+        out = PASS_SIGNATURE[impl.pass_][1] if fresh else None
+        if self.device == "gpu" and (self.timing or TimingOptions()).events == "cupy":
+            import cupy
+            try:
+                call = prepared_call(build, {k: cupy.from_dlpack(v) for k, v in arrays.items()},
+                                     out)
+                self.array_library = f"cupy {cupy.__version__}"
+                return call
+            except Exception as err:  # noqa: BLE001 - recorded; torch's arrays instead
+                print(f"DaCe on CuPy arrays failed ({type(err).__name__}: {err}); "
+                      "using torch's", flush=True)
+        self.array_library = "torch"
+        return prepared_call(build, arrays, out)
 
     def output_rule(self) -> str:
         """How the timed calls get their output buffers (printed and in the metadata)."""
@@ -229,31 +256,39 @@ class Experiment:
             self._refs = references.available(self.device)
         return self._refs
 
-    def time(self, calls: Mapping[str, Callable[[], Callable[[], object]]], progress=None):
+    def time(self, calls: Mapping[str, Callable[[], Callable[[], object]]], progress=None,
+             errors: Optional[Dict[str, str]] = None):
         """Time each backend in turn: ``calls`` maps a backend name to a function that
         prepares its call (outside the timed region).  Returns ``(measurements, infos)``.
-        On the CPU this is a timed section of :mod:`convbench.heap`."""
+        ``errors``: where a backend other than the first that fails goes (name: why), the
+        others then still timed (None: it raises).  On the CPU this is a timed section of
+        :mod:`convbench.heap`."""
         t = self.timing or TimingOptions()
         with self.timed_section():
             return self._time_each(calls, progress, getattr(progress, "label", ""),
-                                   t.warmup + t.iterations, t)
+                                   t.warmup + t.iterations, t, errors)
 
     def timed_section(self):
         """The heap's timed section on the CPU (:func:`convbench.heap.timed`)."""
         from .heap import section
         return section(self.device)
 
-    def _time_each(self, calls, progress, label, per_backend, t):
+    def _time_each(self, calls, progress, label, per_backend, t, errors=None):
         from .results import Measurement
         measurements, infos = [], {}
-        for name, prepare in calls.items():
+        for n, (name, prepare) in enumerate(calls.items()):
             if progress is not None:
                 progress.label = f"{label} {name}"
-            fn = prepare()
-            if getattr(fn, "info", None):
-                infos[name] = fn.info
-            measurements.append(Measurement(name, self.timer.measure(
-                fn, t.warmup, t.iterations, t.time_limit, progress=progress)))
+            try:
+                fn = prepare()
+                if getattr(fn, "info", None):
+                    infos[name] = fn.info
+                measurements.append(Measurement(name, self.timer.measure(
+                    fn, t.warmup, t.iterations, t.time_limit, progress=progress)))
+            except Exception as err:  # noqa: BLE001 - recorded; the next backend is timed
+                if errors is None or n == 0:
+                    raise
+                errors[name] = f"{type(err).__name__}: {err}".splitlines()[0][:300]
             if progress is not None:
                 progress.done = per_backend * len(measurements)
         return measurements, infos
@@ -268,7 +303,7 @@ class Experiment:
         try:
             for impl in self.impls:
                 for i, layer in enumerate(self.layers):
-                    self.records.append(self.run_one(impl, i, layer))
+                    self.records.append(self.run_case(impl, layer, i))
             status = "complete"
         finally:
             if self.writer is not None:
@@ -278,10 +313,23 @@ class Experiment:
                     self.observer.plotted(self, plots.plot_run(self.writer.outdir))
         return self.records
 
-    def run_one(self, impl, index: int, layer: Layer) -> Record:
-        """Build, then verify and/or time, one implementation on one layer."""
-        params = self.params(impl, layer)
-        record = Record(index, layer, impl.name, impl.pass_, self.device, params)
+    def run_case(self, impl, layer: Layer, index: int = 0, *, params=None,
+                 references: bool = True, layouts: Optional[Sequence] = None,
+                 tamper: Optional[Callable[[Any], Any]] = None, time_wrong: bool = True,
+                 catch: bool = True) -> Record:
+        """One implementation on one layer: build it, check it (``verify``), time the
+        references and the build (``timing``); the :class:`Record`.
+
+        ``params``: the resolved parameters (default :meth:`params`).  ``references``:
+        time the references too; ``layouts``: in these memory formats (default the
+        implementation's own; a reference in another is named ``<ref>-<layout>``).  A
+        reference that cannot be timed is recorded in ``Record.errors`` and the others go
+        on.  ``tamper``: applied to the output before it is checked (the harness's own
+        planted failures).  ``time_wrong`` False: a build whose float64 check fails is
+        not timed.  ``catch``: a build or run failure makes the record's status ``error``
+        (False: it propagates)."""
+        params = self.params(impl, layer) if params is None else params
+        record = Record(index, layer, impl.name, impl.pass_, self.device, dict(params))
         self.observer.layer(self, record)
         reason = impl.unsupported_reason(layer, params)
         if reason:
@@ -291,47 +339,64 @@ class Experiment:
         try:
             build = self.build(impl, layer, params)
             record.build_origin, record.build_seconds = build.origin, build.seconds
+            record.build_name = build.spec.name
             record.status = "built"
             self.observer.built(self, record)
             truth = None
             if self.verify:
                 t0 = time.perf_counter()
                 truth = self.truth(impl.pass_, layer, index)
-                record.checks = self.check(build, truth)
+                record.checks = self.check(build, truth, tamper)
                 record.check_seconds = time.perf_counter() - t0
                 record.status = "passed" if record.verified else "failed"
                 self.observer.checked(self, record)
-            if self.timing is not None:
+            if self.timing is not None and (time_wrong or not record.checks
+                                            or record.checks[0].ok):
                 from .verify import make_inputs
                 inputs = truth.inputs if truth is not None else make_inputs(
                     layer, impl.pass_, self.seed + index)
-                self._time_layer(record, build, inputs)
+                if truth is not None:
+                    truth.drop()  # the float64 reference is not needed for timing
+                self._time_case(record, build, inputs, references, layouts)
         except UsageError:
             raise
-        except Exception as err:  # a build or run failure fails this layer, not the run
+        except Exception as err:  # a build or run failure fails this case, not the run
+            if not catch:
+                raise
             record.status = "error"
             record.reason = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"
         self.observer.finished(self, record)
         return record
 
-    def _time_layer(self, record: Record, build, inputs) -> None:
+    def _time_case(self, record: Record, build, inputs, references: bool = True,
+                   layouts: Optional[Sequence] = None) -> None:
+        from .layouts import Layout
         from .references import torch_device
         impl, layer = build.spec.impl, record.layer
         device_inputs = {r: t.to(torch_device(self.device)) for r, t in inputs.items()}
         calls = {"dace": lambda: self.call(build, inputs)}
-        for ref in self.reference_backends:
-            calls[ref.name] = (lambda ref=ref: ref.prepare(
-                layer, impl.pass_, impl.layout, self.device, device_inputs, self.ref_options))
+        own = Layout(impl.layout)
+        for layout in (layouts or [own]) if references else []:
+            for ref in self.reference_backends:  # torch, torch-ndhwc, cudnn-ncdhw, ...
+                name = ref.name if Layout(layout) == own else \
+                    f"{ref.name}-{str(layout).lower()}"
+                calls[name] = (lambda ref=ref, layout=layout: ref.prepare(
+                    layer, impl.pass_, layout, self.device, device_inputs, self.ref_options))
         t = self.timing
         progress = self.observer.timing(self, record, (t.warmup + t.iterations) * len(calls))
         with progress if progress is not None else contextlib.nullcontext():
-            record.measurements, record.infos = self.time(calls, progress)
+            record.measurements, record.infos = self.time(calls, progress, record.errors)
+        if self.writer is None:
+            self.observer.timed(self, record)
+            return
         extra = {"build": record.build_origin, "build_seconds": round(record.build_seconds, 3),
                  "params": record.params}
         if self.verify:
             extra["verified"] = bool(record.verified)
         if record.infos:
             extra["references"] = record.infos
+        if record.errors:
+            extra["reference_errors"] = record.errors
         record.rows = self.writer.add_layer(record.index, layer, impl.name, record.measurements,
                                             extra)
         self.observer.timed(self, record)

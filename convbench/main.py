@@ -59,8 +59,8 @@ def usage() -> str:
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
-        print(usage())
-        return 0
+        from .errors import run_main
+        return run_main("convbench", lambda _: print(usage()) or 0)
     name, rest = argv[0], argv[1:]
     if name not in SUBCOMMANDS:
         print(f"convbench: error: unknown subcommand '{name}' (choose from "

@@ -169,13 +169,13 @@ def test_compareprof_writes_results_and_plots(tmp_path, layer_csv, capsys):
 def test_interrupted_run_keeps_finished_layers(tmp_path, layer_csv, monkeypatch, capsys,
                                                cachedir, builds):
     from convbench.experiment import Experiment
-    original = Experiment.run_one
+    original = Experiment.run_case
 
-    def layer_then_interrupt(self, impl, i, layer):
+    def layer_then_interrupt(self, impl, layer, i=0, **kwargs):
         if i == 1:
             raise KeyboardInterrupt
-        return original(self, impl, i, layer)
-    monkeypatch.setattr(Experiment, "run_one", layer_then_interrupt)
+        return original(self, impl, layer, i, **kwargs)
+    monkeypatch.setattr(Experiment, "run_case", layer_then_interrupt)
     rc, outdir = profile(tmp_path, layer_csv, cachedir=cachedir)
     assert rc == 130
     meta = json.loads((outdir / "metadata.json").read_text())
@@ -340,3 +340,36 @@ def _terminal_line(written):
             line, part = "", part[len("\033[K"):]
         line = part + line[len(part):]
     return line
+
+
+@pytest.mark.prebuild(*PROFILED)
+def test_one_case_runner_records_what_fails_and_times_what_holds(cachedir):
+    """``Experiment.run_case``: a reference that cannot be timed is recorded and the others
+    are timed; with ``time_wrong`` False a build whose check fails (here: a tampered
+    output) is not timed; ``layouts`` times the references in each memory format."""
+    from convbench import registry
+    from convbench.experiment import Experiment, TimingOptions
+    from convbench.layouts import Layout
+
+    class Broken:
+        name = "broken"
+
+        def prepare(self, *args, **kwargs):
+            raise RuntimeError("no such library")
+    case = PROFILED[0]
+    impl = registry.get(case.impl)
+    exp = Experiment(impl, [case.layer], "cpu", policy="reuse", cachedir=cachedir,
+                     timing=TimingOptions(1, 3, flush=False))
+    exp._refs = list(exp.reference_backends) + [Broken()]
+    ok = exp.run_case(impl, case.layer)
+    assert ok.status == "passed" and ok.build_name and ok.build_origin in ("built", "loaded")
+    assert [m.backend for m in ok.measurements] == ["dace", "torch"]
+    assert ok.errors == {"broken": "RuntimeError: no such library"}
+    wrong = exp.run_case(impl, case.layer, tamper=lambda out: out * 2, time_wrong=False)
+    assert wrong.status == "failed" and not wrong.checks[0].ok and wrong.measurements == []
+    other = Layout.NCDHW if Layout(impl.layout) == Layout.NDHWC else Layout.NDHWC
+    both = exp.run_case(impl, case.layer, layouts=[impl.layout, other])
+    assert [m.backend for m in both.measurements] == [
+        "dace", "torch", f"torch-{str(other).lower()}"]
+    refs_off = exp.run_case(impl, case.layer, references=False)
+    assert [m.backend for m in refs_off.measurements] == ["dace"] and not refs_off.errors

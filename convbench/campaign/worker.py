@@ -215,12 +215,6 @@ def vendor_layouts(layout, device: str) -> list:
     return [own] + ([other for other in Layout if other != own] if device == "gpu" else [])
 
 
-def vendor_name(name: str, layout, own) -> str:
-    """A vendor path's name in the result files: ``torch``/``cudnn`` in the DaCe
-    implementation's layout, ``torch-ndhwc``/``cudnn-ncdhw`` in the other."""
-    return name if str(layout) == str(own) else f"{name}-{str(layout).lower()}"
-
-
 def fastest_vendor(refs: Dict[str, float]) -> Tuple[Optional[str], Optional[float]]:
     """The fastest vendor path among the timed ones (name to median ms): the baseline."""
     timed = {k: v for k, v in refs.items() if v is not None and not math.isnan(v)}
@@ -230,15 +224,37 @@ def fastest_vendor(refs: Dict[str, float]) -> Tuple[Optional[str], Optional[floa
     return name, timed[name]
 
 
+def _plant_wrong(out):
+    print("planted wrong result: one output element doubled, plus 1", flush=True)
+    out = out.contiguous()
+    flat = out.view(-1)
+    flat[flat.numel() // 2] = flat[flat.numel() // 2] * 2 + 1
+    return out
+
+
 def run_case(case: Case, options: dict) -> dict:
     """Verify ``case`` against torch float64 (and cuDNN on a GPU), then time it next to
-    the references; a record (``status``: verified, wrong or refused)."""
-    import torch
-
-    from .. import timing, verify
-    from ..experiment import Experiment, TimingOptions
+    the references (:meth:`convbench.experiment.Experiment.run_case`); a record
+    (``status``: verified, wrong or refused)."""
+    from ..experiment import Experiment, Observer, TimingOptions
     from ..layouts import PASS_SIGNATURE
     from ..references import ReferenceOptions
+
+    class _CaseLog(Observer):
+        """Prints the case's checks and timings into its log."""
+
+        def checked(self, exp, record):
+            for c in record.checks:
+                print(f"check {c.reference}: {c.summary()} -> {'ok' if c.ok else 'WRONG'}",
+                      flush=True)
+
+        def timed(self, exp, record):
+            for m in record.measurements:
+                print(f"timed {m.backend}: median {m.timing.stats()['median_ms']:.4f} ms over "
+                      f"{len(m.timing.samples_ms)} samples", flush=True)
+            for name, why in record.errors.items():
+                print(f"timing {name} failed: {why}", flush=True)
+
     t_start = time.perf_counter()
     if case.planted == "crash":
         print("planted crash: reading address 0", flush=True)
@@ -253,83 +269,37 @@ def run_case(case: Case, options: dict) -> dict:
     reason = impl.unsupported_reason(layer, params)
     if reason:
         return {"status": "refused", "detail": reason, "params": params}
-    events = options.get("events", "torch")
     exp = Experiment(impl, [layer], device, policy="reuse", cachedir=options["cachedir"],
-                     seed=options["seed"], timing=TimingOptions(flush=True, events=events),
+                     seed=options["seed"], observer=_CaseLog(),
+                     timing=TimingOptions(options["warmup"], options["iterations"],
+                                          options["time_limit"], flush=True,
+                                          events=options.get("events", "torch")),
                      references=ReferenceOptions(allow_tf32=False, cudnn_algo="find"))
-    build = exp.build(impl, layer, params)
-    reference = exp.truth(impl.pass_, layer)
-    out = verify.run_build(build, reference, device)
-    if case.planted == "wrong":
-        print("planted wrong result: one output element doubled, plus 1", flush=True)
-        out = out.contiguous()
-        flat = out.view(-1)
-        flat[flat.numel() // 2] = flat[flat.numel() // 2] * 2 + 1
-    checks = verify.check_output(out, reference, build.spec.dtype.unit_roundoff, device)
-    del out
     # The verdict is the float64 check's.  The float32 references (torch on the GPU, cuDNN)
     # are recorded beside it: an algorithm they pick (FFT, Winograd) may round worse.
-    ok = checks[0].ok
-    record = {"status": "verified" if ok else "wrong", "params": params,
+    found = exp.run_case(impl, layer, params=params, references=case.time_refs,
+                         layouts=vendor_layouts(impl.layout, device), time_wrong=False,
+                         tamper=_plant_wrong if case.planted == "wrong" else None, catch=False)
+    checks = found.checks
+    record = {"status": "verified" if checks[0].ok else "wrong", "params": params,
               "checks": [dataclasses.asdict(c) for c in checks],
               "detail": "; ".join(f"{c.reference}: {c.summary()}" for c in checks),
               "gflop": layer.flops() / 1e9,
-              "build": {"name": build.spec.name, "origin": build.origin}}
-    for c in checks:
-        print(f"check {c.reference}: {c.summary()} -> {'ok' if c.ok else 'WRONG'}", flush=True)
-    if not ok:
+              "build": {"name": found.build_name, "origin": found.build_origin}}
+    if not checks[0].ok:
         return record
+    timings = {m.backend: dict(m.timing.stats(),
+                               samples_ms=[round(x, 6) for x in m.timing.samples_ms],
+                               warmup=m.timing.warmup, limited=m.timing.limited)
+               for m in found.measurements}
+    timings.update({name: {"error": why} for name, why in found.errors.items()})
     timer = exp.timer
-    arrays = verify.program_arrays(impl, layer, reference.inputs, device,
-                                   build.spec.dtype.torch, 0.0)
-    reference.drop()
-    array_library = "torch"
-
-    def dace_call():
-        nonlocal array_library
-        if device == "gpu" and events == "cupy":
-            import cupy
-            try:  # DaCe takes any __cuda_array_interface__ array: CuPy views, no copies
-                call = timing.prepared_call(build, {k: cupy.from_dlpack(v)
-                                                    for k, v in arrays.items()})
-                array_library = f"cupy {cupy.__version__}"
-                return call
-            except Exception as err:  # noqa: BLE001 - recorded; torch's arrays instead
-                print(f"DaCe on CuPy arrays failed ({type(err).__name__}: {err}); "
-                      "using torch's", flush=True)
-        return timing.prepared_call(build, arrays)
-    backends = [("dace", dace_call)]
-    if case.time_refs:
-        tdev = "cuda" if device == "gpu" else "cpu"
-        inputs = {r: t.to(tdev) for r, t in reference.inputs.items()}
-        for layout in vendor_layouts(impl.layout, device):
-            backends += [(vendor_name(r.name, layout, impl.layout),
-                          lambda r=r, layout=layout: r.prepare(layer, impl.pass_, layout, device,
-                                                               inputs, exp.ref_options))
-                         for r in exp.reference_backends]
-    timings, infos = {}, {}
-    for name, prepare in backends:
-        try:
-            fn = prepare()
-            if getattr(fn, "info", None):
-                infos[name] = fn.info
-            result = timer.measure(fn, options["warmup"], options["iterations"],
-                                   options["time_limit"])
-        except Exception as err:  # noqa: BLE001 - one backend's failure is its own result
-            if name == "dace":
-                raise
-            timings[name] = {"error": f"{type(err).__name__}: {err}".splitlines()[0][:300]}
-            print(f"timing {name} failed: {timings[name]['error']}", flush=True)
-            continue
-        timings[name] = dict(result.stats(), samples_ms=[round(x, 6) for x in result.samples_ms],
-                             warmup=result.warmup, limited=result.limited)
-        print(f"timed {name}: median {timings[name]['median_ms']:.4f} ms over "
-              f"{len(result.samples_ms)} samples", flush=True)
-    record.update({"timings": timings, "reference_info": infos, "timer": timer.method,
-                   "array_library": array_library, "flush_bytes": timer.flush_bytes,
+    record.update({"timings": timings, "reference_info": found.infos, "timer": timer.method,
+                   "array_library": exp.array_library, "flush_bytes": timer.flush_bytes,
                    "seconds": round(time.perf_counter() - t_start, 2),
                    "out_role": PASS_SIGNATURE[impl.pass_][1]})
     if device == "gpu":
+        import torch
         torch.cuda.synchronize()
         try:  # cuDNN plans keep their workspaces: free them for the next case
             import cudnn_bindings
