@@ -166,19 +166,25 @@ class Experiment:
         self.writer = None
         #: The arrays the last prepared DaCe call got: ``torch``, or ``cupy <version>``.
         self.array_library = "torch"
+        self._params: Dict[tuple, registry.Params] = {}
         self._timer = self._refs = None
 
     # -- the steps -------------------------------------------------------------------------
-    def params(self, impl, layer: Layer, overrides: Optional[Mapping[str, Any]] = None) -> Dict[str, int]:
+    def params(self, impl, layer: Layer,
+               overrides: Optional[Mapping[str, Any]] = None) -> registry.Params:
         """The implementation's defaults, updated by the tuned entry for the layer
-        (:mod:`convbench.tuning`), updated by the overrides."""
-        return tuning.tuned_params(impl, layer, self.device,
-                                   self.overrides if overrides is None else overrides)
+        (:mod:`convbench.tuning`), updated by the overrides: resolved once per
+        implementation, layer and overrides, and the same object from then on."""
+        overrides = self.overrides if overrides is None else overrides
+        key = (impl.name, layer, tuple(sorted((overrides or {}).items())))
+        if key not in self._params:
+            self._params[key] = tuning.tuned_params(impl, layer, self.device, overrides)
+        return self._params[key]
 
     def build(self, impl, layer: Layer, params: Optional[Mapping[str, int]] = None,
               dtype: str = "float32"):
         """The build of ``impl`` on ``layer`` from the cache, per the policy."""
-        params = self.params(impl, layer) if params is None else dict(params)
+        params = self.params(impl, layer) if params is None else params
         spec = toolchain.make_spec(impl, layer, dtype, self.device, params)
         return cache.build(spec, self.cachedir, policy=self.policy)
 
@@ -328,8 +334,8 @@ class Experiment:
         planted failures).  ``time_wrong`` False: a build whose float64 check fails is
         not timed.  ``catch``: a build or run failure makes the record's status ``error``
         (False: it propagates)."""
-        params = self.params(impl, layer) if params is None else params
-        record = Record(index, layer, impl.name, impl.pass_, self.device, dict(params))
+        params = self.params(impl, layer) if params is None else impl.resolve_params(params)
+        record = Record(index, layer, impl.name, impl.pass_, self.device, params)
         self.observer.layer(self, record)
         reason = impl.unsupported_reason(layer, params)
         if reason:

@@ -65,6 +65,34 @@ class Param:
         return value
 
 
+class Params(dict):
+    """An implementation's parameter values, resolved and checked once
+    (:meth:`Implementation.resolve_params`) and passed on from there unchanged: a read-only
+    dict (JSON and ``dict(...)`` take it as one) that knows whose parameters it holds, so
+    that resolving it again for the same implementation returns it as it is."""
+
+    __slots__ = ("implementation",)
+
+    def __init__(self, implementation: str, values: Mapping[str, int]):
+        super().__init__(values)
+        self.implementation = implementation
+
+    def _frozen(self, *args, **kwargs):
+        raise TypeError(f"the parameters of {self.implementation} are resolved: make new ones "
+                        "with resolve_params (or dict(params, NAME=value))")
+
+    __setitem__ = __delitem__ = update = pop = popitem = clear = setdefault = _frozen
+
+    def __hash__(self):
+        return hash((self.implementation, tuple(sorted(self.items()))))
+
+    def __reduce__(self):  # pickled (build workers) as a new instance, not item by item
+        return Params, (self.implementation, dict(self))
+
+    def __repr__(self):
+        return f"Params({self.implementation}: {dict.__repr__(self)})"
+
+
 Schedule = Callable[..., None]  # (sdfg, layer, params) -> None, transforms in place
 
 
@@ -133,8 +161,11 @@ class Implementation:
         return tuple(t for t in TARGETS if t in self.schedules)
 
     def resolve_params(self, overrides: Optional[Mapping[str, Any]] = None,
-                       source: str = "--param") -> Dict[str, int]:
-        """Defaults updated by ``overrides``; unknown names and bad values raise UsageError."""
+                       source: str = "--param") -> Params:
+        """Defaults updated by ``overrides``; unknown names and bad values raise UsageError.
+        ``overrides`` already resolved for this implementation come back as they are."""
+        if isinstance(overrides, Params) and overrides.implementation == self.name:
+            return overrides
         known = {p.name: p for p in self.params}
         values = {p.name: p.default for p in self.params}
         for key, value in (overrides or {}).items():
@@ -148,7 +179,7 @@ class Implementation:
             if message:
                 shown = ", ".join(f"{k}={v}" for k, v in values.items())
                 raise UsageError(f"{source}: {self.name} ({shown}): {message}")
-        return values
+        return Params(self.name, values)
 
     def unsupported_reason(self, layer, params: Mapping[str, int]) -> Optional[str]:
         """None if this implementation handles ``layer`` with ``params``, else why not."""

@@ -130,9 +130,9 @@ def entries_elsewhere(impl_name: str, layer, target: str) -> List[Dict[str, int]
     return found
 
 
-def tuned_params(impl, layer, target: str,
-                 overrides: Optional[Mapping[str, Any]] = None) -> Dict[str, int]:
-    """Defaults, updated by the tuned entry, updated by ``overrides`` (validated)."""
+def tuned_params(impl, layer, target: str, overrides: Optional[Mapping[str, Any]] = None):
+    """Defaults, updated by the tuned entry, updated by ``overrides``: the implementation's
+    resolved :class:`~convbench.registry.Params`."""
     values: Dict[str, Any] = {}
     stored = tuned_entry(impl.name, layer, target)
     known = {p.name for p in impl.params}

@@ -174,3 +174,24 @@ def test_listing():
     assert "targets: cpu" in text and "tileM=64" in text and "splitK=1" in text
     full = registry.format_listing(registry.all_implementations())
     assert "implicitGemm" in full and "directConvNCDHW" in full
+
+
+def test_parameters_are_resolved_once():
+    """resolve_params gives a read-only value that knows its implementation: resolving it
+    again returns the same object, it survives pickling (build workers) and JSON, and a
+    change makes a new one."""
+    import json
+    import pickle
+    impl = registry.get("implicitGemmNCDHW")
+    params = impl.resolve_params({"CTAtileM": 32})
+    assert impl.resolve_params(params) is params
+    with pytest.raises(TypeError):
+        params["CTAtileM"] = 16
+    with pytest.raises(TypeError):
+        params.update(CTAtileN=16)
+    again = pickle.loads(pickle.dumps(params))
+    assert again == params and again.implementation == "implicitGemmNCDHW"
+    assert json.loads(json.dumps(params))["CTAtileM"] == 32
+    other = impl.resolve_params(dict(params, CTAtileM=16))
+    assert other["CTAtileM"] == 16 and params["CTAtileM"] == 32
+    assert registry.get("implicitGemmWarpTiled").resolve_params(params) is not params
