@@ -45,8 +45,9 @@ dimension's work multiplied zeros before.  With ``TAPS`` = 1 (the depth and heig
 inside each row) the kernel keeps the padded input and runs every loop whole.
 """
 
+import dataclasses
 from collections import namedtuple
-from typing import NamedTuple
+from typing import Dict, List, NamedTuple
 
 from convbench.registry import Implementation, Layout, Pass, Param, register
 from impls._blocked import (channel_vectors, cpu_schedule, generated_program, largest_divisor,
@@ -136,22 +137,76 @@ def _within(lo, hi, base, size):
     return f"max(0, {lo} - {base})", f"min({size}, {hi} - {base})"
 
 
+@dataclasses.dataclass
+class _Kernel:
+    """What the emitters of one filter-gradient kernel share: the cut, the sizes derived
+    from it, the tile indices (as text: a map parameter, a loop variable or ``0``), the
+    indents, and the index text of the output pixel a statement is written for."""
+
+    L: object
+    tiles: FilterTiles
+    inner: bool          # the depth and height taps loop inside each row (never with rows)
+    ch: int              # output depth planes per chunk
+    kbs: int             # output channels per tile
+    cbs: int             # input channels per tile
+    wblk: int            # width-tap blocks
+    vblocks: int         # vector-channel blocks
+    bcast: int           # broadcast channels
+    pads: List[str]      # " - P" per dimension where x is read unpadded
+    t: Dict[str, str]    # tile indices
+    ind: str             # indent of the tile body
+    body: str = ""       # indent inside the row-block loops
+    od: str = ""         # output depth, height of a statement
+    oh: str = ""
+    kd: str = ""         # depth and height taps of a statement
+    kh: str = ""
+
+    @property
+    def cw(self) -> int:
+        return self.tiles.nb * self.tiles.nv
+
+    def lane(self, base, v, var):
+        return f"{base} + {f'{v * self.tiles.nb} + ' if v else ''}{var}"
+
+    def x_at(self, kw, c, ow="ow"):
+        t, S, pads = self.t, self.L.S, self.pads
+        return (f"x[{t['b']}, ({self.od}) * {S} + {self.kd}{pads[0]}, ({self.oh}) * {S} + "
+                f"{self.kh}{pads[1]}, {ow} * {S} + {kw}{pads[2]}, {c}]")
+
+    def dy_at(self, k, ow="ow"):
+        return f"y[{self.t['b']}, {self.od}, {self.oh}, {ow}, {k}]"
+
+
 def _source(L, dtype_name, tiles: FilterTiles):
     """The program's text for the cut ``tiles``.  ``form`` 0: ``nv`` vectors of ``nb``
-    output channels (from dL/dy) times ``cb`` broadcast input channels; 1: ``nv`` vectors of ``nb`` input
-    channels (from x) times ``cb`` broadcast output channels.  ``rows`` 0: each tile
-    sweeps its whole slice (tiles are map dimensions); else blocks of ``rows`` output
-    rows, each swept by all tiles in turn; ``kfirst``: the tiles' vector-channel blocks
-    loop outside the row blocks (each sweeps the slice with its share of the partial);
-    ``planes``: a row block is ``rows`` rows of each of ``planes`` consecutive depth
-    planes (a tile's accumulators are loaded and stored once per block: fewer, longer
-    sweeps where the partial does not stay in L2)."""
-    chunks, tw, cb, nb, nv, inner, form, rows, kfirst, split, planes = tiles
-    ch, S, cw = L.OD // max(chunks, 1), L.S, nb * nv
+    output channels (from dL/dy) times ``cb`` broadcast input channels; 1: ``nv`` vectors
+    of ``nb`` input channels (from x) times ``cb`` broadcast output channels.  ``rows`` 0:
+    each tile sweeps its whole slice (tiles are map dimensions); else blocks of ``rows``
+    output rows, each swept by all tiles in turn; ``kfirst``: the tiles' vector-channel
+    blocks loop outside the row blocks (each sweeps the slice with its share of the
+    partial); ``planes``: a row block is ``rows`` rows of each of ``planes`` consecutive
+    depth planes (a tile's accumulators are loaded and stored once per block: fewer,
+    longer sweeps where the partial does not stay in L2)."""
+    lines, k = _tile_map(L, dtype_name, tiles)
+    slots, loads = _slots(k)
+    if tiles.rows:
+        lines.append(f"{k.body}for j1 in range({tiles.nb}):")
+        lines += [f"{k.body}    acc[{s.acc}, j1] = part[{k.t['b']}, {k.t['dc']}, "
+                  f"{s.at}]" for s in slots]
+    sweep, deep = _pixel_loops(k)
+    return "\n".join(lines + sweep + _width_loops(k, slots, loads, deep)
+                     + _stores(k, slots)) + "\n"
+
+
+def _tile_map(L, dtype_name, tiles: FilterTiles):
+    """The signature, the partials, the parallel map over tiles, the accumulators zeroed
+    (or, with row blocks, the partial zeroed and the loops over row blocks and tiles);
+    the lines and the :class:`_Kernel`."""
+    chunks, tw, cb, nb, nv, inner, form, rows, kfirst, _, planes = tiles
+    ch, cw = L.OD // max(chunks, 1), nb * nv
     kbs, cbs = (cw, cb) if form == 0 else (cb, cw)  # output and input channels per tile
     wblk = L.KW // tw
     vblocks, bcast = (L.K // cw, L.C) if form == 0 else (L.C // cw, L.K)
-    # called by keyword: x, y in, w out
     # The input in place, every loop bounded to what reads it; with the taps inside
     # each row (``inner``), the padded input (a copy), every loop whole.
     lines = signature(L, dtype_name, "bwd_filter_blocked", in_place=not inner)
@@ -175,10 +230,10 @@ def _source(L, dtype_name, tiles: FilterTiles):
     ind = "        " if header else "    "
     if header:
         lines.append(header)
-    acc, taps = tw * cb * nv, L.KD * L.KH if inner else 1
-    tap = "kd * {} + kh, ".format(L.KH) if inner else ""
-    lines.append(f"{ind}acc = dace.define_local([{taps}, {acc}, {nb}], dt)")
-    od = f"{t['dc']} * {ch} + t" + (f" * {planes} + tp" if planes > 1 else "")
+    k = _Kernel(L, tiles, inner, ch, kbs, cbs, wblk, vblocks, bcast, pads, t, ind)
+    taps = L.KD * L.KH if inner else 1
+    lines.append(f"{ind}acc = dace.define_local([{taps}, {tw * cb * nv}, {nb}], dt)")
+    k.od = f"{t['dc']} * {ch} + t" + (f" * {planes} + tp" if planes > 1 else "")
     if rows:
         # The slice's partial starts at zero; then, per block of rows, every tile loads
         # its accumulators, sweeps the block and stores them back.
@@ -197,25 +252,21 @@ def _source(L, dtype_name, tiles: FilterTiles):
             if size > 1 or name in ("t", "ob"):
                 lines.append(f"{body}for {name} in range({size}):")
                 body += "    "
-        oh = f"ob * {rows} + r"
-        kd, kh = t["kd"], t["kh"]
+        k.body, k.oh, k.kd, k.kh = body, f"ob * {rows} + r", t["kd"], t["kh"]
     else:
-        lines += _zero(ind, "acc", "", [("i0", taps), ("i1", acc), ("j0", nb)])
-        oh = "oh"
-        kd, kh = ("kd", "kh") if inner else (t["kd"], t["kh"])
-    k0, c0 = f"{t['kb']} * {kbs}", f"{t['cb']} * {cbs}"
+        lines += _zero(ind, "acc", "", [("i0", taps), ("i1", tw * cb * nv), ("j0", nb)])
+        k.oh = "oh"
+        k.kd, k.kh = ("kd", "kh") if inner else (t["kd"], t["kh"])
+    return lines, k
 
-    def lane(base, v, var):
-        return f"{base} + {f'{v * nb} + ' if v else ''}{var}"
 
-    def x_at(kw, c, ow="ow"):
-        return (f"x[{t['b']}, ({od}) * {S} + {kd}{pads[0]}, ({oh}) * {S} + {kh}{pads[1]}, "
-                f"{ow} * {S} + {kw}{pads[2]}, {c}]")
-
-    def dy_at(k, ow="ow"):
-        return f"y[{t['b']}, {od}, {oh}, {ow}, {k}]"
-
-    # One accumulator per (width tap a, broadcast channel ci, vector v).
+def _slots(k: _Kernel):
+    """The micro-tile's accumulators (:data:`Slot`, one per width tap, broadcast channel
+    and vector) and the vector loads their statements use."""
+    tw, cb, nb, nv, form = k.tiles.tw, k.tiles.cb, k.tiles.nb, k.tiles.nv, k.tiles.form
+    t, kd, kh = k.t, k.kd, k.kh
+    k0, c0 = f"{t['kb']} * {k.kbs}", f"{t['cb']} * {k.cbs}"
+    tap = "kd * {} + kh, ".format(k.L.KH) if k.inner else ""
     slots = []
     for a in range(tw):
         kw = f"{t['wb']} * {tw} + {a}"
@@ -224,66 +275,84 @@ def _source(L, dtype_name, tiles: FilterTiles):
                 i = f"{tap or '0, '}{(a * cb + ci) * nv + v}"
                 if form == 0:
                     at = f"{t['kb']}, {kd}, {kh}, {kw}, {c0} + {ci}, {v * nb} + j1"
-                    slots.append(Slot(i, lane(k0, v, "j1"), f"{c0} + {ci}", kw,
-                                      lambda ow="ow", kw=kw, ci=ci: x_at(kw, f"{c0} + {ci}", ow),
+                    slots.append(Slot(i, k.lane(k0, v, "j1"), f"{c0} + {ci}", kw,
+                                      lambda ow="ow", kw=kw, ci=ci: k.x_at(kw, f"{c0} + {ci}",
+                                                                           ow),
                                       f"dv{v}", at))
                 else:
                     at = f"{t['cb']}, {kd}, {kh}, {kw}, {k0} + {ci}, {v * nb} + j1"
-                    slots.append(Slot(i, f"{k0} + {ci}", lane(c0, v, "j1"), kw,
-                                      lambda ow="ow", ci=ci: dy_at(f"{k0} + {ci}", ow),
+                    slots.append(Slot(i, f"{k0} + {ci}", k.lane(c0, v, "j1"), kw,
+                                      lambda ow="ow", ci=ci: k.dy_at(f"{k0} + {ci}", ow),
                                       f"xv{a}_{v}", at))
     if form == 0:
-        loads = [Load(f"dv{v}", lambda ow="ow", v=v: dy_at(lane(k0, v, "j"), ow))
+        loads = [Load(f"dv{v}", lambda ow="ow", v=v: k.dy_at(k.lane(k0, v, "j"), ow))
                  for v in range(nv)]
     else:
-        loads = [Load(f"xv{a}_{v}", lambda ow="ow", a=a, v=v: x_at(
-            f"{t['wb']} * {tw} + {a}", lane(c0, v, "j"), ow)) for a in range(tw) for v in range(nv)]
+        loads = [Load(f"xv{a}_{v}", lambda ow="ow", a=a, v=v: k.x_at(
+            f"{t['wb']} * {tw} + {a}", k.lane(c0, v, "j"), ow))
+            for a in range(tw) for v in range(nv)]
+    return slots, loads
+
+
+def _pixel_loops(k: _Kernel):
+    """The loops over the slice's output planes and rows (bounded to those whose input
+    is not the border), and with the taps inside each row their loops; the lines and
+    the indent of the width loop."""
+    L, S, t = k.L, k.L.S, k.t
+    rows, planes, chunks = k.tiles.rows, k.tiles.planes, k.tiles.chunks
+    lines = []
     if rows:
-        lines.append(f"{body}for j1 in range({nb}):")
-        lines += [f"{body}    acc[{s.acc}, j1] = part[{t['b']}, {t['dc']}, "
-                  f"{s.at}]" for s in slots]
-        deep = body
+        deep = k.body
         if planes > 1:
             lines.append(f"{deep}for tp in range({planes}):")
             deep += "    "
         # Only the rows, and (as an empty range) planes, whose input is not the border.
-        lo, hi = _within(*_reading(kh, L.PH, L.H, S, L.OH), f"ob * {rows}", rows) \
+        lo, hi = _within(*_reading(k.kh, L.PH, L.H, S, L.OH), f"ob * {rows}", rows) \
             if L.PH else ("0", f"{rows}")
         if L.PD:  # 1 when the plane reads the input, else 0
-            first, end = _reading(kd, L.PD, L.D, S, L.OD)
-            inside = f"min(1, max(0, min(({od}) - ({first}) + 1, ({end}) - ({od}))))"
+            first, end = _reading(k.kd, L.PD, L.D, S, L.OD)
+            inside = f"min(1, max(0, min(({k.od}) - ({first}) + 1, ({end}) - ({k.od}))))"
             hi = f"min({hi}, {rows} * {inside})"
         lines += [f"{deep}for r in range({lo}, {hi}):"]
     else:
         if not chunks:
-            lines.append(f"{ind}for b in range({L.N}):")
-            ind_b = ind + "    "
+            lines.append(f"{k.ind}for b in range({L.N}):")
+            ind_b = k.ind + "    "
         else:
-            ind_b = ind
+            ind_b = k.ind
         deep = ind_b + "    "
-        planes_, rows_ = f"{ch}", f"{L.OH}"
-        if not inner:  # the taps are fixed per tile: bound the planes and rows
+        planes_, rows_ = f"{k.ch}", f"{L.OH}"
+        if not k.inner:  # the taps are fixed per tile: bound the planes and rows
             if L.PD:
-                planes_ = ", ".join(_within(*_reading(kd, L.PD, L.D, S, L.OD),
-                                            f"{t['dc']} * {ch}", ch))
+                planes_ = ", ".join(_within(*_reading(k.kd, L.PD, L.D, S, L.OD),
+                                            f"{t['dc']} * {k.ch}", k.ch))
             if L.PH:
-                rows_ = ", ".join(_reading(kh, L.PH, L.H, S, L.OH))
+                rows_ = ", ".join(_reading(k.kh, L.PH, L.H, S, L.OH))
         lines += [f"{ind_b}for t in range({planes_}):", f"{ind_b}    for oh in range({rows_}):"]
-        if inner:
+        if k.inner:
             lines += [f"{deep}    for kd in range({L.KD}):",
                       f"{deep}        for kh in range({L.KH}):"]
             deep += "        "
-    deep += "    "
+    return lines, deep + "    "
+
+
+def _width_loops(k: _Kernel, slots, loads, deep):
+    """The loop over the row's output pixels and the vector loops of the micro-tile:
+    every pixel where no width padding is read, else the pixels whose width taps all
+    read the input in one loop and each border pixel with the taps that do."""
+    L, S, tw = k.L, k.L.S, k.tiles.tw
     per_tap = len(slots) // tw  # slots are in width-tap order
     taps = [[Update(lambda ow="ow", s=s: f"acc[{s.acc}, j] += {s.scalar(ow)} * {s.vector}",
                     frozenset({s.vector}))
              for s in slots[a * per_tap:(a + 1) * per_tap]] for a in range(tw)]
-    group = 1 if split else 0
-    if not L.PW or inner:
+    group, nb = (1 if k.tiles.split else 0), k.tiles.nb
+    lines = []
+    if not L.PW or k.inner:
         lines.append(f"{deep}for ow in range({L.OW}):")
         lines += vector_loops(deep + "        ", nb, loads, taps, group)
     elif tw == 1:  # one width tap per tile: the pixels that read the input
-        lines.append(f"{deep}for ow in range({', '.join(_reading(slots[0].kw, L.PW, L.W, S, L.OW))}):")
+        lines.append(f"{deep}for ow in range("
+                     f"{', '.join(_reading(slots[0].kw, L.PW, L.W, S, L.OW))}):")
         lines += vector_loops(deep + "        ", nb, loads, taps, group)
     else:  # all width taps: the pixels at the border run theirs that read the input
         inside = {ow: [a for a in range(tw) if reads_input(ow, a, S, L.PW, L.W)]
@@ -296,25 +365,31 @@ def _source(L, dtype_name, tiles: FilterTiles):
         for ow, used in inside.items():
             if lo <= ow < hi or not used:
                 continue
-
             lines += vector_loops(deep + "    ", nb, loads, [taps[a] for a in used], group,
                                   at=str(ow))
         if not full and not any(inside.values()):  # no pixel reads the input
             lines.append(f"{deep}pass")
-    if rows:
-        lines.append(f"{body}for j1 in range({nb}):")
-        lines += [f"{body}    part[{t['b']}, {t['dc']}, {s.at}] = "
+    return lines
+
+
+def _stores(k: _Kernel, slots):
+    """The accumulators stored: back into the slice's partial (row blocks), or into the
+    partial or dL/dw per tap; then, with partials, the map that sums them."""
+    L, t, nb, chunks = k.L, k.t, k.tiles.nb, k.tiles.chunks
+    if k.tiles.rows:
+        lines = [f"{k.body}for j1 in range({nb}):"]
+        lines += [f"{k.body}    part[{t['b']}, {t['dc']}, {s.at}] = "
                   f"acc[{s.acc}, j1]" for s in slots]
-        return "\n".join(lines + _sum_partials(L, chunks, cw, form, vblocks)) + "\n"
-    store = ind
-    if inner:
-        lines += [f"{ind}for kd in range({L.KD}):", f"{ind}    for kh in range({L.KH}):"]
+        return lines + _sum_partials(L, chunks, k.cw, k.tiles.form, k.vblocks)
+    store, lines = k.ind, []
+    if k.inner:
+        lines += [f"{k.ind}for kd in range({L.KD}):", f"{k.ind}    for kh in range({L.KH}):"]
         store += "        "
     lines.append(f"{store}for j1 in range({nb}):")
     out = f"part[{t['b']}, {t['dc']}, " if chunks else "w["
-    lines += [f"{store}    {out}{s.k}, {kd}, {kh}, {s.kw}, "
+    lines += [f"{store}    {out}{s.k}, {k.kd}, {k.kh}, {s.kw}, "
               f"{s.c}] = acc[{s.acc}, j1]" for s in slots]
-    return "\n".join(lines + (_sum_partials(L, chunks) if chunks else [])) + "\n"
+    return lines + (_sum_partials(L, chunks) if chunks else [])
 
 
 def _sum_partials(L, chunks, cw=None, form=0, vblocks=None):
