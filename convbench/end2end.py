@@ -324,10 +324,9 @@ class Run:
         print(f"results: {self.outdir}/ (samples.csv, summary.csv, metadata.json, {path.name})")
 
     def _heap(self) -> Dict[str, Any]:
-        if self.device != "cpu":
-            return {}
         from . import heap
-        return {"outputs": "torch and DaCe allocate theirs on every call", "heap": heap.settings()}
+        meta = heap.metadata(self.device)  # empty on the GPU
+        return dict(outputs="torch and DaCe allocate theirs on every call", **meta) if meta else {}
 
     def _time_loop(self, phases) -> Dict[str, Dict[str, Dict[str, List[float]]]]:
         """Interleaved iterations: per model, phase and part, the milliseconds of each

@@ -444,10 +444,8 @@ class Experiment:
         return self.writer
 
     def heap_metadata(self) -> Dict[str, object]:
-        if self.device != "cpu":
-            return {}
         from . import heap
-        return {"heap": heap.settings()}
+        return heap.metadata(self.device)
 
     # -- summary -----------------------------------------------------------------------------
     def counts(self) -> Dict[str, int]:

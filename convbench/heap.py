@@ -106,6 +106,12 @@ def reserve(nbytes: int) -> None:
     _state["reserved_bytes"] = nbytes
 
 
+def metadata(device: str) -> Dict[str, object]:
+    """The ``heap`` entry of a timed run's metadata: :func:`settings` on the CPU, nothing
+    on the GPU (device memory comes from torch's caching allocator)."""
+    return {"heap": settings()} if device == "cpu" else {}
+
+
 def settings() -> Dict[str, object]:
     """What the result metadata records: the policy of the timed sections, the allocator."""
     return {"policy": _state["policy"], "allocator": _state["allocator"] or "the C library's",

@@ -18,7 +18,7 @@ import csv
 import json
 import statistics
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 from ..errors import ArgumentParser, UsageError, run_main
 
@@ -105,10 +105,8 @@ def _pooled(bench_dirs):
     return pooled
 
 
-def compare(bench_dirs, network_dirs) -> List[dict]:
+def compare(bench_dirs: Sequence, network_dirs: Sequence) -> List[dict]:
     """One row per network part that the bench measured (forward and training backward)."""
-    if isinstance(bench_dirs, (str, Path)):
-        bench_dirs = [bench_dirs]
     bench = _pooled(bench_dirs)
     runs = _network_runs(network_dirs)
     layout = "torch-" + runs[0]["meta"].get("memory_format", "ncdhw")
