@@ -62,7 +62,8 @@ class Record:
     pass_: Pass
     device: str
     params: Dict[str, int]
-    #: ``unsupported``, ``error``, ``built``, ``passed`` or ``failed`` (verification).
+    #: ``unsupported``, ``error``, ``built``, ``skipped`` (screened out), ``passed`` or
+    #: ``failed`` (verification).
     status: str = "pending"
     reason: str = ""
     build_name: str = ""
@@ -99,6 +100,13 @@ class Observer:
     def timing(self, exp: "Experiment", record: Record, total_calls: int) -> Any:
         """A progress context (:class:`convbench.progress.Progress`) for the timing, or None."""
         return None
+
+    def backend(self, exp: "Experiment", record: Record, name: str):
+        """A context around the preparation and timing of one backend (default: none)."""
+        return contextlib.nullcontext()
+
+    def prepared(self, exp: "Experiment", record: Record, name: str, call) -> None:
+        """A backend's call is prepared, before it is timed (DaCe's has ``first_ms``)."""
 
     def timed(self, exp: "Experiment", record: Record) -> None: ...
     def finished(self, exp: "Experiment", record: Record) -> None: ...
@@ -167,7 +175,7 @@ class Experiment:
         #: The arrays the last prepared DaCe call got: ``torch``, or ``cupy <version>``.
         self.array_library = "torch"
         self._params: Dict[tuple, registry.Params] = {}
-        self._timer = self._refs = None
+        self._timer = self._refs = self._last_build = None
 
     # -- the steps -------------------------------------------------------------------------
     def params(self, impl, layer: Layer,
@@ -183,10 +191,15 @@ class Experiment:
 
     def build(self, impl, layer: Layer, params: Optional[Mapping[str, int]] = None,
               dtype: str = "float32"):
-        """The build of ``impl`` on ``layer`` from the cache, per the policy."""
+        """The build of ``impl`` on ``layer`` from the cache, per the policy (the last
+        build is kept: asked for again, it is not loaded or compiled twice)."""
         params = self.params(impl, layer) if params is None else params
         spec = toolchain.make_spec(impl, layer, dtype, self.device, params)
-        return cache.build(spec, self.cachedir, policy=self.policy)
+        if self._last_build is not None and self._last_build.spec.name == spec.name:
+            return self._last_build  # a caller that built the case before running it
+        self._last_build = None  # its arrays and library may go before the next loads
+        self._last_build = cache.build(spec, self.cachedir, policy=self.policy)
+        return self._last_build
 
     def truth(self, pass_: Pass, layer: Layer, index: int = 0):
         """Random inputs (seed + index) and their float64 ground truth."""
@@ -196,12 +209,8 @@ class Experiment:
     def check(self, build, truth, tamper: Optional[Callable[[Any], Any]] = None) -> list:
         """Run ``build`` on the ground truth's inputs and check its output (``tamper``:
         applied to the output first)."""
-        from .verify import check_output, run_build
-        out = run_build(build, truth, self.device)
-        if tamper is not None:
-            out = tamper(out)
-        return check_output(out, truth, build.spec.dtype.unit_roundoff, self.device,
-                            self.ref_options.cudnn_algo)
+        from .verify import verify_build
+        return verify_build(build, truth, self.device, self.ref_options.cudnn_algo, tamper)
 
     def call(self, build, inputs, fill: float = 0.0, fresh: Optional[bool] = None
              ) -> Callable[[], object]:
@@ -263,34 +272,40 @@ class Experiment:
         return self._refs
 
     def time(self, calls: Mapping[str, Callable[[], Callable[[], object]]], progress=None,
-             errors: Optional[Dict[str, str]] = None):
+             errors: Optional[Dict[str, str]] = None, record: Optional[Record] = None):
         """Time each backend in turn: ``calls`` maps a backend name to a function that
         prepares its call (outside the timed region).  Returns ``(measurements, infos)``.
         ``errors``: where a backend other than the first that fails goes (name: why), the
-        others then still timed (None: it raises).  On the CPU this is a timed section of
+        others then still timed (None: it raises).  ``record``: the case the observer is
+        told about, per backend.  On the CPU this is a timed section of
         :mod:`convbench.heap`."""
         t = self.timing or TimingOptions()
         with self.timed_section():
             return self._time_each(calls, progress, getattr(progress, "label", ""),
-                                   t.warmup + t.iterations, t, errors)
+                                   t.warmup + t.iterations, t, errors, record)
 
     def timed_section(self):
         """The heap's timed section on the CPU (:func:`convbench.heap.timed`)."""
         from .heap import section
         return section(self.device)
 
-    def _time_each(self, calls, progress, label, per_backend, t, errors=None):
+    def _time_each(self, calls, progress, label, per_backend, t, errors=None, record=None):
         from .results import Measurement
         measurements, infos = [], {}
         for n, (name, prepare) in enumerate(calls.items()):
             if progress is not None:
                 progress.label = f"{label} {name}"
             try:
-                fn = prepare()
-                if getattr(fn, "info", None):
-                    infos[name] = fn.info
-                measurements.append(Measurement(name, self.timer.measure(
-                    fn, t.warmup, t.iterations, t.time_limit, progress=progress)))
+                with (self.observer.backend(self, record, name) if record is not None
+                      else contextlib.nullcontext()):
+                    fn = prepare()
+                    if getattr(fn, "info", None):
+                        infos[name] = fn.info
+                    if record is not None:
+                        self.observer.prepared(self, record, name, fn)
+                    measurements.append(Measurement(name, self.timer.measure(
+                        fn, t.warmup, t.iterations, t.time_limit, progress=progress)))
+                    del fn  # its arrays go before the next backend is prepared
             except Exception as err:  # noqa: BLE001 - recorded; the next backend is timed
                 if errors is None or n == 0:
                     raise
@@ -320,20 +335,30 @@ class Experiment:
         return self.records
 
     def run_case(self, impl, layer: Layer, index: int = 0, *, params=None,
-                 references: bool = True, layouts: Optional[Sequence] = None,
+                 references=True, layouts: Optional[Sequence] = None,
                  tamper: Optional[Callable[[Any], Any]] = None, time_wrong: bool = True,
-                 catch: bool = True) -> Record:
+                 catch: bool = True, truth=None, inputs: Optional[Mapping[str, Any]] = None,
+                 screen: Optional[Callable[[Any], Optional[str]]] = None, timed: bool = True,
+                 dace_call: Optional[Mapping[str, Any]] = None) -> Record:
         """One implementation on one layer: build it, check it (``verify``), time the
         references and the build (``timing``); the :class:`Record`.
 
         ``params``: the resolved parameters (default :meth:`params`).  ``references``:
-        time the references too; ``layouts``: in these memory formats (default the
-        implementation's own; a reference in another is named ``<ref>-<layout>``).  A
-        reference that cannot be timed is recorded in ``Record.errors`` and the others go
-        on.  ``tamper``: applied to the output before it is checked (the harness's own
-        planted failures).  ``time_wrong`` False: a build whose float64 check fails is
-        not timed.  ``catch``: a build or run failure makes the record's status ``error``
-        (False: it propagates)."""
+        time the references too (True), not (False), or those named; ``layouts``: in
+        these memory formats (default the implementation's own; a reference in another is
+        named ``<ref>-<layout>``).  A reference that cannot be timed is recorded in
+        ``Record.errors`` and the others go on.  ``tamper``: applied to the output before
+        it is checked (the harness's own planted failures).  ``time_wrong`` False: a build
+        whose float64 check fails is not timed.  ``catch``: a build or run failure makes
+        the record's status ``error`` (False: it propagates).
+
+        Shared between cases (the bench checks every implementation of a layer against
+        one ground truth; the stress test draws its inputs itself): ``truth``, a ground
+        truth from :meth:`truth` (the caller drops it), or ``inputs``, the logical inputs
+        timed when not verifying.  ``screen(build)``: a reason not to check and time the
+        build (status ``skipped``), or None.  ``timed`` False: no timing here even with
+        ``timing`` set (the bench times its calls in interleaved rounds).  ``dace_call``:
+        keyword arguments of :meth:`call` for the timed DaCe call."""
         params = self.params(impl, layer) if params is None else impl.resolve_params(params)
         record = Record(index, layer, impl.name, impl.pass_, self.device, params)
         self.observer.layer(self, record)
@@ -348,22 +373,12 @@ class Experiment:
             record.build_name = build.spec.name
             record.status = "built"
             self.observer.built(self, record)
-            truth = None
-            if self.verify:
-                t0 = time.perf_counter()
-                truth = self.truth(impl.pass_, layer, index)
-                record.checks = self.check(build, truth, tamper)
-                record.check_seconds = time.perf_counter() - t0
-                record.status = "passed" if record.verified else "failed"
-                self.observer.checked(self, record)
-            if self.timing is not None and (time_wrong or not record.checks
-                                            or record.checks[0].ok):
-                from .verify import make_inputs
-                inputs = truth.inputs if truth is not None else make_inputs(
-                    layer, impl.pass_, self.seed + index)
-                if truth is not None:
-                    truth.drop()  # the float64 reference is not needed for timing
-                self._time_case(record, build, inputs, references, layouts)
+            skip = screen(build) if screen is not None else None
+            if skip:
+                record.status, record.reason = "skipped", skip
+            else:
+                self._check_and_time(record, build, index, references, layouts, tamper,
+                                     time_wrong, truth, inputs, timed, dace_call or {})
         except UsageError:
             raise
         except Exception as err:  # a build or run failure fails this case, not the run
@@ -374,16 +389,40 @@ class Experiment:
         self.observer.finished(self, record)
         return record
 
-    def _time_case(self, record: Record, build, inputs, references: bool = True,
-                   layouts: Optional[Sequence] = None) -> None:
+    def _check_and_time(self, record, build, index, references, layouts, tamper, time_wrong,
+                        truth, inputs, timed, dace_call) -> None:
+        impl, layer = build.spec.impl, record.layer
+        shared = truth is not None
+        if self.verify:
+            t0 = time.perf_counter()
+            truth = truth if shared else self.truth(impl.pass_, layer, index)
+            record.checks = self.check(build, truth, tamper)
+            record.check_seconds = time.perf_counter() - t0
+            record.status = "passed" if record.verified else "failed"
+            self.observer.checked(self, record)
+        if not timed or self.timing is None or not (
+                time_wrong or not record.checks or record.checks[0].ok):
+            return
+        if inputs is None:
+            from .verify import make_inputs
+            inputs = truth.inputs if truth is not None else make_inputs(
+                layer, impl.pass_, self.seed + index)
+        if truth is not None and not shared:
+            truth.drop()  # the float64 reference is not needed for timing
+        self._time_case(record, build, inputs, references, layouts, dace_call)
+
+    def _time_case(self, record: Record, build, inputs, references=True,
+                   layouts: Optional[Sequence] = None, dace_call=None) -> None:
         from .layouts import Layout
         from .references import torch_device
         impl, layer = build.spec.impl, record.layer
         device_inputs = {r: t.to(torch_device(self.device)) for r, t in inputs.items()}
-        calls = {"dace": lambda: self.call(build, inputs)}
+        calls = {"dace": lambda: self.call(build, inputs, **(dace_call or {}))}
         own = Layout(impl.layout)
-        for layout in (layouts or [own]) if references else []:
-            for ref in self.reference_backends:  # torch, torch-ndhwc, cudnn-ncdhw, ...
+        refs = [r for r in self.reference_backends if references is True or (
+            references and r.name in references)]
+        for layout in layouts or [own]:
+            for ref in refs:  # torch, torch-ndhwc, cudnn-ncdhw, ...
                 name = ref.name if Layout(layout) == own else \
                     f"{ref.name}-{str(layout).lower()}"
                 calls[name] = (lambda ref=ref, layout=layout: ref.prepare(
@@ -391,7 +430,8 @@ class Experiment:
         t = self.timing
         progress = self.observer.timing(self, record, (t.warmup + t.iterations) * len(calls))
         with progress if progress is not None else contextlib.nullcontext():
-            record.measurements, record.infos = self.time(calls, progress, record.errors)
+            record.measurements, record.infos = self.time(calls, progress, record.errors,
+                                                          record)
         if self.writer is None:
             self.observer.timed(self, record)
             return

@@ -11,12 +11,13 @@ import datetime
 import hashlib
 import io
 import json
+import math
 import os
 import platform
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from . import schema
 from .files import write_atomic
@@ -34,6 +35,17 @@ def save_records(path: os.PathLike, meta: Dict[str, Any], records: List[Any]) ->
     write_atomic(path, json.dumps({"meta": meta, "records": records}, indent=1, default=str))
     print(f"wrote {path}")
     return path
+
+
+def fastest_vendor(medians: Mapping[str, Optional[float]]
+                   ) -> Tuple[Optional[str], Optional[float]]:
+    """The baseline of a ratio: the fastest of the vendor paths timed (name to median
+    ms; None or NaN: not timed), as ``(name, ms)``, or ``(None, None)``."""
+    timed = {k: v for k, v in medians.items() if v is not None and not math.isnan(v)}
+    if not timed:
+        return None, None
+    name = min(timed, key=timed.get)
+    return name, timed[name]
 
 
 def compulsory_bytes(layer: Layer, element_bytes: int = 4) -> int:

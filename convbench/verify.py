@@ -303,11 +303,14 @@ def run_build(build, truth: GroundTruth, device: str = "cpu"):
 
 
 def verify_build(build, truth: GroundTruth, device: str = "cpu",
-                 cudnn_algo: str = "find") -> list:
+                 cudnn_algo: str = "find", tamper=None) -> list:
     """All checks for one build: the float64 ground truth; on the GPU also torch's float32
     convolution (TF32 off) and, where cuDNN is usable, cuDNN through this project's
-    bindings (IEEE FP32, algorithm ``cudnn_algo``)."""
+    bindings (IEEE FP32, algorithm ``cudnn_algo``).  ``tamper``: applied to the output
+    before it is checked (the harness's own planted failures)."""
     out = run_build(build, truth, device)
+    if tamper is not None:
+        out = tamper(out)
     return check_output(out, truth, build.spec.dtype.unit_roundoff, device, cudnn_algo)
 
 

@@ -9,11 +9,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Dict, Iterable, Optional
 
-from .. import tables
+from .. import results, tables
 from ..files import write_atomic
 from .folder import _now
 from .plan import PHASES, V100_RATIOS
-from .worker import fastest_vendor
 
 
 def best_per_layer(records: Iterable[dict]) -> Dict[tuple, dict]:
@@ -50,7 +49,7 @@ def write_table(folder: Folder, target: str, meta: dict) -> Path:
     for (lset, lname, batch, pass_), row in sorted(best_per_layer(records).items()):
         d = row["best"]["timings"]["dace"]["median_ms"]
         refs = row["refs"] if gpu else {"torch": row["refs"].get("torch")}
-        winner, v = fastest_vendor(refs)
+        winner, v = results.fastest_vendor(refs)
         gfs = row["gflop"] / (d * 1e-3) if row["gflop"] else None
         best.append([lset, lname, batch, pass_, row["best"]["case"]["impl"], f"{d:.3f}"]
                     + ([_fmt(row["refs"].get("cudnn"), ".3f"), _fmt(row["refs"].get("torch"), ".3f"),

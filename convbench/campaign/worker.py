@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import select
 import signal
@@ -14,7 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence
 from .folder import Folder
 from .plan import Case, PLANTED_HANG_TIMEOUT_S
 
@@ -213,15 +212,6 @@ def vendor_layouts(layout, device: str) -> list:
     from ..layouts import Layout
     own = Layout(layout)
     return [own] + ([other for other in Layout if other != own] if device == "gpu" else [])
-
-
-def fastest_vendor(refs: Dict[str, float]) -> Tuple[Optional[str], Optional[float]]:
-    """The fastest vendor path among the timed ones (name to median ms): the baseline."""
-    timed = {k: v for k, v in refs.items() if v is not None and not math.isnan(v)}
-    if not timed:
-        return None, None
-    name = min(timed, key=timed.get)
-    return name, timed[name]
 
 
 def _plant_wrong(out):

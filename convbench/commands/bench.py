@@ -162,7 +162,8 @@ class Bench:
         return 0
 
     def _prepare(self, index, layer_set, layer):
-        """Build, verify and screen every implementation on one layer; its calls."""
+        """Every implementation on one layer through the case runner, against one ground
+        truth: built, screened on its first call, verified; the calls to sample."""
         import torch
 
         from ..layouts import Layout
@@ -174,26 +175,31 @@ class Bench:
         calls = {name: REF.prepare(layer, self.pass_, layout, "cpu", truth.inputs,
                                    exp.ref_options)
                  for name, layout in zip(TORCH, (Layout.NCDHW, Layout.NDHWC))}
-        info, builds = {}, {}
-        for impl in exp.impls:
-            params = exp.params(impl, layer)
-            reason = impl.unsupported_reason(layer, params)
-            if reason:
-                info[impl.name] = {"status": "unsupported", "reason": reason}
-                continue
-            build = builds[impl.name] = exp.build(impl, layer, params)
-            info[impl.name] = {"params": params, "build": build.origin,
-                               "build_s": round(build.seconds, 2)}
-            calls[impl.name] = exp.call(build, truth.inputs)  # one (untimed) call: first_ms
         with torch.no_grad():
             # torch's first (flushed) call is the yardstick; a DaCe build is screened on
             # its initialising call, so a very slow one runs only once.
             torch_first = min(timer.once(calls[n]) for n in TORCH)
-            active = {n: fn for n, fn in calls.items() if n in TORCH or self._admit(
-                n, fn, builds[n], truth, info[n], torch_first)}
+            info = {}
+            for impl in exp.impls:
+                prepared = {}
+                record = exp.run_case(impl, layer, index, truth=truth, timed=False,
+                                      screen=lambda build, p=prepared: self._screen(
+                                          build, truth.inputs, p, torch_first))
+                info[impl.name] = self._info(record, prepared.get("call"))
+                if record.status == "passed":
+                    calls[impl.name] = prepared["call"]
         truth.drop()
         return {"index": index, "label": label, "set": layer_set, "layer": layer,
-                "calls": active, "info": info, "rounds": []}
+                "calls": calls, "info": info, "rounds": []}
+
+    def _screen(self, build, inputs, prepared, torch_first):
+        """The build's prepared call (its first call run) into ``prepared``; why it is not
+        worth sampling (a first call over ``--skip-slower`` times torch's), or None."""
+        call = prepared["call"] = self.exp.call(build, inputs)
+        limit = self.args.skip_slower
+        if call.first_ms > limit * torch_first:
+            return f"first call {call.first_ms:.1f} ms > {limit:g}x torch"
+        return None
 
     def _round(self, run, r) -> None:
         """One independent round on one layer: warm-up, then interleaved samples."""
@@ -263,21 +269,29 @@ class Bench:
                                "threads": torch.get_num_threads()})
         return row
 
-    def _admit(self, name, fn, build, truth, info, torch_first) -> bool:
-        """Screen a DaCe build on its first call, then verify it (a wrong kernel's time is
-        not reported)."""
-        limit = self.args.skip_slower
-        first = info["first_call_ms"] = fn.first_ms
-        if first > limit * torch_first:
-            info["status"] = f"skipped: first call {first:.1f} ms > {limit:g}x torch"
-            print(f"  {name}: {first:.0f} ms, skipped (> {limit:g}x torch)", flush=True)
-            return False
-        check = self.exp.check(build, truth)[0]
-        info.update(verified=check.ok, err_over_tol=check.worst_ratio)
-        if not check.ok:
-            info["status"] = "wrong"
-            print(f"  {name}: WRONG ({check.summary()}), not timed", flush=True)
-        return check.ok
+    @staticmethod
+    def _info(record, call) -> dict:
+        """The metadata of one implementation on the layer (what happened, and why)."""
+        name = record.implementation
+        if record.status == "unsupported":
+            return {"status": "unsupported", "reason": record.reason}
+        info = {"params": record.params, "build": record.build_origin,
+                "build_s": round(record.build_seconds, 2)}
+        if call is not None:
+            info["first_call_ms"] = call.first_ms
+        if record.status == "skipped":
+            info["status"] = f"skipped: {record.reason}"
+            print(f"  {name}: {call.first_ms:.0f} ms, skipped ({record.reason})", flush=True)
+        elif record.status == "error":
+            info["status"] = f"error: {record.reason}"
+            print(f"  {name}: ERROR ({record.reason}), not timed", flush=True)
+        elif record.checks:
+            check = record.checks[0]
+            info.update(verified=check.ok, err_over_tol=check.worst_ratio)
+            if not check.ok:
+                info["status"] = "wrong"
+                print(f"  {name}: WRONG ({check.summary()}), not timed", flush=True)
+        return info
 
 
 def _footprint(layer, pass_):

@@ -17,7 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from .. import tables
+from .. import results, tables
 from ..errors import ArgumentParser, UsageError, run_main
 from ..toolchain import PROJECT_ROOT
 
@@ -72,18 +72,20 @@ def gpu_cases(campaign: Optional[Path]) -> Dict[str, Tuple[int, int, List[float]
         impl = known.get(row["impl"])
         return (row["layer_set"], row["layer"], row["batch"],
                 str(impl.pass_) if impl else row["impl"])
-    fastest: Dict[tuple, float] = {}
+    vendors: Dict[tuple, Dict[str, float]] = defaultdict(dict)
     for row in rows:
-        vendors = [float(row[c]) for c in VENDOR_COLUMNS if row.get(c)]
-        if vendors:
-            fastest[problem(row)] = min(vendors + [fastest.get(problem(row), float("inf"))])
+        timed = vendors[problem(row)]
+        for c in VENDOR_COLUMNS:
+            if row.get(c):
+                timed[c] = min(float(row[c]), timed.get(c, float("inf")))
     for row in rows:
         verified, run, ratios = out.get(row["impl"], (0, 0, []))
         run += row["status"] != "refused"
         if row["status"] == "verified":
             verified += 1
-            if row.get("dace_ms") and problem(row) in fastest:
-                ratios.append(float(row["dace_ms"]) / fastest[problem(row)])
+            _, fastest = results.fastest_vendor(vendors[problem(row)])
+            if row.get("dace_ms") and fastest:
+                ratios.append(float(row["dace_ms"]) / fastest)
         out[row["impl"]] = (verified, run, ratios)
     return out
 

@@ -11,6 +11,7 @@ output is poisoned with NaN first); exit status 1 if it fails.  The "Stress test
 of docs/end2end.md has the details.
 """
 
+import contextlib
 import dataclasses
 import gc
 import math
@@ -22,6 +23,7 @@ from pathlib import Path
 from .. import flags, tables
 from ..devices import synchronize
 from ..errors import ArgumentParser, UsageError, check_at_least, run_main
+from ..experiment import Observer
 from ..memory import (GIB, PeakMemory, available_memory, check_regions, input_depth_range,
                       memory_estimate, program_transient_bytes)
 
@@ -190,73 +192,87 @@ def _release(device):
         torch.cuda.empty_cache()
 
 
-def _phase(exp, label, what, start, args):
-    """One backend's phase: ``start()`` returns its prepared call and first-call time;
-    then the warm-up and timed calls, a progress line now and then.  Returns the call,
-    its record and the phase's memory."""
-    from ..progress import Progress
-    print(f"running {what}: 1 first call, {args.warmupiter} warm-up, {args.totaliter} timed",
-          flush=True)
-    with PeakMemory(exp.device) as memory:
-        call, first = start()
-        print(f"  {label}: first call {first:.1f} ms", flush=True)
-        with Progress(args.warmupiter + args.totaliter, label=f"  {label}",
-                      heartbeat=PROGRESS_HEARTBEAT_S) as progress:
-            timing = exp.timer.measure(call, args.warmupiter, args.totaliter, progress=progress)
+class Phases(Observer):
+    """What the case runner does per backend, as the stress test needs it: each backend
+    is one phase (its preparation, a first untimed call, warm-up and timed calls) under
+    its own peak-memory sampler; with ``--check`` the DaCe output of the last timed call
+    is checked before its arrays go.  ``records``: the per-backend records, torch first;
+    ``checks``: the sub-volume checks (None without ``--check``)."""
+
+    def __init__(self, build, inputs, args):
+        self.impl, self.conv = build.spec.impl, build.spec.layer  # not .layer: a hook
+        self.unit_roundoff = build.spec.dtype.unit_roundoff
+        self.inputs, self.args = inputs, args
+        self.records, self.checks = {}, None
+        self._first, self._call = {}, None
+
+    def _label(self, name):
+        return self.impl.name if name == "dace" else name
+
+    @contextlib.contextmanager
+    def backend(self, exp, record, name):
+        a = self.args
+        what = (f"{self.impl.name} (DaCe, {self.impl.layout})" if name == "dace" else
+                f"torch conv3d ({'channels_last_3d' if str(self.impl.layout) == 'NDHWC' else 'NCDHW'})")
+        print(f"running {what}: 1 first call, {a.warmupiter} warm-up, {a.totaliter} timed",
+              flush=True)
+        with PeakMemory(exp.device) as memory:
+            yield
+            synchronize(exp.device)
+        self.records[name] = memory.result()
+        if name == "dace" and a.check:
+            self._check(exp)
+        self._call = None
+        _release(exp.device)
+
+    def prepared(self, exp, record, name, call):
         synchronize(exp.device)
-    stats = timing.stats()
-    return call, {"first_call_ms": first, "warmup": timing.warmup,
-                  "samples_ms": timing.samples_ms, **stats,
-                  "gflop_per_s": exp.layers[0].flops() / (stats["median_ms"] * 1e-3) / 1e9,
-                  **memory.result()}
+        if name == "dace":
+            first = call.first_ms
+            self._call = call  # its output is checked after the timed calls
+        else:  # the reference's first call, untimed by the case runner
+            t0 = time.perf_counter()
+            call()
+            synchronize(exp.device)
+            first = (time.perf_counter() - t0) * 1e3
+        self._first[name] = first
+        print(f"  {self._label(name)}: first call {first:.1f} ms", flush=True)
 
+    def timing(self, exp, record, total_calls):
+        from ..progress import Progress
+        return Progress(total_calls, label=" ", heartbeat=PROGRESS_HEARTBEAT_S)
 
-def run_torch(exp, layer, impl, inputs, args) -> dict:
-    from ..layouts import Pass
-    from ..references import TORCH
-
-    def start():
-        call = TORCH.prepare(layer, Pass.FWD, impl.layout, exp.device, inputs, exp.ref_options)
-        synchronize(exp.device)
-        t0 = time.perf_counter()
-        call()
-        synchronize(exp.device)
-        return call, (time.perf_counter() - t0) * 1e3
-    fmt = "channels_last_3d" if str(impl.layout) == "NDHWC" else "NCDHW"
-    call, record = _phase(exp, "torch", f"torch conv3d ({fmt})", start, args)
-    del call
-    _release(exp.device)
-    return {"backend": "torch", **record}
-
-
-def run_dace(exp, layer, impl, build, inputs, args):
-    """Time the build; return its record and the check results (or None).  With
-    ``--check`` the output starts as NaN, so what the calls leave unwritten fails."""
-    from ..layouts import PASS_SIGNATURE, from_layout
-
-    def start():
-        # In place: a fresh output per call would hold two of them (the peak is measured).
-        call = exp.call(build, inputs, fill=math.nan if args.check else 0.0, fresh=False)
-        synchronize(exp.device)
-        return call, call.first_ms
-    call, record = _phase(exp, impl.name, f"{impl.name} (DaCe, {impl.layout})", start, args)
-    record = {"backend": "dace", "implementation": impl.name, **record}
-    checks = None
-    if args.check:
+    def _check(self, exp):
+        from ..layouts import PASS_SIGNATURE, from_layout
+        impl, layer, a = self.impl, self.conv, self.args
         out_role = PASS_SIGNATURE[impl.pass_][1]
-        regions = check_regions(layer.out_d, args.check_planes)
+        regions = check_regions(layer.out_d, a.check_planes)
         print(f"checking {impl.name} against torch float64 on output depth planes "
-              f"{', '.join(f'{a}..{b - 1}' for a, b in regions)} ...", flush=True)
+              f"{', '.join(f'{lo}..{hi - 1}' for lo, hi in regions)} ...", flush=True)
         t0 = time.perf_counter()
         with PeakMemory("cpu") as check_memory:
-            checks = check_subvolume(layer, inputs["x"], inputs["w"],
-                                     from_layout(call.keepalive[out_role], impl.layout, out_role),
-                                     args.check_planes, build.spec.dtype.unit_roundoff)
-        record["check_seconds"] = time.perf_counter() - t0
-        record["check_peak_mem_bytes"] = check_memory.result()["peak_mem_bytes"]
-    del call
-    _release(exp.device)
-    return record, checks
+            self.checks = check_subvolume(
+                layer, self.inputs["x"], self.inputs["w"],
+                from_layout(self._call.keepalive[out_role], impl.layout, out_role),
+                a.check_planes, self.unit_roundoff)
+        self.records["dace"].update(check_seconds=time.perf_counter() - t0,
+                                    check_peak_mem_bytes=check_memory.result()["peak_mem_bytes"])
+
+    def backend_records(self, record):
+        """The per-backend records of the case (torch first), from its measurements."""
+        out = []
+        for m in sorted(record.measurements, key=lambda m: m.backend == "dace"):
+            stats = m.timing.stats()
+            head = {"backend": "dace", "implementation": self.impl.name} \
+                if m.backend == "dace" else {"backend": m.backend}
+            memory = self.records[m.backend]
+            extra = {k: memory.pop(k) for k in ("check_seconds", "check_peak_mem_bytes")
+                     if k in memory}
+            out.append({**head, "first_call_ms": self._first[m.backend],
+                        "warmup": m.timing.warmup, "samples_ms": m.timing.samples_ms, **stats,
+                        "gflop_per_s": self.conv.flops() / (stats["median_ms"] * 1e-3) / 1e9,
+                        **memory, **extra})
+        return out
 
 
 # -- Reporting -----------------------------------------------------------------------------
@@ -396,13 +412,20 @@ def _main(argv, prog: str = PROG) -> int:
     gen = torch.Generator(device=tdev).manual_seed(args.seed)
     inputs = {"x": torch.empty(layer.input_shape, device=tdev).uniform_(-1, 1, generator=gen),
               "w": torch.empty(layer.filter_shape, device=tdev).uniform_(-1, 1, generator=gen)}
-    torch_rec = None if args.skip_torch else run_torch(exp, layer, impl, inputs, args)
-    dace_rec, checks = run_dace(exp, layer, impl, build, inputs, args)
+    exp.observer = phases = Phases(build, inputs, args)
+    # In place: a fresh output per call would hold two of them (the peak is measured);
+    # with --check it starts as NaN, so what the calls leave unwritten fails.
+    case = exp.run_case(impl, layer, params=params, inputs=inputs, catch=False,
+                        references=() if args.skip_torch else ("torch",),
+                        dace_call={"fill": math.nan if args.check else 0.0, "fresh": False})
     del inputs
+    phases.inputs = None
     _release(device)
+    records = phases.backend_records(case)
+    torch_rec = records[0] if len(records) > 1 else None
+    dace_rec, checks = records[-1], phases.checks
 
     check_ok = None if checks is None else all(c.ok for _, c in checks)
-    records = ([torch_rec] if torch_rec is not None else []) + [dace_rec]
     print()
     print(format_table(records))
     print(f"peak mem: {dace_rec['method']}")

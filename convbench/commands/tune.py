@@ -145,18 +145,20 @@ def tune(exp, args, space, configs, layers) -> int:
             print(f"  left out {spilled} configuration(s) over {isa.accumulator_budget()} "
                   f"accumulator registers ({isa.widest_isa()})", flush=True)
         for params in tried:
-            build = exp.build(impl, layer, params)
-            check = exp.check(build, truth)[0]
+            case = exp.run_case(impl, layer, params=params, truth=truth, references=False,
+                                time_wrong=False, catch=False)
+            check = case.checks[0]
             record = {"layer": label, "key": layer.key(), "params": params, "ok": check.ok,
-                      "build_s": round(build.seconds, 2)}
+                      "build_s": round(case.build_seconds, 2)}
             if check.ok:
-                (measured,), _ = exp.time({"dace": lambda: exp.call(build, truth.inputs)})
+                measured, = case.measurements
                 record.update(measured.timing.stats(), samples_ms=measured.timing.samples_ms)
                 results.append(record)
             records.append(record)
             shown = ",".join(f"{k}={v}" for k, v in params.items())
             print(f"  {shown:30s} " + (f"{record['median_ms']:9.2f} ms" if check.ok else
                                        f"WRONG {check.summary()}"), flush=True)
+        truth.drop()
         if not results:
             print("  no valid configuration", flush=True)
             continue
