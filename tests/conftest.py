@@ -217,7 +217,7 @@ class Coverage:
     written = None
 
     def __init__(self):
-        self.records = []
+        self.records, self.lost = [], []
         self.started = time.time()
         self.git = _git_state()  # at the start: edits made while the tests run do not count
 
@@ -283,6 +283,10 @@ class Coverage:
                    f"{meta['git']['commit'][:10]}{' (dirty tree)' if meta['git']['dirty'] else ''}"
                    f", on {meta['device']} ({meta['cpu_vector_isa']}); {meta['minutes']:.1f} min."
                    "\n\n")
+        if meta["exitstatus"] not in (0, 1) or meta["workers_lost"]:  # 1: a test failed
+            text.write(f"**Incomplete**: pytest exit status {meta['exitstatus']}"
+                       + (f", workers lost: {', '.join(meta['workers_lost'])}"
+                          if meta["workers_lost"] else "") + ".\n\n")
         text.write("Each cell counts the layers (and batch sizes) of a set, whose number "
                    "heads its column: verified against "
                    "torch float64 / refused by the implementation (`supports`) / failed. "
@@ -337,7 +341,10 @@ def _metadata(session, coverage):
             "host": platform.node(), "cores": os.cpu_count(),
             "versions": {"python": platform.python_version(), "dace": dace.__version__,
                          "torch": torch.__version__},
-            "totals": coverage.totals()}
+            "totals": coverage.totals(),
+            # interrupted (2), an internal error (3) or workers lost: part of the tier only
+            "exitstatus": getattr(coverage, "exitstatus", None),
+            "workers_lost": list(coverage.lost)}
 
 
 @pytest.fixture(scope="session")
@@ -353,14 +360,21 @@ def pytest_sessionfinish(session, exitstatus):
         workeroutput["coverage"] = cov.records
         return
     out = session.config.getoption("--coverage-out")
+    cov.exitstatus = int(exitstatus)
     if cov.records and out:
         cov.written = cov.write(out, session)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error):
-    """pytest-xdist's controller: a worker finished; keep its coverage records."""
-    node.config.stash[_COVERAGE].records.extend(node.workeroutput.get("coverage", []))
+    """pytest-xdist's controller: a worker finished; keep its coverage records (a worker
+    that died sends none: the table then says so)."""
+    cov = node.config.stash[_COVERAGE]
+    output = getattr(node, "workeroutput", None)
+    if output is None:
+        cov.lost.append(str(getattr(node, "gateway", node).id))
+    else:
+        cov.records.extend(output.get("coverage", []))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
