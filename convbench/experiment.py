@@ -378,7 +378,7 @@ class Experiment:
                 record.status, record.reason = "skipped", skip
             else:
                 self._check_and_time(record, build, index, references, layouts, tamper,
-                                     time_wrong, truth, inputs, timed, dace_call or {})
+                                     time_wrong, truth, inputs, timed, dace_call)
         except UsageError:
             raise
         except Exception as err:  # a build or run failure fails this case, not the run

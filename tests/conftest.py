@@ -215,6 +215,8 @@ class Coverage:
     OUTCOMES = ("verified", "refused", "failed", "compiled")
     #: Where :meth:`write` put the table, once it did.
     written = None
+    #: pytest's exit status, set when the session finishes.
+    exitstatus = None
 
     def __init__(self):
         self.records, self.lost = [], []
@@ -343,7 +345,7 @@ def _metadata(session, coverage):
                          "torch": torch.__version__},
             "totals": coverage.totals(),
             # interrupted (2), an internal error (3) or workers lost: part of the tier only
-            "exitstatus": getattr(coverage, "exitstatus", None),
+            "exitstatus": coverage.exitstatus,
             "workers_lost": list(coverage.lost)}
 
 
@@ -372,7 +374,7 @@ def pytest_testnodedown(node, error):
     cov = node.config.stash[_COVERAGE]
     output = getattr(node, "workeroutput", None)
     if output is None:
-        cov.lost.append(str(getattr(node, "gateway", node).id))
+        cov.lost.append(str(node.gateway.id))
     else:
         cov.records.extend(output.get("coverage", []))
 

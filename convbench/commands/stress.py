@@ -206,9 +206,6 @@ class Phases(Observer):
         self.records, self.checks = {}, None
         self._first, self._call = {}, None
 
-    def _label(self, name):
-        return self.impl.name if name == "dace" else name
-
     @contextlib.contextmanager
     def backend(self, exp, record, name):
         a = self.args
@@ -236,7 +233,8 @@ class Phases(Observer):
             synchronize(exp.device)
             first = (time.perf_counter() - t0) * 1e3
         self._first[name] = first
-        print(f"  {self._label(name)}: first call {first:.1f} ms", flush=True)
+        print(f"  {self.impl.name if name == 'dace' else name}: first call {first:.1f} ms",
+              flush=True)
 
     def timing(self, exp, record, total_calls):
         from ..progress import Progress
@@ -265,13 +263,10 @@ class Phases(Observer):
             stats = m.timing.stats()
             head = {"backend": "dace", "implementation": self.impl.name} \
                 if m.backend == "dace" else {"backend": m.backend}
-            memory = self.records[m.backend]
-            extra = {k: memory.pop(k) for k in ("check_seconds", "check_peak_mem_bytes")
-                     if k in memory}
             out.append({**head, "first_call_ms": self._first[m.backend],
                         "warmup": m.timing.warmup, "samples_ms": m.timing.samples_ms, **stats,
                         "gflop_per_s": self.conv.flops() / (stats["median_ms"] * 1e-3) / 1e9,
-                        **memory, **extra})
+                        **self.records[m.backend]})
         return out
 
 
