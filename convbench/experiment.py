@@ -52,6 +52,21 @@ class TimingOptions:
     heap: str = "warm"
 
 
+@dataclasses.dataclass(frozen=True)
+class CaseOptions:
+    """How :meth:`Experiment.run_case` checks and times one case (its keyword arguments
+    after the build; the docstring there says what each does)."""
+
+    references: Any = True
+    layouts: Optional[Sequence] = None
+    tamper: Optional[Callable[[Any], Any]] = None
+    time_wrong: bool = True
+    truth: Any = None
+    inputs: Optional[Mapping[str, Any]] = None
+    timed: bool = True
+    dace_call: Optional[Mapping[str, Any]] = None
+
+
 @dataclasses.dataclass
 class Record:
     """What happened to one implementation on one layer."""
@@ -377,8 +392,8 @@ class Experiment:
             if skip:
                 record.status, record.reason = "skipped", skip
             else:
-                self._check_and_time(record, build, index, references, layouts, tamper,
-                                     time_wrong, truth, inputs, timed, dace_call)
+                self._check_and_time(record, build, index, CaseOptions(
+                    references, layouts, tamper, time_wrong, truth, inputs, timed, dace_call))
         except UsageError:
             raise
         except Exception as err:  # a build or run failure fails this case, not the run
@@ -389,27 +404,27 @@ class Experiment:
         self.observer.finished(self, record)
         return record
 
-    def _check_and_time(self, record, build, index, references, layouts, tamper, time_wrong,
-                        truth, inputs, timed, dace_call) -> None:
+    def _check_and_time(self, record, build, index: int, opts: CaseOptions) -> None:
         impl, layer = build.spec.impl, record.layer
-        shared = truth is not None
+        truth, shared = opts.truth, opts.truth is not None
         if self.verify:
             t0 = time.perf_counter()
             truth = truth if shared else self.truth(impl.pass_, layer, index)
-            record.checks = self.check(build, truth, tamper)
+            record.checks = self.check(build, truth, opts.tamper)
             record.check_seconds = time.perf_counter() - t0
             record.status = "passed" if record.verified else "failed"
             self.observer.checked(self, record)
-        if not timed or self.timing is None or not (
-                time_wrong or not record.checks or record.checks[0].ok):
+        if not opts.timed or self.timing is None or not (
+                opts.time_wrong or not record.checks or record.checks[0].ok):
             return
+        inputs = opts.inputs
         if inputs is None:
             from .verify import make_inputs
             inputs = truth.inputs if truth is not None else make_inputs(
                 layer, impl.pass_, self.seed + index)
         if truth is not None and not shared:
             truth.drop()  # the float64 reference is not needed for timing
-        self._time_case(record, build, inputs, references, layouts, dace_call)
+        self._time_case(record, build, inputs, opts.references, opts.layouts, opts.dace_call)
 
     def _time_case(self, record: Record, build, inputs, references=True,
                    layouts: Optional[Sequence] = None, dace_call=None) -> None:

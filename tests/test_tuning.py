@@ -507,6 +507,36 @@ def test_bench_cpu_bad_input(args, words, capsys):
     assert out == ""
 
 
+def test_bench_info_says_why_a_build_is_not_timed():
+    """One metadata entry per implementation; a progress line only for a build that is
+    not timed, with the reason."""
+    from types import SimpleNamespace
+
+    from convbench.experiment import Record
+    from convbench.layers import Layer
+    info = bench.Bench._info
+    layer = Layer("l", 1, 2, 2, 4, 4, 4, 3, 3, 3, pad=1)
+
+    def record(status, reason="", checks=()):
+        r = Record(0, layer, "impl", "fwd", "cpu", {"PIX": 2}, status=status, reason=reason,
+                   build_origin="loaded", build_seconds=0.5)
+        r.checks = list(checks)
+        return r
+    call = SimpleNamespace(first_ms=120.0)
+    assert info(record("unsupported", "stride 2"), None) == (
+        {"status": "unsupported", "reason": "stride 2"}, None)
+    meta, line = info(record("skipped", "first call 9.0x torch's"), call)
+    assert meta["status"].startswith("skipped") and line == "120 ms, skipped (first call 9.0x torch's)"
+    meta, line = info(record("error", "RuntimeError: boom"), call)
+    assert meta["status"] == "error: RuntimeError: boom" and "not timed" in line
+    wrong = SimpleNamespace(ok=False, worst_ratio=31.0, summary=lambda: "err/tol 31")
+    meta, line = info(record("failed", checks=[wrong]), call)
+    assert meta["status"] == "wrong" and line == "WRONG (err/tol 31), not timed"
+    right = SimpleNamespace(ok=True, worst_ratio=0.1, summary=lambda: "err/tol 0.1")
+    meta, line = info(record("passed", checks=[right]), call)
+    assert line is None and meta["verified"] and meta["first_call_ms"] == 120.0
+
+
 def test_tune_cpu_stores_the_winner(tmp_path, cachedir, monkeypatch, capsys):
     csv = tmp_path / "small.csv"
     csv.write_text(SMALL_SET)

@@ -185,7 +185,9 @@ class Bench:
                 record = exp.run_case(impl, layer, index, truth=truth, timed=False,
                                       screen=lambda build, p=prepared: self._screen(
                                           build, truth.inputs, p, torch_first))
-                info[impl.name] = self._info(record, prepared.get("call"))
+                info[impl.name], line = self._info(record, prepared.get("call"))
+                if line:
+                    print(f"  {impl.name}: {line}", flush=True)
                 if record.status == "passed":
                     calls[impl.name] = prepared["call"]
         truth.drop()
@@ -270,28 +272,29 @@ class Bench:
         return row
 
     @staticmethod
-    def _info(record, call) -> dict:
-        """The metadata of one implementation on the layer (what happened, and why)."""
-        name = record.implementation
+    def _info(record, call):
+        """The metadata of one implementation on the layer (what happened, and why), and
+        the progress line that says why it is not timed (None when it is)."""
         if record.status == "unsupported":
-            return {"status": "unsupported", "reason": record.reason}
+            return {"status": "unsupported", "reason": record.reason}, None
         info = {"params": record.params, "build": record.build_origin,
                 "build_s": round(record.build_seconds, 2)}
         if call is not None:
             info["first_call_ms"] = call.first_ms
+        line = None
         if record.status == "skipped":
             info["status"] = f"skipped: {record.reason}"
-            print(f"  {name}: {call.first_ms:.0f} ms, skipped ({record.reason})", flush=True)
+            line = f"{call.first_ms:.0f} ms, skipped ({record.reason})"
         elif record.status == "error":
             info["status"] = f"error: {record.reason}"
-            print(f"  {name}: ERROR ({record.reason}), not timed", flush=True)
+            line = f"ERROR ({record.reason}), not timed"
         elif record.checks:
             check = record.checks[0]
             info.update(verified=check.ok, err_over_tol=check.worst_ratio)
             if not check.ok:
                 info["status"] = "wrong"
-                print(f"  {name}: WRONG ({check.summary()}), not timed", flush=True)
-        return info
+                line = f"WRONG ({check.summary()}), not timed"
+        return info, line
 
 
 def _footprint(layer, pass_):
