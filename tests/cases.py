@@ -16,6 +16,7 @@ layers at their full 128^3 and 130^3), and every odd shape.
 """
 
 import dataclasses
+import time
 from typing import Iterable, List, Sequence, Tuple
 
 import pytest
@@ -156,11 +157,13 @@ def verify_case(case: Case, builds, reference, coverage, seed: int = 0) -> None:
     if reason:
         coverage.record(case, "refused", reason)
         pytest.skip(f"{case.impl} does not support {case.layer.name}: {reason}")
+    t0 = time.perf_counter()
     try:
         build = builds(case.spec())
         check = verify.verify_build(build, reference(case.layer, seed=seed, pass_=case.pass_))[0]
     except Exception as err:
-        coverage.record(case, "failed", f"{type(err).__name__}: {err}")
+        coverage.record(case, "failed", f"{type(err).__name__}: {err}", time.perf_counter() - t0)
         raise
-    coverage.record(case, "verified" if check.ok else "failed", check.summary())
+    coverage.record(case, "verified" if check.ok else "failed", check.summary(),
+                    time.perf_counter() - t0)
     assert check.ok, f"{case.impl} on {case.layer.name} ({case.layer.describe()}): {check.summary()}"

@@ -20,7 +20,6 @@ import json
 import os
 import platform
 import shlex
-import subprocess
 import sys
 import types
 import time
@@ -48,6 +47,8 @@ ENV = dict(os.environ, PYTHONPATH=str(ROOT))
 
 _CASES = pytest.StashKey[list]()
 _COVERAGE = pytest.StashKey["Coverage"]()
+#: The coverage records as they are made, in the ``--coverage-out`` folder.
+JOURNAL = "coverage.journal.jsonl"
 
 
 def pytest_addoption(parser):
@@ -67,7 +68,12 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    config.stash[_COVERAGE] = Coverage()
+    out = config.getoption("--coverage-out")
+    journal = Path(out) / JOURNAL if out else None
+    if journal is not None and not hasattr(config, "workerinput"):  # the controller starts it
+        journal.parent.mkdir(parents=True, exist_ok=True)
+        journal.write_text("")
+    config.stash[_COVERAGE] = Coverage(journal)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -218,19 +224,42 @@ class Coverage:
     #: pytest's exit status, set when the session finishes.
     exitstatus = None
 
-    def __init__(self):
+    def __init__(self, journal=None):
         self.records, self.lost = [], []
         self.started = time.time()
         self.git = _git_state()  # at the start: edits made while the tests run do not count
+        #: Every record is also appended here as it is made, so that the records of a
+        #: worker that dies (killed for memory, say) are not lost with it.
+        self.journal = journal
+        self.worker = os.environ.get("PYTEST_XDIST_WORKER", "")
 
-    def record(self, case, outcome, detail=""):
+    def record(self, case, outcome, detail="", seconds=None):
+        """One case's outcome; ``seconds``: what its build and check took."""
         assert outcome in self.OUTCOMES, outcome
-        self.records.append({
+        row = {
             "implementation": case.impl, "pass": str(case.pass_), "set": case.layer_set,
             "layer": case.layer.name, "geometry": case.layer.describe(),
             "batch": case.layer.batch, "target": case.target,
             "params": ",".join(f"{k}={v}" for k, v in case.params), "outcome": outcome,
-            "detail": " ".join(str(detail).split())[:300]})
+            "detail": " ".join(str(detail).split())[:300],
+            "seconds": "" if seconds is None else round(seconds, 1)}
+        self.records.append(row)
+        if self.journal is not None:
+            with open(self.journal, "a") as f:  # one short line per write: appends stay whole
+                f.write(json.dumps({"worker": self.worker, **row}) + "\n")
+
+    def recover(self, worker):
+        """The journalled records of a worker that died (its own report never came)."""
+        self.lost.append(worker)
+        if self.journal is None or not self.journal.exists():
+            return
+        for line in self.journal.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:  # a line cut short when the worker died
+                continue
+            if row.pop("worker", None) == worker:
+                self.records.append(row)
 
     def table(self):
         """Markdown: implementation x pass rows, one column per set, cells
@@ -261,6 +290,26 @@ class Coverage:
                                  f"{c.get('failed', 0)}")
             lines.append(f"| {impl} | {pass_} | " + " | ".join(cells) + " |")
         return "\n".join(lines)
+
+    def time_summary(self, slowest=10):
+        """Markdown: where the tier's time went (build and check of each case)."""
+        timed = [r for r in self.records if r.get("seconds") not in ("", None)]
+        if not timed:
+            return ""
+        per_impl = {}
+        for r in timed:
+            key = (r["implementation"], r["pass"])
+            per_impl[key] = per_impl.get(key, 0.0) + float(r["seconds"])
+        total = sum(per_impl.values())
+        lines = [f"\nTime: {total / 60:.1f} min of build and check over {len(timed)} cases "
+                 "(summed over the workers). Per implementation, the most first: "
+                 + ", ".join(f"{i} {p} {t / 60:.1f}" for (i, p), t in
+                             sorted(per_impl.items(), key=lambda kv: -kv[1])) + " min.",
+                 "", "Slowest cases:", ""]
+        for r in sorted(timed, key=lambda r: -float(r["seconds"]))[:slowest]:
+            lines.append(f"- {r['seconds']} s: {r['implementation']} on {r['set']}/"
+                         f"{r['layer']} b{r['batch']} ({r['target']})")
+        return "\n".join(lines) + "\n"
 
     def totals(self):
         out = {}
@@ -309,6 +358,7 @@ class Coverage:
             for r in failures:
                 text.write(f"- {r['implementation']} on {r['set']}/{r['layer']} "
                            f"b{r['batch']} ({r['target']}): {r['detail']}\n")
+        text.write(self.time_summary())
         (folder / "coverage.md").write_text(text.getvalue())
         (folder / "metadata.json").write_text(json.dumps(meta, indent=1) + "\n")
         return folder / "coverage.md"
@@ -365,6 +415,8 @@ def pytest_sessionfinish(session, exitstatus):
     cov.exitstatus = int(exitstatus)
     if cov.records and out:
         cov.written = cov.write(out, session)
+    if cov.journal is not None and cov.written:
+        cov.journal.unlink(missing_ok=True)  # its records are in the table now
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -374,7 +426,7 @@ def pytest_testnodedown(node, error):
     cov = node.config.stash[_COVERAGE]
     output = getattr(node, "workeroutput", None)
     if output is None:
-        cov.lost.append(str(node.gateway.id))
+        cov.recover(str(node.gateway.id))
     else:
         cov.records.extend(output.get("coverage", []))
 

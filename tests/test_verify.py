@@ -273,3 +273,30 @@ def test_tolerance_for_other_inputs_is_the_general_one():
     out *= 1.0005
     assert verify.compare(out, other, u).ok  # 0.05% everywhere: within sum|t|
     assert not verify.compare(out, truth, u).ok
+
+
+def test_coverage_journal_keeps_a_dead_workers_records(tmp_path, monkeypatch):
+    """Each coverage record is journalled as it is made; the controller takes a dead
+    worker's records from the journal (a line cut short by the death is dropped), and the
+    table says where the time went."""
+    from cases import Case
+    from conftest import Coverage
+    from convbench.layers import Layer
+    journal = tmp_path / "coverage.journal.jsonl"
+    layer = Layer("l", 1, 2, 2, 4, 4, 4, 3, 3, 3, pad=1)
+    for worker, impl, seconds in (("gw0", "implicitGemm", 2.0), ("gw1", "im2colGemm", 40.0),
+                                  ("gw1", "implicitGemmNCDHW", 7.5)):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        Coverage(journal).record(Case(impl, layer, "odd"), "verified", "ok", seconds)
+    with open(journal, "a") as f:
+        f.write('{"worker": "gw1", "implementation": "directConvNC')  # cut short
+    monkeypatch.delenv("PYTEST_XDIST_WORKER")
+    controller = Coverage(journal)
+    controller.recover("gw1")
+    assert controller.lost == ["gw1"]
+    assert [r["implementation"] for r in controller.records] == ["im2colGemm",
+                                                                 "implicitGemmNCDHW"]
+    summary = controller.time_summary()
+    assert "0.8 min of build and check over 2 cases" in summary
+    assert summary.index("im2colGemm fwd 0.7") < summary.index("implicitGemmNCDHW fwd 0.1")
+    assert "- 40.0 s: im2colGemm on odd/l b1 (cpu)" in summary
