@@ -50,9 +50,11 @@ test: setup
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
+# The full tier steals work between processes: one file (test_impls_cpu.py) holds most of
+# its time, and --dist loadfile would give it to a single process.
 test-full: setup
 	$(VENV)/bin/lint-imports --no-cache
-	$(PY) -m pytest $(XDIST) --full --coverage-out=$(COVERAGE_OUT) $(PYTEST_ARGS)
+	$(PY) -m pytest $(subst loadfile,worksteal,$(XDIST)) --full --coverage-out=$(COVERAGE_OUT) $(PYTEST_ARGS)
 
 clean-cache:
 	rm -rf .cache/builds

@@ -154,7 +154,8 @@ class SessionBuilds:
         self._cases, self._workers, self._report = cases, workers, report
 
     def fill(self):
-        jobs = [c.job() for c in self._cases if not c.refused()]
+        jobs = [c.job() for c in self._cases
+                if not c.refused() and not getattr(c, "deferred", lambda: None)()]
         if len(jobs) < 2:
             return
         # Under pytest-xdist every worker fills the shared folder, each starting at its own
@@ -218,7 +219,7 @@ class Coverage:
     """Outcomes of the verified cases: ``verified``, ``refused`` or ``failed`` (``compiled``
     for GPU builds that were compiled but could not run)."""
 
-    OUTCOMES = ("verified", "refused", "failed", "compiled")
+    OUTCOMES = ("verified", "refused", "failed", "compiled", "deferred")
     #: Where :meth:`write` put the table, once it did.
     written = None
     #: pytest's exit status, set when the session finishes.
@@ -287,7 +288,8 @@ class Coverage:
                     cells.append(f"{c.get('compiled', 0)} / {c.get('failed', 0)}")
                 else:
                     cells.append(f"{c.get('verified', 0)} / {c.get('refused', 0)} / "
-                                 f"{c.get('failed', 0)}")
+                                 f"{c.get('failed', 0)}"
+                                 + (f" ({c['deferred']} deferred)" if c.get("deferred") else ""))
             lines.append(f"| {impl} | {pass_} | " + " | ".join(cells) + " |")
         return "\n".join(lines)
 
@@ -340,7 +342,9 @@ class Coverage:
                           if meta["workers_lost"] else "") + ".\n\n")
         text.write("Each cell counts the layers (and batch sizes) of a set, whose number "
                    "heads its column: verified against "
-                   "torch float64 / refused by the implementation (`supports`) / failed. "
+                   "torch float64 / refused by the implementation (`supports`) / failed, and "
+                   "in brackets the layers over the CPU budget of a slow CPU schedule "
+                   "(deferred to the GPU campaign; `CPU_CHECK_GFLOP` in `tests/cases.py`). "
                    "The `nvcc` column counts GPU builds compiled for sm_90 / failed (compile "
                    "only where no GPU is usable). Sets: `cosmoflow` and `cosmoflow_mlperf` are "
                    "`convparams/`, the others are the tests' own shapes (`tests/cases.py`). "
@@ -353,6 +357,16 @@ class Coverage:
             text.write("\nRefusals:\n\n")
             for impl, reason in refusals:
                 text.write(f"- {impl}: {reason}\n")
+        deferred = {}
+        for r in self.records:
+            if r["outcome"] == "deferred":
+                deferred.setdefault(r["implementation"], []).append(r)
+        if deferred:
+            text.write("\nDeferred (over the CPU budget):\n\n")
+            for impl, rows in sorted(deferred.items()):
+                text.write(f"- {impl}: {len(rows)} cases, "
+                           + ", ".join(f"{r['set']}/{r['layer']} b{r['batch']}" for r in rows)
+                           + "\n")
         if failures:
             text.write("\nFailures:\n\n")
             for r in failures:

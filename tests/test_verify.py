@@ -300,3 +300,27 @@ def test_coverage_journal_keeps_a_dead_workers_records(tmp_path, monkeypatch):
     assert "0.8 min of build and check over 2 cases" in summary
     assert summary.index("im2colGemm fwd 0.7") < summary.index("implicitGemmNCDHW fwd 0.1")
     assert "- 40.0 s: im2colGemm on odd/l b1 (cpu)" in summary
+
+
+def test_a_case_over_the_cpu_budget_is_deferred_and_counted(monkeypatch):
+    """A CPU case over its implementation's budget is neither built nor checked; the
+    coverage table counts it apart from the verified, refused and failed ones."""
+    import cases
+    from cases import Case, verify_case
+    from conftest import Coverage
+    from convbench.layers import Layer
+    big = Layer("big", 1, 16, 16, 16, 16, 16, 3, 3, 3, pad=1)  # 0.11 GFLOP
+    small = Layer("small", 1, 2, 2, 4, 4, 4, 3, 3, 3, pad=1)
+    monkeypatch.setattr(cases, "CPU_CHECK_GFLOP", {"implicitGemm": 0.05})
+    assert "over the CPU budget of 0.05 GFLOP" in Case("implicitGemm", big, "odd").deferred()
+    assert Case("implicitGemm", small, "odd").deferred() is None
+    assert Case("implicitGemm", big, "odd", target="gpu").deferred() is None
+    assert Case("im2colGemm", big, "odd").deferred() is None
+
+    def no_build(spec):
+        raise AssertionError("a deferred case was built")
+    cov = Coverage()
+    with pytest.raises(pytest.skip.Exception, match="deferred"):
+        verify_case(Case("implicitGemm", big, "odd"), no_build, None, cov)
+    assert [r["outcome"] for r in cov.records] == ["deferred"]
+    assert "| implicitGemm | fwd | 0 / 0 / 0 (1 deferred) |" in cov.table()
