@@ -424,19 +424,18 @@ class Experiment:
                 layer, impl.pass_, self.seed + index)
         if truth is not None and not shared:
             truth.drop()  # the float64 reference is not needed for timing
-        self._time_case(record, build, inputs, opts.references, opts.layouts, opts.dace_call)
+        self._time_case(record, build, inputs, opts)
 
-    def _time_case(self, record: Record, build, inputs, references=True,
-                   layouts: Optional[Sequence] = None, dace_call=None) -> None:
+    def _time_case(self, record: Record, build, inputs, opts: CaseOptions) -> None:
         from .layouts import Layout
         from .references import torch_device
         impl, layer = build.spec.impl, record.layer
         device_inputs = {r: t.to(torch_device(self.device)) for r, t in inputs.items()}
-        calls = {"dace": lambda: self.call(build, inputs, **(dace_call or {}))}
+        calls = {"dace": lambda: self.call(build, inputs, **(opts.dace_call or {}))}
         own = Layout(impl.layout)
-        refs = [r for r in self.reference_backends if references is True or (
-            references and r.name in references)]
-        for layout in layouts or [own]:
+        refs = [r for r in self.reference_backends if opts.references is True or (
+            opts.references and r.name in opts.references)]
+        for layout in opts.layouts or [own]:
             for ref in refs:  # torch, torch-ndhwc, cudnn-ncdhw, ...
                 name = ref.name if Layout(layout) == own else \
                     f"{ref.name}-{str(layout).lower()}"

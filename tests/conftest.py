@@ -154,8 +154,7 @@ class SessionBuilds:
         self._cases, self._workers, self._report = cases, workers, report
 
     def fill(self):
-        jobs = [c.job() for c in self._cases
-                if not c.refused() and not getattr(c, "deferred", lambda: None)()]
+        jobs = [c.job() for c in self._cases if not (c.refused() or c.deferred())]
         if len(jobs) < 2:
             return
         # Under pytest-xdist every worker fills the shared folder, each starting at its own
