@@ -12,7 +12,7 @@ import tarfile
 from pathlib import Path
 from typing import List, Optional
 
-from . import campaign
+from . import campaign, gpuspace
 from .errors import ArgumentParser, UsageError, run_main
 from .flags import add_cachedir_flag
 
@@ -35,7 +35,7 @@ def build_parser():
                    help="print the plan of `run` (cases, builds, estimated host minutes per "
                    "phase and per call, the device-time budget) and exit")
     _run_flags(p, top=True)
-    sub = p.add_subparsers(dest="command", metavar="pack|run|unpack")
+    sub = p.add_subparsers(dest="command", metavar="pack|run|unpack|space")
 
     pk = sub.add_parser("pack", help="fill .carry/ for the host and print the command to run")
     pk.add_argument("--wheels", default=str(DEFAULT_WHEELS), metavar="DIR",
@@ -50,6 +50,15 @@ def build_parser():
     r.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     _run_flags(r, top=False)
 
+    sp = sub.add_parser("space", help="here, without a GPU: compile every configuration of the "
+                        "GPU tune space with nvcc, write its resource table and verdicts")
+    sp.add_argument("--implementation", default=",".join(gpuspace.SPACES), metavar="NAME,...",
+                    help=f"whose spaces (default: all, {', '.join(gpuspace.SPACES)})")
+    sp.add_argument("--jobs", type=int, default=0, metavar="N",
+                    help="nvcc processes at a time (default: one per core)")
+    sp.add_argument("--out", default=str(gpuspace.DEFAULT_OUT), metavar="DIR",
+                    help="where the table goes (default results/gpu/tune-space)")
+
     u = sub.add_parser("unpack", help="extract a campaign archive into results/gpu/")
     u.add_argument("archive", metavar="FILE.tar.gz")
     u.add_argument("--into", default="results/gpu", metavar="DIR",
@@ -63,9 +72,13 @@ def _run_flags(p, top: bool) -> None:
     p.add_argument("--tier", default=None if top else "smoke", choices=campaign.TIERS,
                    help="smoke: one layer per implementation; core: every implementation on "
                    "representative layers plus the best-of set on all 12 CosmoFlow layers; "
-                   "full: everything (default smoke)")
+                   "full: everything; tune: the GPU search spaces' best-ranked configurations "
+                   "that passed `space` on all 12 layers, winners to tuning.json (default smoke)")
+    space_help = ("the tune tier's resource verdicts (space.json; default "
+                  "results/gpu/tune-space/, from `space`)")
     if top:
         p.add_argument("--target", help=argparse.SUPPRESS)
+        p.add_argument("--space", metavar="DIR", help=space_help)
         return
     p.add_argument("--target", default="gpu", metavar="gpu|cpu",
                    help="gpu (default), or cpu: the rehearsal, with CPU builds and torch as "
@@ -78,10 +91,11 @@ def _run_flags(p, top: bool) -> None:
     add_cachedir_flag(p)
     p.add_argument("--workers", type=int, default=0, metavar="N",
                    help="build processes (default: one per core)")
-    p.add_argument("--iterations", type=int, default=50, metavar="N",
-                   help="timed calls per backend and case (default 50)")
-    p.add_argument("--warmup", type=int, default=5, metavar="N",
-                   help="untimed calls first (default 5)")
+    p.add_argument("--iterations", type=int, default=None, metavar="N",
+                   help="timed calls per backend and case (default 50; tune tier 20)")
+    p.add_argument("--warmup", type=int, default=None, metavar="N",
+                   help="untimed calls first (default 5; tune tier 3)")
+    p.add_argument("--space", metavar="DIR", help=space_help)
     p.add_argument("--time-limit", type=float, default=2.0, metavar="S",
                    help="seconds of timing per backend and case, warm-up included (default 2)")
     p.add_argument("--case-timeout", type=float, default=0.0, metavar="S",
@@ -121,11 +135,14 @@ def _main(argv) -> int:
             raise UsageError("give a command: pack, run or unpack (or --dry-run --tier T)")
         # `--dry-run --tier core` at the top level: the plan of `run` with its defaults.
         args = parser.parse_args(["run", "--dry-run", "--tier", args.tier or "smoke"] +
-                                 (["--target", args.target] if args.target else []))
+                                 (["--target", args.target] if args.target else []) +
+                                 (["--space", args.space] if args.space else []))
     if args.command == "pack":
         return pack(Path(args.wheels), args.tier, args.out)
     if args.command == "unpack":
         return unpack(Path(args.archive), Path(args.into))
+    if args.command == "space":
+        return compile_space(args.implementation, args.jobs, Path(args.out))
     options = campaign.Options(**{f.name: getattr(args, f.name)
                                   for f in dataclasses.fields(campaign.Options)})
     options.skip = tuple(s for s in args.skip.split(",") if s)
@@ -133,10 +150,33 @@ def _main(argv) -> int:
     if args.dry_run:
         print(campaign.format_plan(options, campaign.plan_cases(
             options.tier, options.target,
-            options.target == "cpu" if options.planted is None else options.planted)))
+            options.target == "cpu" if options.planted is None else options.planted,
+            options.space)))
         print("\n" + host_commands(options.tier, options.out))
         return 0
     return campaign.run_campaign(options)
+
+
+def compile_space(names: str, jobs: int, out: Path) -> int:
+    from . import registry, toolchain
+    from .errors import check_at_least
+    check_at_least(("--jobs", jobs, 0))
+    impls = [n.strip() for n in names.split(",") if n.strip()]
+    for name in impls:
+        registry.get(name)  # a usage error for an unknown name
+        if name not in gpuspace.SPACES:
+            raise UsageError(f"--implementation {name}: no GPU search space (those with one: "
+                             f"{', '.join(gpuspace.SPACES)})")
+    if shutil.which("nvcc") is None:
+        raise UsageError("space: nvcc is not on PATH")
+    probes = gpuspace.compile_space(impls, jobs or (os.cpu_count() or 1), say=print)
+    versions = toolchain.toolchain_versions("gpu")
+    import dace
+    info = {"nvcc": str(versions.get("nvcc", "?")), "DaCe": dace.__version__}
+    path = gpuspace.write_space(out, probes, info)
+    refused = sum(1 for p in probes if p.reason)
+    print(f"{len(probes)} compiled, {refused} refused; table in {path}")
+    return 0
 
 
 def host_commands(tier: str, out: Optional[str]) -> str:
@@ -221,4 +261,39 @@ def unpack(archive: Path, into: Path) -> int:
     if into.name == "gpu":
         campaign.update_index(into)
     print(f"unpacked {folder}/ ({len(members)} entries); see {folder}/README.md")
+    if (folder / "tuning.json").is_file():
+        file_tuning(folder / "tuning.json")
     return 0
+
+
+def _filed(data: dict) -> Optional[str]:
+    """Why a campaign's ``tuning.json`` is not filed in ``tuning/gpu.json``, or None."""
+    if data.get("target", "gpu") != "gpu":
+        return f"a {data.get('target')} rehearsal's winners are not a GPU's"
+    if not data.get("device"):
+        return "no device named"
+    return None
+
+
+def file_tuning(path: Path) -> None:
+    """The winners of a tune campaign into ``tuning/gpu.json``, under its device's name."""
+    import json
+    from . import tuning
+    data = json.loads(path.read_text())
+    why = _filed(data)
+    if why:
+        print(f"{path}: not filed in tuning/gpu.json ({why})")
+        return
+    device = data["device"]
+    machine = {"gpu": device, "campaign": path.parent.name,
+               "commit": str(data.get("git", {}).get("commit", ""))[:10]}
+    count = 0
+    for impl, layers in data.get("entries", {}).items():
+        for layer_key, params in layers.items():
+            target_file = tuning.store("gpu", impl, layer_key, params, machine, key=device)
+            count += 1
+    for pass_name, layers in data.get("best", {}).items():
+        for layer_key, impl in layers.items():
+            tuning.store_best("gpu", pass_name, layer_key, impl, machine, key=device)
+    if count:
+        print(f"filed {count} tuned entries of {device} in {target_file}")

@@ -1,7 +1,9 @@
 """Tuned parameters: the best tile sizes per implementation, layer and target, in a file.
 
-``tuning/<target>.json`` (committed; written by ``scripts/tune_cpu.py``) holds, per
-machine (:func:`machine_id`: the CPU model and its widest vector ISA)::
+``tuning/<target>.json`` (committed; ``cpu.json`` written by ``scripts/tune_cpu.py``,
+``gpu.json`` by the GPU campaign's tune tier through ``gpu_campaign.py unpack``) holds,
+per machine (:func:`machine_id`: the CPU model and its widest vector ISA, or the GPU's
+name and CUDA version)::
 
     {"machines": {"<machine id>": {"machine": {...}, "entries": {
         "<implementation>": {"<layer key>": {"PIX": 16, ...}}},
@@ -23,7 +25,9 @@ end-to-end network takes it by default (:func:`best_implementation`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import itertools
 import json
 import os
 import sys
@@ -36,13 +40,31 @@ from .errors import UsageError
 TUNING_DIR = Path(__file__).resolve().parent.parent / "tuning"
 _CACHE: Dict[str, Dict[str, Any]] = {}
 _WARNED: set = set()
+_SAID: set = set()
+
+
+#: Names the GPU whose entries a build for the GPU takes, where none is visible (GPU code
+#: is compiled on hosts without one): ``NVIDIA H200 (CUDA 13.0)``, as the campaign writes it.
+GPU_ENV = "CONVBENCH_GPU"
 
 
 @functools.lru_cache(maxsize=None)
 def machine_id(target: str = "cpu") -> str:
-    """What tuned entries are keyed by: ``<CPU model> (family F model M) | <widest vector
-    ISA>``.  Family and model tell apart generations that a VM names alike ("AMD EPYC");
-    the same CPU with another ISA (a VM that hides AVX-512) is another machine."""
+    """What tuned entries are keyed by.  CPU: ``<CPU model> (family F model M) | <widest
+    vector ISA>``.  Family and model tell apart generations that a VM names alike ("AMD
+    EPYC"); the same CPU with another ISA (a VM that hides AVX-512) is another machine.
+    GPU: ``<device name> (CUDA <version>)`` (a kernel's best tiles depend on both), from
+    the visible GPU, else ``$CONVBENCH_GPU``, else ``gpu`` (no entry applies)."""
+    if target == "gpu":
+        if os.environ.get(GPU_ENV):
+            return os.environ[GPU_ENV]
+        try:
+            import torch
+            if torch.cuda.is_available():
+                return f"{torch.cuda.get_device_name()} (CUDA {torch.version.cuda})"
+        except Exception:  # noqa: BLE001 - no torch, or no driver: no device to name
+            pass
+        return "gpu"
     if target != "cpu":
         return target
     import platform
@@ -115,7 +137,12 @@ def tuned_entry(impl_name: str, layer, target: str) -> Dict[str, int]:
         print(f"note: {tuning_file(target)} has no {impl_name} entries for this machine "
               f"({machine_id(target)}), only for others: its defaults are used (tune it here "
               f"with scripts/tune_cpu.py --implementation {impl_name} --store)", file=sys.stderr)
-    return dict(mine.get(impl_name, {}).get(layer.key(), {}))
+    found = dict(mine.get(impl_name, {}).get(layer.key(), {}))
+    if found and target == "gpu" and (impl_name, layer.key()) not in _SAID:
+        _SAID.add((impl_name, layer.key()))
+        print(f"note: {impl_name} on {layer.key()}: tuned parameters of {machine_id(target)} "
+              f"from {tuning_file(target)}: {found}", file=sys.stderr)
+    return found
 
 
 def entries_elsewhere(impl_name: str, layer, target: str) -> List[Dict[str, int]]:
@@ -142,17 +169,23 @@ def tuned_params(impl, layer, target: str, overrides: Optional[Mapping[str, Any]
 
 
 def store(target: str, impl_name: str, layer, params: Mapping[str, int],
-          machine: Mapping[str, Any]) -> Path:
-    """Record ``params`` as the tuned entry of ``impl_name`` on ``layer`` (atomically)."""
+          machine: Mapping[str, Any], key: Optional[str] = None) -> Path:
+    """Record ``params`` as the tuned entry of ``impl_name`` on ``layer`` (atomically), for
+    this machine or the one named ``key``."""
     return _update(target, machine, lambda section: section.setdefault(
-        "entries", {}).setdefault(impl_name, {}).__setitem__(layer.key(), dict(params)))
+        "entries", {}).setdefault(impl_name, {}).__setitem__(_key(layer), dict(params)), key)
 
 
 def store_best(target: str, pass_name: str, layer, impl_name: str,
-               machine: Mapping[str, Any]) -> Path:
+               machine: Mapping[str, Any], key: Optional[str] = None) -> Path:
     """Record ``impl_name`` as the fastest implementation of ``pass_name`` on ``layer``."""
     return _update(target, machine, lambda section: section.setdefault(
-        "best", {}).setdefault(pass_name, {}).__setitem__(layer.key(), impl_name))
+        "best", {}).setdefault(pass_name, {}).__setitem__(_key(layer), impl_name), key)
+
+
+def _key(layer) -> str:
+    """A layer's key (a layer, or its key already)."""
+    return layer if isinstance(layer, str) else layer.key()
 
 
 def best_implementation(pass_name: str, layer, target: str) -> Optional[str]:
@@ -160,8 +193,9 @@ def best_implementation(pass_name: str, layer, target: str) -> Optional[str]:
     return _mine(load(target), target).get("best", {}).get(pass_name, {}).get(layer.key())
 
 
-def _update(target: str, machine: Mapping[str, Any], change) -> Path:
-    """Apply ``change`` to this machine's section of the tuning file (atomically)."""
+def _update(target: str, machine: Mapping[str, Any], change, key: Optional[str] = None) -> Path:
+    """Apply ``change`` to the section of this machine (or of ``key``) in the tuning file
+    (atomically)."""
     from .files import write_atomic
     path = tuning_file(target)
     if path is None:
@@ -169,10 +203,35 @@ def _update(target: str, machine: Mapping[str, Any], change) -> Path:
     data = json.loads(path.read_text()) if path.is_file() else {}
     if "entries" in data and "machines" not in data:  # the older form: whose they are is unknown
         data = {"machines": {"unknown (before entries were keyed by machine)": data}}
-    section = data.setdefault("machines", {}).setdefault(machine_id(target), {})
+    section = data.setdefault("machines", {}).setdefault(key or machine_id(target), {})
     change(section)
     section["machine"] = dict(machine)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
     _CACHE.clear()
     return path
+
+
+def parse_space(text, impl):
+    """``"PIX=12,16;KOUTER=0,1"`` -> list of parameter dicts.  Every value must be valid
+    on its own (else a usage error); combinations the implementation refuses together
+    (too many accumulators, say) are left out, and at least one must remain."""
+    axes = []
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        name, sep, values = part.partition("=")
+        if not sep:
+            raise UsageError(f"--space: expected NAME=v1,v2 in {part!r}")
+        axis = [(name.strip(), v.strip()) for v in values.split(",") if v.strip()]
+        alone = dataclasses.replace(impl, check_params=None)  # each value on its own
+        for name_value in axis:
+            alone.resolve_params(dict([name_value]), source="--space")
+        axes.append(axis)
+    configs, refused = [], []
+    for combo in itertools.product(*axes):
+        try:
+            configs.append(impl.resolve_params(dict(combo), source="--space"))
+        except UsageError as err:
+            refused.append(str(err))
+    if not configs:
+        raise UsageError(f"--space: no valid combination ({refused[0]})")
+    return configs

@@ -41,6 +41,7 @@ TILED = {
     "implicitGemmWarpTiled": (("ti", "tj"), ("As", "Bs")),
     "implicitGemmNCDHW": (("ti", "tj"), ("As", "Bs")),
     "implicitGemmsplitK": (("ti", "tj"), ("As", "Bs")),
+    "implicitGemmNCDHWinplace": (("ti", "tj"), ("As", "Bs")),
     "directConvNCDHWnobuffer": (("t",), ()),
     "directConvNCDHWtileIC": (("t",), ()),
     "directConvNCDHWmerged": (("ti", "tj"), ("Xs", "Ws")),
@@ -91,6 +92,24 @@ def test_split_k_tail_bug_is_caught(monkeypatch, builds, reference):
     assert verify.verify_build(builds(spec), reference(layer))[0].ok
     monkeypatch.setattr(_igemm, "geometry", dropping_tail)
     planted = toolchain.make_spec(spec.impl, layer, params=spec.params, planted="ks_rounded_down")
+    check = verify.verify_build(builds(planted), reference(layer))[0]
+    assert not check.ok, check.summary()
+
+
+INPLACE_BORDER = Case("implicitGemmNCDHWinplace", Layer("border", 2, 3, 20, 7, 6, 5, 3, 3, 3,
+                                                      pad=1), "odd")
+
+
+@pytest.mark.prebuild(INPLACE_BORDER)
+def test_inplace_border_predicate_bug_is_caught(monkeypatch, builds, reference):
+    """implicitGemmNCDHWinplace pads nothing: its loads test each input coordinate.
+    Planting a bound one plane too deep (the padding taps past the last plane read the
+    next channel's first plane instead of 0) must fail the verification."""
+    from impls import implicit_gemm_ncdhw_inplace as inplace
+    layer, spec = INPLACE_BORDER.layer, INPLACE_BORDER.spec()
+    assert verify.verify_build(builds(spec), reference(layer))[0].ok
+    monkeypatch.setattr(inplace, "bounds", lambda la: (la.in_d + 1, la.in_h, la.in_w))
+    planted = toolchain.make_spec(spec.impl, layer, params=spec.params, planted="bound_past_border")
     check = verify.verify_build(builds(planted), reference(layer))[0]
     assert not check.ok, check.summary()
 

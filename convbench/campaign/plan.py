@@ -15,7 +15,7 @@ from ..layersets import load_layers
 from .folder import _load
 
 
-TIERS = ("smoke", "core", "full")
+TIERS = ("smoke", "core", "full", "tune")
 PHASES = ("identity", "ceilings", "builds", "cases", "tests", "roofline", "table")
 TARGETS = ("gpu", "cpu")
 PLANTED = ("crash", "hang", "wrong")
@@ -53,10 +53,21 @@ CALL_SETUP_S = 120.0
 #: One call's command limit, and the share of it the plan fills.
 CALL_LIMIT_S = 600.0
 CALL_FILL = 0.9
-#: Phases a tier leaves out: smoke is the quick check.
-TIER_SKIPS = {"smoke": ("tests", "roofline")}
-#: The whole campaign's device-time budget (core must fit it, set-up included).
-BUDGET_S = {"smoke": 10 * 60.0, "core": 20 * 60.0, "full": 30 * 60.0}
+#: Phases a tier leaves out: smoke is the quick check; tune times configurations only.
+TIER_SKIPS = {"smoke": ("tests", "roofline"), "tune": ("tests", "roofline")}
+#: The whole campaign's device-time budget (core must fit it, set-up included).  The tune
+#: tier runs beside core in the same window: the two together must fit 25 minutes.
+BUDGET_S = {"smoke": 10 * 60.0, "core": 20 * 60.0, "full": 30 * 60.0, "tune": 25 * 60.0}
+#: Tiers whose budget is shared with another tier's plan (the dry run adds that plan).
+BUDGET_WITH = {"tune": "core"}
+#: The tune tier: configurations timed per layer and implementation, the best-ranked
+#: first (:func:`convbench.gpuspace.rank`), besides the implementation's defaults.
+TUNE_PER_LAYER = {"implicitGemmNCDHWinplace": 4, "implicitGemmNCDHW": 1, "implicitGemmsplitK": 2}
+#: Timing of a tune case: fewer samples than core (a ranking, not the reported figure;
+#: the winners are timed again by the next core campaign with the full count).
+TUNE_TIMING = {"iterations": 20, "warmup": 3}
+#: Timing of the other tiers' cases.
+DEFAULT_TIMING = {"iterations": 50, "warmup": 5}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,11 +79,25 @@ class Case(LayerCase):
     time_refs: bool = True
     #: A planted failure: "crash", "hang" or "wrong" (the rehearsal's checks of the harness).
     planted: str = ""
+    #: Parameters of a tune case, as sorted (name, value) pairs; empty: the tuned entry of
+    #: this machine, else the implementation's defaults.
+    params: Tuple[Tuple[str, int], ...] = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "params", tuple(sorted((str(k), int(v)) for k, v in self.params)))
 
     @property
     def id(self) -> str:
         text = f"{self.impl}.{self.layer_set}.{self.layer.name}.b{self.layer.batch}"
+        if self.params:
+            from ..gpuspace import tag
+            text += f".{tag(dict(self.params))}"
         return text + (f".planted-{self.planted}" if self.planted else "")
+
+    def resolved_params(self):
+        if self.params:
+            return self.implementation.resolve_params(dict(self.params))
+        return super().resolved_params()
 
     @property
     def refs_key(self) -> tuple:
@@ -87,8 +112,10 @@ def _layer(layer_set: str, name: str, batch: int) -> Layer:
     raise UsageError(f"layer {name} is not in {layer_set}")
 
 
-def plan_cases(tier: str, target: str, planted: bool) -> List[Case]:
-    """The cases of ``tier`` on ``target`` (with the three planted ones if ``planted``)."""
+def plan_cases(tier: str, target: str, planted: bool, space_dir: Optional[os.PathLike] = None
+               ) -> List[Case]:
+    """The cases of ``tier`` on ``target`` (with the three planted ones if ``planted``;
+    the tune tier reads the verdicts of the tune space from ``space_dir``)."""
     from .. import registry
     check_choice("--tier", tier, TIERS, "tier")
     impls = [n for n, i in registry.all_implementations().items() if target in i.targets]
@@ -101,6 +128,8 @@ def plan_cases(tier: str, target: str, planted: bool) -> List[Case]:
                   if target in registry.get(impl).targets]
     elif tier == "full":
         pairs += [(impl, s, layer, "every-layer") for s, layer in sets for impl in impls]
+    if tier == "tune":
+        return tune_cases(target, space_dir)
     cases, seen, timed = [], set(), set()
     for impl, layer_set, layer, group in pairs:
         if (impl, layer_set, layer) not in seen:
@@ -115,9 +144,40 @@ def plan_cases(tier: str, target: str, planted: bool) -> List[Case]:
     return cases
 
 
+def tune_cases(target: str, space_dir: Optional[os.PathLike] = None) -> List[Case]:
+    """The tune tier: on every CosmoFlow layer at the original batch (on the CPU, the
+    rehearsal, on the smoke layer), per implementation with a GPU search space, its
+    defaults and its best-ranked configurations that passed the resource filter."""
+    from .. import gpuspace, registry
+    passed = gpuspace.passed(Path(space_dir) if space_dir else gpuspace.DEFAULT_OUT)
+    if target == "gpu":
+        layers = [(s, layer.with_batch(ORIGINAL_BATCH[s])) for s in ORIGINAL_BATCH
+                  for layer in load_layers(s)]
+    else:
+        layers = [(SMOKE_LAYER[0], _layer(*SMOKE_LAYER))]
+    cases, timed = [], set()
+    for layer_set, layer in layers:
+        for impl_name, configs in passed.items():
+            impl = registry.get(impl_name)
+            if target not in impl.targets:
+                continue
+            chosen = gpuspace.rank(impl_name, layer, configs)[:TUNE_PER_LAYER.get(impl_name, 3)]
+            default = dict(impl.resolve_params({}))
+            if chosen and default not in chosen:
+                chosen.insert(0, default)
+            for params in chosen:
+                case = Case(impl_name, layer, layer_set, target, "tune",
+                            params=tuple(params.items()))
+                cases.append(dataclasses.replace(case, time_refs=case.refs_key not in timed))
+                timed.add(case.refs_key)
+    return cases
+
+
 def measured_build_seconds(target: str, cachedir: Optional[os.PathLike]) -> Tuple[float, str]:
-    """Median seconds per build of ``target`` in the manifests of ``cachedir`` (a build
-    cache that has GPU builds in it, say), else :data:`DEFAULT_BUILD_SECONDS`."""
+    """Median seconds per build of ``target``: in the manifests of ``cachedir`` (a build
+    cache that has GPU builds in it, say), else (GPU) in the newest campaign folder under
+    ``results/gpu/`` that recorded its builds (on the GPU host, all cores busy), else
+    :data:`DEFAULT_BUILD_SECONDS`."""
     root = Path(cachedir) if cachedir else None
     manifests = (_load(m, {}) for m in (root.glob("*/manifest.json") if root else ()))
     times = sorted(sum(v for v in m.get("build_seconds", {}).values()
@@ -125,6 +185,15 @@ def measured_build_seconds(target: str, cachedir: Optional[os.PathLike]) -> Tupl
                    for m in manifests if m.get("key", {}).get("target") == target)
     if len(times) >= 3:
         return times[len(times) // 2], f"median of {len(times)} builds in {root}"
+    if target == "gpu":
+        from ..toolchain import PROJECT_ROOT
+        for path in sorted((PROJECT_ROOT / "results" / "gpu").glob("*/builds.json"), reverse=True):
+            times = sorted(b["seconds"] for b in (_load(path, {}) or {}).values()
+                           if isinstance(b, dict) and b.get("outcome") == "built"
+                           and isinstance(b.get("seconds"), (int, float)))
+            if len(times) >= 3:
+                return (times[len(times) // 2], f"median of {len(times)} builds on the GPU "
+                        f"host, {path.parent.relative_to(PROJECT_ROOT)}")
     return DEFAULT_BUILD_SECONDS[target], "this project's measured build time (README)"
 
 

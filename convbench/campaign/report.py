@@ -7,7 +7,7 @@ import json
 import math
 from collections import Counter
 from pathlib import Path
-from typing import Dict, Iterable, Optional
+from typing import Dict, Iterable, Optional, Sequence, Tuple
 
 from .. import results, tables
 from ..files import write_atomic
@@ -35,6 +35,60 @@ def best_per_layer(records: Iterable[dict]) -> Dict[tuple, dict]:
     return rows
 
 
+def _tag(case: dict) -> str:
+    from ..gpuspace import tag
+    return tag(dict(case["params"])) if case.get("params") else "tuned or default"
+
+
+def tune_winners(records: Iterable[dict]) -> Dict[str, object]:
+    """The tune tier's result: per implementation and layer, its fastest verified
+    configuration (``entries``, the form of ``tuning/gpu.json``), and rows comparing it
+    with the implementation's defaults."""
+    from .. import registry
+    from ..layers import Layer
+    best: Dict[tuple, dict] = {}
+    default: Dict[tuple, float] = {}
+    for rec in records:
+        case = rec.get("case", {})
+        if rec.get("status") != "verified" or "median_ms" not in rec.get("timings", {}).get("dace", {}):
+            continue
+        key = (case["impl"], case["layer_set"], case["layer"]["name"], case["layer"]["batch"])
+        ms = rec["timings"]["dace"]["median_ms"]
+        impl = registry.get(case["impl"])
+        if dict(case.get("params") or ()) == dict(impl.resolve_params({})):
+            default[key] = ms
+        if key not in best or ms < best[key]["ms"]:
+            best[key] = {"ms": ms, "params": dict(case.get("params") or ()),
+                         "layer": Layer(**case["layer"]).key(), "pass": str(impl.pass_)}
+    entries: Dict[str, dict] = {}
+    fastest: Dict[tuple, tuple] = {}
+    rows = []
+    for (impl, lset, lname, batch), b in sorted(best.items()):
+        entries.setdefault(impl, {})[b["layer"]] = b["params"]
+        d = default.get((impl, lset, lname, batch))
+        rows.append([lset, lname, batch, impl, _fmt(d, ".3f"), _tag({"params": b["params"]}),
+                     f"{b['ms']:.3f}", _fmt(d / b["ms"] if d else None, ".2f")])
+        k = (b["pass"], b["layer"])
+        if k not in fastest or b["ms"] < fastest[k][0]:
+            fastest[k] = (b["ms"], impl)
+    chosen: Dict[str, dict] = {}
+    for (pass_, layer_key), (_, impl) in fastest.items():
+        chosen.setdefault(pass_, {})[layer_key] = impl
+    return {"entries": entries, "best": chosen, "rows": rows}
+
+
+def write_tuning(folder: Folder, meta: dict, records: Sequence[dict]) -> Tuple[Path, list]:
+    """``tuning.json`` of a tune campaign: the winners and the device they were found on
+    (``unpack`` files them in ``tuning/gpu.json`` under that name)."""
+    won = tune_winners(records)
+    path = folder.root / "tuning.json"
+    write_atomic(path, json.dumps({"device": meta.get("device"), "target": meta.get("target"),
+                                   "git": meta.get("git", {}),
+                                   "written": _now(), "entries": won["entries"],
+                                   "best": won["best"]}, indent=1, sort_keys=True) + "\n")
+    return path, won["rows"]
+
+
 def write_table(folder: Folder, target: str, meta: dict) -> Path:
     """``README.md`` and ``summary.csv`` of the campaign folder, from what is recorded."""
     records = folder.records()
@@ -51,7 +105,9 @@ def write_table(folder: Folder, target: str, meta: dict) -> Path:
         refs = row["refs"] if gpu else {"torch": row["refs"].get("torch")}
         winner, v = results.fastest_vendor(refs)
         gfs = row["gflop"] / (d * 1e-3) if row["gflop"] else None
-        best.append([lset, lname, batch, pass_, row["best"]["case"]["impl"], f"{d:.3f}"]
+        case = row["best"]["case"]
+        name = case["impl"] + (f" `{_tag(case)}`" if case.get("params") else "")
+        best.append([lset, lname, batch, pass_, name, f"{d:.3f}"]
                     + ([_fmt(row["refs"].get("cudnn"), ".3f"), _fmt(row["refs"].get("torch"), ".3f"),
                         winner or "—", _fmt(v, ".3f")] if gpu else [_fmt(v, ".3f")])
                     + [_fmt(d / v if v else None, ".2f") + ("x" if v else ""),
@@ -79,13 +135,25 @@ def write_table(folder: Folder, target: str, meta: dict) -> Path:
              f"ceiling ({_fmt(peak, '.0f')} GFLOP/s).", "",
              tables.markdown(header, best, "llrll" + "r" * (len(header) - 5)), "",
              f"The original work (DaCe 0.14 on a V100) reported forward ratios to cuDNN of "
-             + "; ".join(f"{s} {r}" for s, r in V100_RATIOS.items()) + ".", "",
-             "## Cases", "",
-             "Totals: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), "",
-             tables.markdown(["case", "group", "status", "detail"], cases, "llll"), "",
-             "## Phases", "",
-             tables.markdown(["phase", "status", "detail", "seconds"], phases, "lllr"), "",
-             "## Ceilings", ""]
+             + "; ".join(f"{s} {r}" for s, r in V100_RATIOS.items()) + ".", ""]
+    if meta.get("tier") == "tune":
+        path, rows = write_tuning(folder, meta, records)
+        lines += ["## Tuning", "",
+                  "Per layer and implementation: the median of its default configuration, "
+                  "and of the fastest configuration that verified (`tuning.json`; "
+                  "`gpu_campaign.py unpack` files it in `tuning/gpu.json` under this device, "
+                  "where verify, profile, the bench and the end-to-end run take it). Speed-up "
+                  "= default / best.", "",
+                  tables.markdown(["set", "layer", "batch", "implementation", "default ms",
+                                   "best config", "best ms", "speed-up"],
+                                  rows or [["(no configuration verified)"] + [""] * 7],
+                                  "llrlrlrr"), ""]
+    lines += ["## Cases", "",
+              "Totals: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), "",
+              tables.markdown(["case", "group", "status", "detail"], cases, "llll"), "",
+              "## Phases", "",
+              tables.markdown(["phase", "status", "detail", "seconds"], phases, "lllr"), "",
+              "## Ceilings", ""]
     lines += [f"- {key}: {_fmt(ceilings[key], '.0f') if ceilings[key] else 'not measured'}"
               for key in ("peak_gflops", "bandwidth_gbs", "tf32_gflops", "fp16_gflops",
                           "fma_peak_gflops") if key in ceilings]

@@ -15,7 +15,8 @@ from .. import tables
 from ..errors import UsageError, check_at_least, check_choice
 from .folder import Folder, _now
 from .phases import identity, measure_ceilings, roofline_rows, run_builds, run_gpu_tests, run_roofline
-from .plan import BUDGET_S, CALL_SETUP_S, PHASES, TARGETS, TIERS, TIER_SKIPS, estimate, plan_cases
+from .plan import (BUDGET_S, BUDGET_WITH, CALL_SETUP_S, DEFAULT_TIMING, PHASES, TARGETS, TIERS,
+                   TIER_SKIPS, TUNE_TIMING, Case, estimate, plan_cases)
 from .report import update_index, write_table
 from .worker import _project_root, run_cases
 
@@ -28,8 +29,8 @@ class Options:
     resume: bool = False
     cachedir: Optional[str] = None
     workers: int = 0
-    iterations: int = 50
-    warmup: int = 5
+    iterations: Optional[int] = None
+    warmup: Optional[int] = None
     time_limit: float = 2.0
     case_timeout: float = 0.0
     planted: Optional[bool] = None
@@ -40,9 +41,14 @@ class Options:
     archive: Optional[str] = None
     threads: Optional[int] = None
     seed: int = 0
+    #: Where the tune tier reads the verdicts of the tune space (``space.json``).
+    space: Optional[str] = None
 
     def resolved(self) -> "Options":
         o = dataclasses.replace(self)
+        timing = TUNE_TIMING if o.tier == "tune" else DEFAULT_TIMING
+        o.iterations = timing["iterations"] if o.iterations is None else o.iterations
+        o.warmup = timing["warmup"] if o.warmup is None else o.warmup
         o.skip = tuple(dict.fromkeys(tuple(o.skip) + TIER_SKIPS.get(o.tier, ())))
         o.workers = o.workers or (os.cpu_count() or 1)
         o.case_timeout = o.case_timeout or (90.0 if o.target == "gpu" else 120.0)
@@ -54,7 +60,7 @@ class Options:
         return o
 
 
-def default_out(target: str) -> Path:
+def default_out(target: str, tier: str = "core") -> Path:
     from .. import devices
     if target == "cpu":
         name = devices.describe(target).split(" (")[0]
@@ -63,7 +69,7 @@ def default_out(target: str) -> Path:
         name = torch.cuda.get_device_name()
     slug = "-".join("".join(ch if ch.isalnum() else " " for ch in name).split())
     base = Path("results/gpu") if target == "gpu" else Path("outputs/campaign")
-    return base / f"{time.strftime('%Y-%m-%d')}_{slug}"
+    return base / f"{time.strftime('%Y-%m-%d')}_{slug}{'_tune' if tier == 'tune' else ''}"
 
 
 def check_options(o: Options) -> None:
@@ -74,7 +80,8 @@ def check_options(o: Options) -> None:
         raise UsageError(f"--skip: unknown phase(s) {', '.join(bad)} (phases: {', '.join(PHASES)})")
     if o.events not in ("auto", "cupy", "torch"):
         raise UsageError(f"--events: choose from auto, cupy, torch, got '{o.events}'")
-    check_at_least(("--iterations", o.iterations, 1), ("--warmup", o.warmup, 0),
+    check_at_least(("--iterations", 1 if o.iterations is None else o.iterations, 1),
+                   ("--warmup", 0 if o.warmup is None else o.warmup, 0),
                    ("--workers", o.workers, 0))
     for flag, value in (("--time-limit", o.time_limit), ("--time-budget", o.time_budget),
                         ("--case-timeout", o.case_timeout or 1)):
@@ -82,17 +89,27 @@ def check_options(o: Options) -> None:
             raise UsageError(f"{flag}: must be a positive number of seconds, got {value}")
 
 
-def format_plan(o: Options, cases: Sequence[Case]) -> str:
-    """The dry run's text: cases, builds, estimated host minutes per phase and per call,
-    and the device-time budget."""
-    cores = o.workers or (16 if o.target == "gpu" else (os.cpu_count() or 1))
+def _estimate(o: Options, cases: Sequence[Case], cores: int):
     layers = {(c.layer_set, c.layer.name, c.layer.batch, str(c.pass_)): None
               for c in cases if not c.planted}
-    est = estimate(cases, o.target, cores, o.iterations, o.warmup, o.time_limit, o.cachedir,
-                   roofline_layers=len(roofline_rows(layers)),
-                   skip=tuple(o.skip) + TIER_SKIPS.get(o.tier, ()))
+    o = o.resolved() if o.iterations is None or o.warmup is None else o
+    return estimate(cases, o.target, cores, o.iterations, o.warmup, o.time_limit, o.cachedir,
+                    roofline_layers=len(roofline_rows(layers)),
+                    skip=tuple(o.skip) + TIER_SKIPS.get(o.tier, ()))
+
+
+def format_plan(o: Options, cases: Sequence[Case]) -> str:
+    """The dry run's text: cases, builds, estimated host minutes per phase and per call,
+    and the device-time budget (for the tune tier, with the core tier's plan beside it)."""
+    cores = o.workers or (16 if o.target == "gpu" else (os.cpu_count() or 1))
+    est = _estimate(o, cases, cores)
     groups = Counter(c.group for c in cases)
     budget = BUDGET_S[o.tier]
+    shared = BUDGET_WITH.get(o.tier)
+    other = None
+    if shared:
+        other_o = dataclasses.replace(o, tier=shared, iterations=None, warmup=None, skip=())
+        other = _estimate(other_o, plan_cases(shared, o.target, False), cores)
     minutes = [(p, f"{est.phases[p] / 60:.1f}") for p in PHASES]
     lines = [f"Campaign plan: tier {o.tier}, target {o.target}, {len(cases)} cases ("
              + ", ".join(f"{n} {g}" for g, n in groups.items()) + f"), {est.builds} builds.",
@@ -101,10 +118,14 @@ def format_plan(o: Options, cases: Sequence[Case]) -> str:
              tables.markdown(["phase", "estimated host minutes"],
                              minutes + [("**run**", f"**{est.run_s / 60:.1f}**")]), ""]
     lines += [f"call {i}: {', '.join(call)}" for i, call in enumerate(est.calls, 1)]
+    total = est.total_s + (other.total_s if other else 0.0)
     lines += [f"device time: {len(est.calls)} call(s) x {CALL_SETUP_S / 60:.1f} min set-up "
               f"(machine start, wheel install) + {est.run_s / 60:.1f} min run = "
-              f"{est.total_s / 60:.1f} min; budget {budget / 60:.0f} min: "
-              + ("fits" if est.total_s <= budget else "DOES NOT FIT"), "", "Cases:"]
+              f"{est.total_s / 60:.1f} min"
+              + (f", plus the {shared} tier's {other.total_s / 60:.1f} min in "
+                 f"{len(other.calls)} call(s) = {total / 60:.1f} min" if other else "")
+              + f"; budget {budget / 60:.0f} min: "
+              + ("fits" if total <= budget else "DOES NOT FIT"), "", "Cases:"]
     lines += [f"  {c.id}  [{c.group}]" for c in cases]
     return "\n".join(lines)
 
@@ -117,8 +138,8 @@ def run_campaign(o: Options, say: Callable[[str], None] = print) -> int:
     o = o.resolved()
     if o.target == "gpu" and devices.gpu_problem() is not None:
         raise UsageError(f"--target gpu: {devices.gpu_problem()} (rehearse with --target cpu)")
-    cases = plan_cases(o.tier, o.target, o.planted)
-    out = Path(o.out) if o.out else default_out(o.target)
+    cases = plan_cases(o.tier, o.target, o.planted, o.space)
+    out = Path(o.out) if o.out else default_out(o.target, o.tier)
     if (out / "campaign.json").exists():
         if not o.resume:
             raise UsageError(f"--out {out}: a campaign is there already; add --resume to go on "

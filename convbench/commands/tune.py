@@ -6,11 +6,10 @@ flushed samples, and one that fails verification is never chosen.  Every
 configuration's time goes to ``--out``.
 """
 
-import dataclasses
-import itertools
 from pathlib import Path
 
 from .. import flags, isa
+from ..tuning import parse_space
 from ..errors import ArgumentParser, UsageError, check_at_least, run_main
 from ..toolchain import PROJECT_ROOT
 
@@ -40,31 +39,6 @@ def build_parser(prog: str = PROG):
     flags.add_out_flag(p, "results/cpu/<machine>/tuning/tuning_<impl>_b<B>.json")
     flags.add_cachedir_flag(p)
     return p
-
-
-def parse_space(text, impl):
-    """``"PIX=12,16;KOUTER=0,1"`` -> list of parameter dicts.  Every value must be valid
-    on its own (else a usage error); combinations the implementation refuses together
-    (too many accumulators, say) are left out, and at least one must remain."""
-    axes = []
-    for part in filter(None, (p.strip() for p in text.split(";"))):
-        name, sep, values = part.partition("=")
-        if not sep:
-            raise UsageError(f"--space: expected NAME=v1,v2 in {part!r}")
-        axis = [(name.strip(), v.strip()) for v in values.split(",") if v.strip()]
-        alone = dataclasses.replace(impl, check_params=None)  # each value on its own
-        for name_value in axis:
-            alone.resolve_params(dict([name_value]), source="--space")
-        axes.append(axis)
-    configs, refused = [], []
-    for combo in itertools.product(*axes):
-        try:
-            configs.append(impl.resolve_params(dict(combo), source="--space"))
-        except UsageError as err:
-            refused.append(str(err))
-    if not configs:
-        raise UsageError(f"--space: no valid combination ({refused[0]})")
-    return configs
 
 
 def main(argv=None, prog: str = PROG) -> int:

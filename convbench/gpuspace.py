@@ -1,0 +1,546 @@
+"""The GPU tune space, and what each configuration costs in registers and shared memory,
+found on a host without a GPU.
+
+GPU time is rare here, so the tune tier of the campaign (``convbench.campaign``) only
+runs configurations that have passed this filter.  For each configuration of an
+implementation's GPU search space (:data:`SPACES`), :func:`probe` generates the CUDA code
+of one build with DaCe, compiles that ``.cu`` file alone for the target architecture
+(``nvcc -cubin -Xptxas -v``, the flags of a real build), and reads per kernel what
+ptxas reports (registers, static shared memory, stack frame, spill stores and loads) and
+the launch the generated host code makes (grid and block).  :func:`occupancy` turns
+those into resident blocks per SM and the limiting resource.  :func:`verdict` refuses a
+configuration that spills, keeps arrays in local memory, or cannot place one block on
+an SM; the refusal names the kernel and the number.
+
+``scripts/gpu_campaign.py space`` writes the table of every configuration
+(``results/gpu/tune-space/``), and the tune tier reads its verdicts from there.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from .errors import UsageError
+from .toolchain import PROJECT_ROOT
+
+#: The GPU search space per implementation, in ``--space`` syntax (``P=a,b;Q=c``): the
+#: block tile (64-128 x 32-128), the K step, the register tile (4x4 to 8x8), and for
+#: split-K the number of chunks.  Combinations an implementation refuses (too many
+#: threads, shared memory over 48 KiB, a K step that the threads cannot stage evenly)
+#: are dropped by its own parameter check before anything is compiled.
+#: These spaces are the campaign's search plan: their size is bounded by device time
+#: (:mod:`convbench.campaign.plan` prices them), not by what the kernels accept.
+_TILES = "CTAtileM=64,128;CTAtileN=32,64,128;CTAtileK=8,16,32;threadTileM=4,8;threadTileN=4,8"
+SPACES: Dict[str, str] = {
+    "implicitGemmNCDHW": _TILES,
+    "implicitGemmNCDHWinplace": _TILES,
+    # Split-K is for the deep layers, whose few output pixels leave SMs idle: small
+    # block tiles in M, and the chunk count as the main axis.
+    "implicitGemmsplitK": ("CTAtileM=64;CTAtileN=64,128;CTAtileK=16,32;threadTileM=4,8;"
+                           "threadTileN=4;nsplitK=2,4,8"),
+}
+
+#: Compute capability 9.0 (H100, H200): the per-SM limits of the CUDA programming
+#: guide's table of technical specifications and of the occupancy calculator.
+SM90 = {
+    "name": "sm_90",
+    "sms": 132,                 # H100 SXM and H200
+    "max_threads_per_sm": 2048,
+    "max_warps_per_sm": 64,
+    "max_blocks_per_sm": 32,
+    "registers_per_sm": 65536,
+    "register_unit": 256,       # registers are allocated per warp in units of 256
+    "max_registers_per_thread": 255,
+    "shared_per_sm": 233472,    # 228 KiB
+    "shared_reserved_per_block": 1024,
+    "shared_unit": 128,
+    "static_shared_per_block": 48 * 1024,
+}
+
+
+@dataclasses.dataclass
+class Kernel:
+    """What ptxas and the generated launch say of one ``__global__`` function."""
+
+    name: str
+    registers: int = 0
+    shared: int = 0
+    stack: int = 0
+    spill_stores: int = 0
+    spill_loads: int = 0
+    threads: int = 0
+    blocks: int = 0
+    blocks_per_sm: int = 0
+    occupancy: float = 0.0
+    limiter: str = ""
+    waves: float = 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# What ptxas and the generated code say
+# ---------------------------------------------------------------------------------------------
+
+_ENTRY = re.compile(r"Compiling entry function '([^']+)'")
+_PROPS = re.compile(r"Function properties for (\S+)")
+_USED = re.compile(r"Used (\d+) registers")
+_SMEM = re.compile(r"(\d+) bytes smem")
+_STACK = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_LAUNCH = re.compile(r"cudaLaunchKernel\(\(void\*\)(\w+), dim3\(([^)]*)\), dim3\(([^)]*)\)")
+
+
+def demangle(symbol: str) -> str:
+    """The C name inside a mangled ``_Z<len><name>...`` symbol (DaCe's kernels are
+    free functions), or the symbol as it is."""
+    m = re.match(r"_Z(\d+)(\w+)", symbol)
+    return m.group(2)[:int(m.group(1))] if m else symbol
+
+
+def parse_ptxas(text: str) -> Dict[str, Kernel]:
+    """Per kernel (C name): registers, static shared memory, stack and spills, from the
+    output of ``ptxas -v``.  CUB's empty kernel and other library kernels are kept: a
+    caller filters by the names the generated launches use."""
+    kernels: Dict[str, Kernel] = {}
+    current: Optional[Kernel] = None
+    for line in text.splitlines():
+        m = _ENTRY.search(line) or _PROPS.search(line)
+        if m:
+            name = demangle(m.group(1))
+            current = kernels.setdefault(name, Kernel(name))
+            continue
+        if current is None:
+            continue
+        m = _STACK.search(line)
+        if m:
+            current.stack, current.spill_stores, current.spill_loads = map(int, m.groups())
+        m = _USED.search(line)
+        if m:
+            current.registers = int(m.group(1))
+            s = _SMEM.search(line)
+            current.shared = int(s.group(1)) if s else 0
+    return kernels
+
+
+def _product(dims: str) -> Optional[int]:
+    try:
+        return math.prod(int(d.strip()) for d in dims.split(","))
+    except ValueError:  # a symbolic size: the layer's constants are all literal here
+        return None
+
+
+def parse_launches(cu_text: str) -> Dict[str, Tuple[Optional[int], Optional[int]]]:
+    """Per kernel the generated host code launches: (blocks in the grid, threads per block)."""
+    return {m.group(1): (_product(m.group(2)), _product(m.group(3)))
+            for m in _LAUNCH.finditer(cu_text)}
+
+
+def occupancy(threads: int, registers: int, shared: int, arch: Mapping = SM90) -> Tuple[int, float, str]:
+    """Resident blocks per SM, the fraction of the SM's warps they fill, and what limits
+    them (``threads``, ``registers``, ``shared`` or ``blocks``)."""
+    warps = -(-threads // 32)
+    per_warp = -(-max(registers, 1) * 32 // arch["register_unit"]) * arch["register_unit"]
+    by = {"blocks": arch["max_blocks_per_sm"],
+          "threads": arch["max_warps_per_sm"] // warps,
+          "registers": (arch["registers_per_sm"] // per_warp) // warps}
+    if shared:
+        unit = arch["shared_unit"]
+        need = -(-(shared + arch["shared_reserved_per_block"]) // unit) * unit
+        by["shared"] = arch["shared_per_sm"] // need
+    limiter = min(by, key=lambda k: (by[k], k != "threads"))
+    blocks = by[limiter]
+    return blocks, blocks * warps / arch["max_warps_per_sm"], limiter
+
+
+def describe_kernels(ptxas_text: str, cu_text: str, arch: Mapping = SM90) -> List[Kernel]:
+    """The kernels the generated code launches, with resources, occupancy and waves."""
+    found = parse_ptxas(ptxas_text)
+    out = []
+    for name, (blocks, threads) in parse_launches(cu_text).items():
+        k = found.get(name, Kernel(name))
+        k.threads, k.blocks = threads or 0, blocks or 0
+        if threads:
+            k.blocks_per_sm, k.occupancy, k.limiter = occupancy(threads, k.registers, k.shared, arch)
+            if k.blocks_per_sm and blocks:
+                k.waves = blocks / (k.blocks_per_sm * arch["sms"])
+        out.append(k)
+    return out
+
+
+def verdict(kernels: Sequence[Kernel], arch: Mapping = SM90) -> Optional[str]:
+    """Why a configuration must not reach the GPU, or None."""
+    for k in kernels:
+        if k.spill_stores or k.spill_loads:
+            return f"{k.name} spills ({k.spill_stores} bytes stored, {k.spill_loads} loaded)"
+        if k.stack:
+            return f"{k.name} keeps {k.stack} bytes per thread in local memory (stack frame)"
+        if k.shared > arch["static_shared_per_block"]:
+            return f"{k.name} needs {k.shared} bytes of static shared memory"
+        if k.threads and k.blocks_per_sm == 0:
+            return f"{k.name}: one block of {k.threads} threads does not fit an SM ({k.limiter})"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Compiling one configuration
+# ---------------------------------------------------------------------------------------------
+
+def nvcc_command(cu: Path, cubin: Path) -> List[str]:
+    """nvcc for the device code of one generated file, with the flags of a GPU build
+    (:func:`convbench.toolchain.dace_settings`): architecture, fast math, the CUB 3
+    compatibility header, DaCe's runtime headers."""
+    import dace
+    from . import toolchain
+    args = toolchain.dace_settings("gpu", Path(tempfile.gettempdir()))[("compiler", "cuda", "args")]
+    include = Path(dace.__file__).parent / "runtime" / "include"
+    return (["nvcc", "-std=c++17", "-O3", f"-arch=sm_{toolchain.CUDA_ARCH}", "-cubin",
+             "-Xptxas", "-v", "-w", f"-I{include}"] + args.split() + ["-o", str(cubin), str(cu)])
+
+
+@dataclasses.dataclass
+class Probe:
+    """One configuration on one layer: its kernels, or why it was not compiled."""
+
+    impl: str
+    layer_set: str
+    layer: str
+    batch: int
+    params: Dict[str, int]
+    kernels: List[Kernel] = dataclasses.field(default_factory=list)
+    error: str = ""
+    seconds: float = 0.0
+
+    @property
+    def reason(self) -> Optional[str]:
+        return self.error or verdict(self.kernels)
+
+    @property
+    def main(self) -> Optional[Kernel]:
+        """The kernel that does the work: the one with the most threads x registers
+        (the tables and copies are plain element-wise kernels)."""
+        return max(self.kernels, key=lambda k: (k.shared, k.registers * k.threads), default=None)
+
+
+def probe(impl_name: str, layer_set: str, layer, params: Mapping[str, int],
+          workdir: Optional[Path] = None, timeout: float = 300.0) -> Probe:
+    """Generate the GPU code of ``impl_name`` on ``layer`` with ``params`` and compile it
+    with nvcc for the target architecture; a :class:`Probe` (with the seconds it took)."""
+    import time
+    t0 = time.perf_counter()
+    result = Probe(impl_name, layer_set, layer.name, layer.batch, dict(params))
+    _compile(result, impl_name, layer, params, workdir, timeout)
+    result.seconds = round(time.perf_counter() - t0, 2)
+    return result
+
+
+def _compile(result: Probe, impl_name: str, layer, params, workdir, timeout) -> None:
+    from . import registry, toolchain
+    impl = registry.get(impl_name)
+    reason = impl.unsupported_reason(layer, impl.resolve_params(dict(params)))
+    if reason:
+        result.error = f"refused: {reason}"
+        return
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        tmp = Path(tmp)
+        try:
+            spec = toolchain.make_spec(impl, layer, target="gpu", params=params)
+            with toolchain.dace_config("gpu", tmp):
+                sdfg = toolchain.make_sdfg(spec)
+                sdfg.build_folder = str(tmp / "build")
+                code = next(c for c in sdfg.generate_code() if c.language == "cu")
+        except Exception as err:  # noqa: BLE001 - a configuration DaCe cannot build is a result
+            result.error = f"code generation: {type(err).__name__}: {err}".splitlines()[0][:300]
+            return
+        cu, cubin = tmp / "kernels.cu", tmp / "kernels.cubin"
+        cu.write_text(code.clean_code)
+        try:
+            proc = subprocess.run(nvcc_command(cu, cubin), capture_output=True, text=True,
+                                  timeout=timeout)
+        except FileNotFoundError:
+            raise UsageError("nvcc is not on PATH: the tune space is compiled with it") from None
+        except subprocess.TimeoutExpired:
+            result.error = f"nvcc ran past {timeout:g} s"
+            return
+        text = proc.stdout + proc.stderr
+        if proc.returncode != 0:
+            first = next((ln for ln in text.splitlines() if "error" in ln.lower()), text.strip()[:200])
+            result.error = f"nvcc: {first.strip()[:300]}"
+            return
+        result.kernels = describe_kernels(text, code.clean_code)
+
+
+# ---------------------------------------------------------------------------------------------
+# The space
+# ---------------------------------------------------------------------------------------------
+
+def space(impl_name: str, text: Optional[str] = None) -> List[Dict[str, int]]:
+    """The configurations of ``impl_name``'s GPU search space (or of ``text``) that the
+    implementation's own parameter check accepts."""
+    from . import registry
+    from .tuning import parse_space
+    text = text if text is not None else SPACES.get(impl_name)
+    if not text:
+        raise UsageError(f"{impl_name} has no GPU search space (those with one: "
+                         f"{', '.join(SPACES)})")
+    return [dict(p) for p in parse_space(text, registry.get(impl_name))]
+
+
+def fits_layer(params: Mapping[str, int], layer) -> bool:
+    """Whether a configuration's block tile is not mostly padding on ``layer``: a
+    CTAtileN above the output channels (rounded up to 32), or a CTAtileM above the
+    GEMM rows, only adds idle threads."""
+    cols = max(32, 1 << max(0, layer.gemm_n - 1).bit_length())
+    rows = max(64, 1 << max(0, layer.gemm_m - 1).bit_length())
+    return params.get("CTAtileN", 0) <= cols and params.get("CTAtileM", 0) <= rows
+
+
+def tag(params: Mapping[str, int]) -> str:
+    """A short, file-name-safe name of a configuration: ``M128N64K16r8x4`` (+ ``s4``)."""
+    short = [("CTAtileM", "M"), ("CTAtileN", "N"), ("CTAtileK", "K")]
+    text = "".join(f"{s}{params[k]}" for k, s in short if k in params)
+    if "threadTileM" in params:
+        text += f"r{params['threadTileM']}x{params['threadTileN']}"
+    if "nsplitK" in params:
+        text += f"s{params['nsplitK']}"
+    rest = sorted(k for k in params if k not in {"CTAtileM", "CTAtileN", "CTAtileK",
+                                                 "threadTileM", "threadTileN", "nsplitK"})
+    return text + "".join(f"_{k}{params[k]}" for k in rest)
+
+
+# ---------------------------------------------------------------------------------------------
+# The table
+# ---------------------------------------------------------------------------------------------
+
+COLUMNS = ("impl", "config", "layer_set", "layer", "batch", "verdict", "kernel", "registers",
+           "shared", "stack", "spill_stores", "spill_loads", "threads", "blocks",
+           "blocks_per_sm", "occupancy", "limiter", "waves", "seconds")
+
+
+def rows(probes: Iterable[Probe]) -> List[Dict[str, object]]:
+    """One row per configuration and layer: its verdict and its main kernel's resources."""
+    out = []
+    for p in probes:
+        k = p.main or Kernel("")
+        out.append({"impl": p.impl, "config": tag(p.params), "layer_set": p.layer_set,
+                    "layer": p.layer, "batch": p.batch, "verdict": p.reason or "ok",
+                    "kernel": k.name, "registers": k.registers, "shared": k.shared,
+                    "stack": k.stack, "spill_stores": k.spill_stores,
+                    "spill_loads": k.spill_loads, "threads": k.threads, "blocks": k.blocks,
+                    "blocks_per_sm": k.blocks_per_sm, "occupancy": round(k.occupancy, 3),
+                    "limiter": k.limiter, "waves": round(k.waves, 2), "seconds": p.seconds})
+    return out
+
+
+def write_csv(path: Path, table: Sequence[Mapping[str, object]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerows(table)
+
+
+def read_csv(path: Path) -> List[Dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def passed(folder: Path) -> Dict[str, List[Dict[str, int]]]:
+    """Per implementation, the configurations that passed on every layer they were
+    compiled for, as ``space.json`` in ``folder`` records them, each with its resident
+    blocks per SM under the key ``_blocks_per_sm`` (for :func:`rank`)."""
+    path = Path(folder) / "space.json"
+    if not path.is_file():
+        raise UsageError(f"{path}: no tune-space table; compile the space first "
+                         "(scripts/gpu_campaign.py space)")
+    data = json.loads(path.read_text())
+    return {impl: [dict(c["params"], _blocks_per_sm=c.get("blocks_per_sm", 1))
+                   for c in entry["configs"] if c["verdict"] == "ok"]
+            for impl, entry in data["implementations"].items()}
+
+
+def score(params: Mapping[str, int], layer, blocks_per_sm: int, arch: Mapping = SM90) -> float:
+    """A model of a configuration's efficiency on ``layer``, to order what the tune tier
+    times (the GPU decides): the share of the padded GEMM that is real work, the share
+    of the last wave of blocks that is busy (all of one wave below one), and the register
+    tile's reuse, FFMAs per shared-memory load, rm*rn/(rm+rn), relative to 8x8's.  Split-K
+    counts its extra pass over the partial sums as one more K step per chunk."""
+    tm, tn = params["CTAtileM"], params["CTAtileN"]
+    gm, gn, split = layer.gemm_m, layer.gemm_n, params.get("nsplitK", 1)
+    mp, np_ = -(-gm // tm) * tm, -(-gn // tn) * tn
+    blocks = (mp // tm) * (np_ // tn) * split
+    waves = blocks / max(1, blocks_per_sm * arch["sms"])
+    busy = waves / math.ceil(waves) if waves else 0.0
+    rm, rn = params.get("threadTileM", 1), params.get("threadTileN", 1)
+    reuse = (rm * rn / (rm + rn)) / 4.0
+    k_steps = -(-layer.gemm_k // (params.get("CTAtileK", 16) * split))
+    return (gm * gn) / (mp * np_) * busy * reuse * k_steps / (k_steps + (split > 1))
+
+
+def rank(impl_name: str, layer, configs: Sequence[Mapping[str, int]]) -> List[Dict[str, int]]:
+    """``configs`` that ``impl_name`` supports on ``layer`` and that fit it
+    (:func:`fits_layer`), best :func:`score` first; split-K only where the plain tiles
+    leave SMs idle (under one wave of blocks).  Parameters without the private keys."""
+    from . import registry
+    impl = registry.get(impl_name)
+    out = []
+    for c in configs:
+        params = {k: v for k, v in c.items() if not k.startswith("_")}
+        bps = c.get("_blocks_per_sm", 1)
+        if not fits_layer(params, layer) or impl.unsupported_reason(
+                layer, impl.resolve_params(params)):
+            continue
+        if params.get("nsplitK", 1) > 1 and _waves(params, layer, bps) >= 1.0:
+            continue
+        out.append((score(params, layer, bps), params))
+    out.sort(key=lambda sp: -sp[0])
+    return [p for _, p in out]
+
+
+def _waves(params: Mapping[str, int], layer, blocks_per_sm: int, arch: Mapping = SM90) -> float:
+    """Waves of blocks of ``params``' tiles without split-K."""
+    blocks = -(-layer.gemm_m // params["CTAtileM"]) * -(-layer.gemm_n // params["CTAtileN"])
+    return blocks / max(1, blocks_per_sm * arch["sms"])
+
+
+#: The start of a probe's error when the implementation refuses the probe layer itself
+#: (int32 partial sums, say): a fact about the layer, not about the configuration.
+REFUSED = "refused: "
+
+
+def summarize(table: Sequence[Mapping[str, object]]) -> Dict[str, object]:
+    """``space.json`` from the rows of :func:`rows`: per implementation and
+    configuration, the verdict over its layers (the first resource or compile failure,
+    if any), the layers it was compiled on and those that refuse it, the range of its
+    main kernel's registers and its fewest resident blocks per SM.  A configuration
+    that every probe layer refuses has no verdict to give and counts as refused."""
+    impls: Dict[str, dict] = {}
+    for r in table:
+        impl = str(r["impl"])
+        entry = impls.setdefault(impl, {"space": SPACES.get(impl, ""), "configs": {}})
+        by_tag = entry.setdefault("_params", {tag(c): c for c in space(impl)})
+        c = entry["configs"].setdefault(r["config"], {
+            "params": by_tag.get(r["config"], {}), "verdict": "ok", "layers": [],
+            "refused_on": [], "registers": [], "blocks_per_sm": []})
+        where = f"{r['layer_set']}/{r['layer']}/b{r['batch']}"
+        verdict = str(r["verdict"])
+        if verdict.startswith(REFUSED):
+            c["refused_on"].append(where)
+            continue
+        c["layers"].append(where)
+        if int(r["registers"] or 0):
+            c["registers"].append(int(r["registers"]))
+            c["blocks_per_sm"].append(int(r["blocks_per_sm"]))
+        if verdict != "ok" and c["verdict"] == "ok":
+            c["verdict"] = f"{r['layer_set']}/{r['layer']}: {verdict}"
+    for entry in impls.values():
+        entry.pop("_params", None)
+        for c in entry["configs"].values():
+            regs = c.pop("registers")
+            c["registers"] = [min(regs), max(regs)] if regs else []
+            c["blocks_per_sm"] = min(c["blocks_per_sm"], default=0)
+            if not c["layers"]:
+                c["verdict"] = "every probe layer refuses it: " + ", ".join(c["refused_on"])
+        entry["configs"] = list(entry["configs"].values())
+    return {"arch": SM90["name"], "implementations": impls}
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Compiling the whole space
+# ---------------------------------------------------------------------------------------------
+
+#: The layers each configuration is compiled on: the one with the most output pixels
+#: and the one with the fewest (registers can differ with the layer's constants; the
+#: table shows by how much).
+PROBE_LAYERS = (("cosmoflow_mlperf", "conv1", 8), ("cosmoflow", "conv7", 16))
+#: Where ``space`` writes its table, and where the tune tier reads the verdicts.
+DEFAULT_OUT = PROJECT_ROOT / "results" / "gpu" / "tune-space"
+
+
+def _probe_job(job) -> Probe:
+    impl_name, layer_set, layer, params = job
+    from . import registry
+    registry.load_implementations()
+    return probe(impl_name, layer_set, layer, params)
+
+
+def compile_space(impls: Sequence[str], jobs: int, say=print,
+                  layers: Sequence[Tuple[str, str, int]] = PROBE_LAYERS) -> List[Probe]:
+    """Every configuration of ``impls``' spaces on every probe layer, ``jobs`` at a time."""
+    import concurrent.futures
+    import multiprocessing
+    import time
+    from .layersets import load_layers
+    todo = []
+    for layer_set, name, batch in layers:
+        layer = next((lay for lay in load_layers(layer_set) if lay.name == name), None)
+        if layer is None:
+            raise UsageError(f"probe layer {name} is not in {layer_set}")
+        todo += [(impl, layer_set, layer.with_batch(batch), params)
+                 for impl in impls for params in space(impl)]
+    say(f"compiling {len(todo)} configurations x layers with nvcc, {jobs} at a time")
+    t0, found = time.perf_counter(), []
+    ctx = multiprocessing.get_context("spawn")  # DaCe's global configuration per process
+    with concurrent.futures.ProcessPoolExecutor(max(1, jobs), mp_context=ctx) as pool:
+        futures = [pool.submit(_probe_job, job) for job in todo]
+        for i, fut in enumerate(concurrent.futures.as_completed(futures), 1):
+            p = fut.result()
+            found.append(p)
+            k = p.main
+            say(f"  {i}/{len(todo)} {p.impl} {tag(p.params)} {p.layer_set}/{p.layer}: "
+                + (p.reason or f"ok, {k.registers} registers, {k.shared} B shared, "
+                   f"occupancy {k.occupancy:.2f}") + f"  [{time.perf_counter() - t0:.0f} s]")
+    order = {(impl, tag(p)): i for i, (impl, _, _, p) in enumerate(todo)}
+    found.sort(key=lambda p: (order[(p.impl, tag(p.params))], p.layer_set, p.layer))
+    return found
+
+
+def write_space(out: Path, probes: Sequence[Probe], toolchain_info: Mapping[str, str]) -> Path:
+    """``resources.csv``, ``space.json`` and ``README.md`` in ``out``; the rows of
+    implementations not probed this time are kept from the files already there."""
+    from . import tables
+    from .files import write_atomic
+    out = Path(out)
+    probed = {p.impl for p in probes}
+    table = rows(probes)
+    if (out / "resources.csv").is_file():
+        table = [r for r in read_csv(out / "resources.csv")
+                 if r["impl"] not in probed and r["impl"] in SPACES] + table
+    summary = dict(summarize(table), toolchain=dict(toolchain_info))
+    write_csv(out / "resources.csv", table)
+    write_atomic(out / "space.json", json.dumps(summary, indent=1) + "\n")
+    lines = ["# The GPU tune space, compiled on a host without a GPU", "",
+             f"Every configuration of the GPU search spaces (`convbench/gpuspace.py`, SPACES), "
+             f"compiled for {SM90['name']} by `scripts/gpu_campaign.py space` "
+             f"({', '.join(f'{k} {v}' for k, v in toolchain_info.items())}). Per configuration "
+             "and probe layer: what ptxas reports for the main kernel (registers, static "
+             "shared memory, stack frame, spill stores and loads), the launch the generated "
+             "code makes (threads per block, blocks), and from those the resident blocks per "
+             f"SM, the occupancy and its limiter, and the waves over {SM90['sms']} SMs. "
+             "A configuration that spills, keeps a stack frame, or cannot place a block on "
+             "an SM is refused and never reaches the GPU; the tune tier of the campaign "
+             "runs the others (`space.json`). Every row is in `resources.csv`.", ""]
+    for impl, entry in summary["implementations"].items():
+        configs = entry["configs"]
+        ok = [c for c in configs if c["verdict"] == "ok"]
+        lines += [f"## {impl}", "", f"Space `{entry['space']}`: {len(configs)} "
+                  f"configurations, {len(ok)} pass, {len(configs) - len(ok)} refused.", ""]
+        body = [r for r in table if r["impl"] == impl]
+        lines.append(tables.markdown(
+            ["config", "layer", "verdict", "regs", "smem B", "stack", "spills", "threads",
+             "blocks/SM", "occupancy", "limiter", "waves"],
+            [[r["config"], f"{r['layer_set']}/{r['layer']} b{r['batch']}",
+              str(r["verdict"]).replace("|", "/")[:90], r["registers"], r["shared"],
+              r["stack"], f"{r['spill_stores']}/{r['spill_loads']}", r["threads"],
+              r["blocks_per_sm"], r["occupancy"], r["limiter"], r["waves"]] for r in body],
+            "lll" + "r" * 9))
+        lines.append("")
+    path = out / "README.md"
+    write_atomic(path, "\n".join(lines))
+    return path

@@ -1,0 +1,304 @@
+"""The GPU tune space (``convbench.gpuspace``): what ptxas says, occupancy, the verdict
+that keeps a configuration off the GPU, the ranking, and the tune tier's plan, winners
+and tuning file."""
+
+import dataclasses
+import json
+import shutil
+
+import pytest
+
+from conftest import in_process, load_script
+from convbench import campaign, campaign_cli, gpuspace, registry, tuning
+from convbench.campaign import report
+from convbench.layersets import load_layers
+
+script = load_script("gpu_campaign.py")
+
+PTXAS = """\
+ptxas info    : 41 bytes gmem
+ptxas info    : Compiling entry function '_ZN3cub17CUB_300001_SM_9006detail11EmptyKernelIvEEvv' for 'sm_90'
+ptxas info    : Function properties for _ZN3cub17CUB_300001_SM_9006detail11EmptyKernelIvEEvv
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 4 registers, used 0 barriers
+ptxas info    : Compiling entry function '_Z33impls__igemm_igemm_warp_142_0_0_0PKfPKiS2_S0_PfS2_' for 'sm_90'
+ptxas info    : Function properties for _Z33impls__igemm_igemm_warp_142_0_0_0PKfPKiS2_S0_PfS2_
+    24 bytes stack frame, 20 bytes spill stores, 16 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 8192 bytes smem
+ptxas info    : Compiling entry function '_Z22table_rowoff_map_0_1_0Pi' for 'sm_90'
+ptxas info    : Function properties for _Z22table_rowoff_map_0_1_0Pi
+ptxas info    : Used 12 registers, used 0 barriers
+"""
+
+CU = """\
+    gpuError_t __err = cudaLaunchKernel((void*)table_rowoff_map_0_1_0, dim3(1, 2, 32), dim3(256, 1, 1), args, 0, nullptr);
+    gpuError_t __err = cudaLaunchKernel((void*)impls__igemm_igemm_warp_142_0_0_0, dim3(2, 4, 1), dim3(16, 16, 1), args, 0, nullptr);
+"""
+
+
+def _layer(layer_set, name, batch):
+    return next(la for la in load_layers(layer_set) if la.name == name).with_batch(batch)
+
+
+# -- what ptxas and the generated code say --------------------------------------------------------
+
+def test_ptxas_output_is_read_per_kernel():
+    kernels = gpuspace.parse_ptxas(PTXAS)
+    k = kernels["impls__igemm_igemm_warp_142_0_0_0"]
+    assert (k.registers, k.shared, k.stack, k.spill_stores, k.spill_loads) == (255, 8192, 24, 20, 16)
+    row = kernels["table_rowoff_map_0_1_0"]
+    assert (row.registers, row.shared, row.spill_stores) == (12, 0, 0)
+    assert gpuspace.parse_launches(CU) == {"table_rowoff_map_0_1_0": (64, 256),
+                                           "impls__igemm_igemm_warp_142_0_0_0": (8, 256)}
+
+
+@pytest.mark.parametrize("threads, registers, shared, expected", [
+    (256, 40, 8192, (6, 0.75, "registers")),     # 1280 registers per warp: 51 warps
+    (256, 32, 0, (8, 1.0, "threads")),
+    (128, 32, 48 * 1024, (4, 0.25, "shared")),   # 50176 bytes with the reserved 1 KiB
+    (1024, 255, 0, (0, 0.0, "registers")),        # 8192 per warp: 8 warps of 32 needed
+    (32, 16, 0, (32, 0.5, "blocks")),
+])
+def test_occupancy_on_sm90(threads, registers, shared, expected):
+    blocks, occ, limiter = gpuspace.occupancy(threads, registers, shared)
+    assert (blocks, round(occ, 4), limiter) == expected
+
+
+def test_a_kernel_that_spills_or_does_not_fit_is_refused_with_its_name():
+    kernels = gpuspace.describe_kernels(PTXAS, CU)
+    reason = gpuspace.verdict(kernels)
+    assert reason and "impls__igemm_igemm_warp_142_0_0_0 spills" in reason
+    clean = gpuspace.parse_ptxas(PTXAS.replace("24 bytes stack frame, 20 bytes spill stores, "
+                                               "16 bytes spill loads",
+                                               "0 bytes stack frame, 0 bytes spill stores, "
+                                               "0 bytes spill loads").replace("Used 255", "Used 40"))
+    kernels = [clean[n] for n in ("impls__igemm_igemm_warp_142_0_0_0", "table_rowoff_map_0_1_0")]
+    for k in kernels:
+        k.threads = 256
+        k.blocks_per_sm, k.occupancy, k.limiter = gpuspace.occupancy(256, k.registers, k.shared)
+    assert gpuspace.verdict(kernels) is None
+    kernels[0].stack = 16
+    assert "local memory" in gpuspace.verdict(kernels)
+    kernels[0].stack, kernels[0].registers = 0, 255
+    kernels[0].threads = 1024
+    kernels[0].blocks_per_sm = gpuspace.occupancy(1024, 255, 8192)[0]
+    assert "does not fit an SM" in gpuspace.verdict(kernels)
+
+
+def test_a_layer_that_refuses_a_configuration_is_not_its_verdict():
+    """Split-K's partial sums overflow int32 on MLPerf conv1 at batch 8: that refusal is
+    the layer's, so the configuration passes on what the deep layer's ptxas says; a
+    spill on any layer refuses it; refused by every layer, it has no verdict."""
+    impl = "implicitGemmsplitK"
+    a, b, c = (gpuspace.tag(x) for x in gpuspace.space(impl)[:3])
+
+    def row(config, layer, verdict, registers=40):
+        return {"impl": impl, "config": config, "layer_set": "s", "layer": layer, "batch": 1,
+                "verdict": verdict, "registers": registers, "blocks_per_sm": 4}
+    table = [row(a, "big", "refused: partial sums exceed int32"), row(a, "deep", "ok"),
+             row(b, "big", "refused: partial sums exceed int32"),
+             row(b, "deep", "k spills (12 bytes stored, 12 loaded)"),
+             row(c, "big", "refused: x", 0), row(c, "deep", "refused: y", 0)]
+    configs = {gpuspace.tag(x["params"]): x
+               for x in gpuspace.summarize(table)["implementations"][impl]["configs"]}
+    assert configs[a]["verdict"] == "ok" and configs[a]["refused_on"] == ["s/big/b1"]
+    assert "spills" in configs[b]["verdict"]
+    assert configs[c]["verdict"].startswith("every probe layer refuses it")
+
+
+# -- the space and its ranking ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("impl", sorted(gpuspace.SPACES))
+def test_every_space_holds_the_defaults_and_only_what_the_implementation_accepts(impl):
+    configs = gpuspace.space(impl)
+    assert dict(registry.get(impl).resolve_params({})) in configs
+    assert len({gpuspace.tag(c) for c in configs}) == len(configs)
+    for c in configs:
+        assert registry.get(impl).check_params(c) is None, c
+
+
+def test_rank_keeps_split_k_for_layers_that_leave_sms_idle():
+    configs = [dict(c, _blocks_per_sm=4) for c in gpuspace.space("implicitGemmsplitK")]
+    deep = gpuspace.rank("implicitGemmsplitK", _layer("cosmoflow", "conv7", 16), configs)
+    wide = gpuspace.rank("implicitGemmsplitK", _layer("cosmoflow", "conv2", 16), configs)
+    assert deep and not wide
+    assert not any(k.startswith("_") for c in deep for k in c)
+    plain = [dict(c, _blocks_per_sm=4) for c in gpuspace.space("implicitGemmNCDHW")]
+    first = _layer("cosmoflow_mlperf", "conv1", 8)  # 32 output channels
+    ranked = gpuspace.rank("implicitGemmNCDHW", first, plain)
+    assert ranked and all(c["CTAtileN"] <= 32 for c in ranked)
+
+
+def test_score_prefers_full_waves_and_real_work():
+    layer = _layer("cosmoflow", "conv7", 16)  # GEMM 1024 x 256
+    base = {"CTAtileM": 64, "CTAtileN": 64, "CTAtileK": 16, "threadTileM": 4, "threadTileN": 4}
+    few = gpuspace.score(base, layer, blocks_per_sm=4)          # 64 blocks on 528 slots
+    split = gpuspace.score(dict(base, nsplitK=8), layer, blocks_per_sm=4)
+    assert split > few
+    assert gpuspace.score(dict(base, threadTileM=8, threadTileN=8), layer, 4) > few
+
+
+# -- the tune tier -------------------------------------------------------------------------------
+
+def _space_dir(tmp_path, verdict=lambda impl, c: "ok"):
+    data = {"arch": "sm_90", "implementations": {
+        impl: {"space": gpuspace.SPACES[impl], "configs": [
+            {"params": c, "verdict": verdict(impl, c), "layers": [], "registers": [40, 40],
+             "blocks_per_sm": 3} for c in gpuspace.space(impl)]}
+        for impl in gpuspace.SPACES}}
+    (tmp_path / "space.json").write_text(json.dumps(data))
+    return tmp_path
+
+
+def test_tune_plan_times_defaults_and_ranked_configurations_that_passed(tmp_path):
+    refused = {"CTAtileM": 128}
+    space = _space_dir(tmp_path, lambda impl, c: "x spills" if c["CTAtileM"] == 128 and
+                       impl == "implicitGemmNCDHW" else "ok")
+    cases = campaign.plan_cases("tune", "gpu", planted=False, space_dir=space)
+    assert len({c.id for c in cases}) == len(cases)
+    layers = {(c.layer_set, c.layer.name) for c in cases}
+    assert len(layers) == 12
+    for layer_set, name in layers:
+        mine = [c for c in cases if (c.layer_set, c.layer.name) == (layer_set, name)]
+        defaults = dict(registry.get("implicitGemmNCDHW").resolve_params({}))
+        assert any(c.impl == "implicitGemmNCDHW" and dict(c.params) == defaults for c in mine)
+        assert sum(c.time_refs for c in mine) == 1
+    assert not [c for c in cases if c.impl == "implicitGemmNCDHW"
+                and dict(c.params)["CTAtileM"] == refused["CTAtileM"]]
+    c = cases[1]
+    back = campaign.Case.from_json(json.loads(json.dumps(c.to_json())))
+    assert back == c and back.id == c.id and dict(back.resolved_params()) == dict(c.params)
+
+
+def test_tune_dry_run_fits_with_core(tmp_path, capsys):
+    result = in_process(script, capsys)("--dry-run", "--tier", "tune", "--space",
+                                        str(_space_dir(tmp_path)))
+    assert result.returncode == 0, result.stderr
+    assert "plus the core tier's" in result.stdout and "budget 25 min: fits" in result.stdout
+
+
+def test_the_committed_space_plans_a_tune_tier_that_fits():
+    """The table `gpu_campaign.py space` wrote: every configuration compiled or refused
+    with its reason, and the tune plan from it within 25 device-minutes with core."""
+    data = json.loads((gpuspace.DEFAULT_OUT / "space.json").read_text())
+    for impl, text in gpuspace.SPACES.items():
+        entry = data["implementations"][impl]
+        assert entry["space"] == text, f"{impl}: the space changed; run gpu_campaign.py space"
+        assert {gpuspace.tag(c["params"]) for c in entry["configs"]} == \
+            {gpuspace.tag(c) for c in gpuspace.space(impl)}
+        assert all(c["verdict"] for c in entry["configs"])
+    options = campaign.Options(tier="tune")
+    text = campaign.format_plan(options, campaign.plan_cases("tune", "gpu", False))
+    assert "budget 25 min: fits" in text, text
+
+
+def test_tune_space_usage_errors(capsys):
+    main = in_process(script, capsys)
+    result = main("space", "--implementation", "directConvNCDHW")
+    assert result.returncode == 2 and "no GPU search space" in result.stderr
+    result = main("run", "--dry-run", "--tier", "tune", "--space", "/nonexistent")
+    assert result.returncode == 2 and "space.json" in result.stderr
+
+
+def _record(impl, layer, params, ms, status="verified"):
+    return {"id": "x", "status": status, "case": {
+        "impl": impl, "layer_set": "cosmoflow", "layer": layer, "target": "gpu",
+        "group": "tune", "planted": "", "params": sorted(params.items())},
+        "timings": {"dace": {"median_ms": ms}}}
+
+
+def test_winners_are_the_fastest_verified_configuration(tmp_path, monkeypatch):
+    layer = _layer("cosmoflow", "conv7", 16)
+    ld = dataclasses.asdict(layer)
+    default = dict(registry.get("implicitGemmNCDHW").resolve_params({}))
+    fast = dict(default, CTAtileM=128, threadTileM=8)
+    wrong = dict(default, CTAtileK=32)
+    records = [_record("implicitGemmNCDHW", ld, default, 1.0),
+               _record("implicitGemmNCDHW", ld, fast, 0.5),
+               _record("implicitGemmNCDHW", ld, wrong, 0.1, status="wrong"),
+               _record("implicitGemmsplitK", ld, dict(default, nsplitK=4), 0.4)]
+    won = report.tune_winners(records)
+    assert won["entries"]["implicitGemmNCDHW"][layer.key()] == fast
+    assert won["best"]["fwd"][layer.key()] == "implicitGemmsplitK"
+    row = next(r for r in won["rows"] if r[3] == "implicitGemmNCDHW")
+    assert row[4] == "1.000" and row[6] == "0.500" and row[7] == "2.00"
+
+    # unpack files them under the device; a build for that GPU takes them and says so.
+    folder = tmp_path / "camp"
+    folder.mkdir()
+    (folder / "tuning.json").write_text(json.dumps({"device": "NVIDIA H200 (CUDA 13.0)",
+                                                    "entries": won["entries"],
+                                                    "best": won["best"]}))
+    monkeypatch.setenv("CONVBENCH_TUNING", str(tmp_path / "gpu.json"))
+    monkeypatch.setenv(tuning.GPU_ENV, "NVIDIA H200 (CUDA 13.0)")
+    tuning.machine_id.cache_clear()
+    try:
+        campaign_cli.file_tuning(folder / "tuning.json")
+        impl = registry.get("implicitGemmNCDHW")
+        got = tuning.tuned_params(impl, layer, "gpu")
+        assert dict(got) == fast
+        assert tuning.best_implementation("fwd", layer, "gpu") == "implicitGemmsplitK"
+        from convbench import network
+        from convbench.layouts import Pass
+        assert network.default_implementation(layer, Pass.FWD, "gpu") == "implicitGemmsplitK"
+        monkeypatch.setenv(tuning.GPU_ENV, "NVIDIA H100 80GB HBM3 (CUDA 13.0)")
+        tuning.machine_id.cache_clear()
+        assert dict(tuning.tuned_params(impl, layer, "gpu")) == default
+    finally:
+        tuning.machine_id.cache_clear()
+
+
+@pytest.mark.full
+def test_tune_rehearsal_on_the_cpu_writes_winners_that_unpack_leaves_out(tmp_path, capsys):
+    """The tune tier end to end on the CPU (the smoke layer, two configurations per
+    implementation): every case verified and timed, the Tuning table and tuning.json
+    written; unpack files no CPU rehearsal in tuning/gpu.json."""
+    import tarfile
+    pick = {"implicitGemmNCDHWinplace": ("M64N64K16r4x4", "M64N32K16r8x4"),
+            "implicitGemmsplitK": ("M64N64K16r4x4s4", "M64N64K32r8x4s2")}
+    data = {"arch": "sm_90", "implementations": {
+        impl: {"space": gpuspace.SPACES[impl], "configs": [
+            {"params": c, "verdict": "ok", "layers": [], "registers": [40, 40],
+             "blocks_per_sm": 4} for c in gpuspace.space(impl) if gpuspace.tag(c) in tags]}
+        for impl, tags in pick.items()}}
+    (tmp_path / "space.json").write_text(json.dumps(data))
+    out = tmp_path / "tunecpu"
+    result = in_process(script, capsys)("run", "--tier", "tune", "--target", "cpu", "--space",
+                                        str(tmp_path), "--out", str(out), "--cachedir",
+                                        str(tmp_path / "cache"), "--iterations", "3",
+                                        "--warmup", "1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    records = [json.loads(p.read_text()) for p in (out / "cases").glob("*.json")]
+    assert len(records) == 4 and all(r["status"] == "verified" for r in records)
+    won = json.loads((out / "tuning.json").read_text())
+    assert set(won["entries"]) == set(pick) and won["target"] == "cpu"
+    assert "## Tuning" in (out / "README.md").read_text()
+    with tarfile.open(tmp_path / "c.tar.gz", "w:gz") as tar:
+        tar.add(out, arcname=out.name)
+    result = in_process(script, capsys)("unpack", str(tmp_path / "c.tar.gz"), "--into",
+                                        str(tmp_path / "gpu"))
+    assert result.returncode == 0 and "not filed" in result.stdout, result.stdout
+
+
+# -- nvcc ------------------------------------------------------------------------------------------
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+
+
+@needs_nvcc
+@pytest.mark.full
+def test_probe_compiles_a_configuration_and_refuses_one_that_spills():
+    """Real nvcc output: the 8x8 register tile fits (over 64 registers, no spill); a 16x16
+    register tile (256 accumulators per thread, more than the 255 registers a thread can
+    have) spills, and the filter keeps it off the GPU."""
+    layer = _layer("cosmoflow", "conv7", 16)
+    base = dict(registry.get("implicitGemmNCDHW").resolve_params({}))
+    ok = gpuspace.probe("implicitGemmNCDHW", "cosmoflow", layer,
+                        dict(base, threadTileM=8, threadTileN=8))
+    assert ok.reason is None, ok.reason
+    main = ok.main
+    assert main.registers > 64 and main.shared > 0 and main.threads == 64
+    assert main.blocks_per_sm >= 1 and main.limiter
+    big = dict(base, CTAtileM=128, CTAtileN=128, CTAtileK=16, threadTileM=16, threadTileN=16)
+    spilled = gpuspace.probe("implicitGemmNCDHW", "cosmoflow", layer, big)
+    assert spilled.reason and "spills" in spilled.reason, spilled.reason
