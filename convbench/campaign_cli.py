@@ -292,8 +292,5 @@ def file_tuning(path: Path) -> None:
         for layer_key, params in layers.items():
             target_file = tuning.store("gpu", impl, layer_key, params, machine, key=device)
             count += 1
-    for pass_name, layers in data.get("best", {}).items():
-        for layer_key, impl in layers.items():
-            tuning.store_best("gpu", pass_name, layer_key, impl, machine, key=device)
     if count:
         print(f"filed {count} tuned entries of {device} in {target_file}")

@@ -128,6 +128,26 @@ def parse_ptxas(text: str) -> Dict[str, Kernel]:
     return kernels
 
 
+_LINKED = re.compile(r"Function properties for '([^']+)'")
+_LINK_USE = re.compile(r"used (\d+) registers, used \d+ barriers, (\d+) stack, (\d+) bytes smem")
+
+
+def parse_nvlink(text: str) -> Dict[str, Tuple[int, int, int]]:
+    """Per kernel (C name): (registers, stack bytes, shared bytes) after the device link."""
+    out: Dict[str, Tuple[int, int, int]] = {}
+    current = None
+    for line in text.splitlines():
+        m = _LINKED.search(line)
+        if m:
+            current = demangle(m.group(1))
+            continue
+        m = _LINK_USE.search(line)
+        if m and current:
+            out[current] = tuple(int(g) for g in m.groups())
+            current = None
+    return out
+
+
 def _product(dims: str) -> Optional[int]:
     try:
         return math.prod(int(d.strip()) for d in dims.split(","))
@@ -148,7 +168,9 @@ def occupancy(threads: int, registers: int, shared: int, arch: Mapping = SM90) -
     per_warp = -(-max(registers, 1) * 32 // arch["register_unit"]) * arch["register_unit"]
     by = {"blocks": arch["max_blocks_per_sm"],
           "threads": arch["max_warps_per_sm"] // warps,
-          "registers": (arch["registers_per_sm"] // per_warp) // warps}
+          # registers live in four sub-partitions of an SM, each holding whole warps
+          # (CUDA's occupancy calculator, cudaOccMaxBlocksPerSMRegsLimit)
+          "registers": ((arch["registers_per_sm"] // 4 // per_warp) * 4) // warps}
     if shared:
         unit = arch["shared_unit"]
         need = -(-(shared + arch["shared_reserved_per_block"]) // unit) * unit
@@ -158,12 +180,18 @@ def occupancy(threads: int, registers: int, shared: int, arch: Mapping = SM90) -
     return blocks, blocks * warps / arch["max_warps_per_sm"], limiter
 
 
-def describe_kernels(ptxas_text: str, cu_text: str, arch: Mapping = SM90) -> List[Kernel]:
-    """The kernels the generated code launches, with resources, occupancy and waves."""
+def describe_kernels(ptxas_text: str, cu_text: str, arch: Mapping = SM90,
+                     nvlink_text: str = "") -> List[Kernel]:
+    """The kernels the generated code launches, with resources, occupancy and waves:
+    spills from ptxas, registers, shared memory and stack from the device link where
+    it reports them (a separately compiled kernel's shared memory is only known there)."""
     found = parse_ptxas(ptxas_text)
+    linked = parse_nvlink(nvlink_text)
     out = []
     for name, (blocks, threads) in parse_launches(cu_text).items():
         k = found.get(name, Kernel(name))
+        if name in linked:
+            k.registers, k.stack, k.shared = linked[name]
         k.threads, k.blocks = threads or 0, blocks or 0
         if threads:
             k.blocks_per_sm, k.occupancy, k.limiter = occupancy(threads, k.registers, k.shared, arch)
@@ -191,16 +219,27 @@ def verdict(kernels: Sequence[Kernel], arch: Mapping = SM90) -> Optional[str]:
 # Compiling one configuration
 # ---------------------------------------------------------------------------------------------
 
-def nvcc_command(cu: Path, cubin: Path) -> List[str]:
-    """nvcc for the device code of one generated file, with the flags of a GPU build
-    (:func:`convbench.toolchain.dace_settings`): architecture, fast math, the CUB 3
-    compatibility header, DaCe's runtime headers."""
+def nvcc_command(cu: Path, obj: Path) -> List[str]:
+    """nvcc for the device code of one generated file, as a GPU build compiles it: DaCe's
+    CMake file turns on separable compilation (``-rdc=true``), which changes what ptxas
+    allocates (64 registers instead of 40 for ``implicitGemmNCDHW``'s defaults, as
+    Nsight Compute measured on the H100 and the H200), and the flags of
+    :func:`convbench.toolchain.dace_settings` (architecture, fast math, the CUB 3
+    compatibility header), with DaCe's runtime headers."""
     import dace
     from . import toolchain
     args = toolchain.dace_settings("gpu", Path(tempfile.gettempdir()))[("compiler", "cuda", "args")]
     include = Path(dace.__file__).parent / "runtime" / "include"
-    return (["nvcc", "-std=c++17", "-O3", f"-arch=sm_{toolchain.CUDA_ARCH}", "-cubin",
-             "-Xptxas", "-v", "-w", f"-I{include}"] + args.split() + ["-o", str(cubin), str(cu)])
+    return (["nvcc", "-std=c++17", "-O3", f"-arch=sm_{toolchain.CUDA_ARCH}", "-rdc=true", "-c",
+             "-Xptxas", "-v", "-w", f"-I{include}"] + args.split() + ["-o", str(obj), str(cu)])
+
+
+def link_command(obj: Path, out: Path) -> List[str]:
+    """The device link of a separately compiled object, which reports each kernel's final
+    registers, shared memory (static shared memory is only placed here) and stack."""
+    from . import toolchain
+    return ["nvcc", f"-arch=sm_{toolchain.CUDA_ARCH}", "-dlink", str(obj), "-o", str(out),
+            "-Xnvlink", "-v"]
 
 
 @dataclasses.dataclass
@@ -222,8 +261,9 @@ class Probe:
 
     @property
     def main(self) -> Optional[Kernel]:
-        """The kernel that does the work: the one with the most threads x registers
-        (the tables and copies are plain element-wise kernels)."""
+        """The kernel that does the work: the one that stages tiles in shared memory,
+        else the one with the most threads x registers (the tables, copies and
+        reductions are plain element-wise kernels)."""
         return max(self.kernels, key=lambda k: (k.shared, k.registers * k.threads), default=None)
 
 
@@ -257,10 +297,10 @@ def _compile(result: Probe, impl_name: str, layer, params, workdir, timeout) -> 
         except Exception as err:  # noqa: BLE001 - a configuration DaCe cannot build is a result
             result.error = f"code generation: {type(err).__name__}: {err}".splitlines()[0][:300]
             return
-        cu, cubin = tmp / "kernels.cu", tmp / "kernels.cubin"
+        cu, obj, linked = tmp / "kernels.cu", tmp / "kernels.o", tmp / "linked.o"
         cu.write_text(code.clean_code)
         try:
-            proc = subprocess.run(nvcc_command(cu, cubin), capture_output=True, text=True,
+            proc = subprocess.run(nvcc_command(cu, obj), capture_output=True, text=True,
                                   timeout=timeout)
         except FileNotFoundError:
             raise UsageError("nvcc is not on PATH: the tune space is compiled with it") from None
@@ -272,7 +312,12 @@ def _compile(result: Probe, impl_name: str, layer, params, workdir, timeout) -> 
             first = next((ln for ln in text.splitlines() if "error" in ln.lower()), text.strip()[:200])
             result.error = f"nvcc: {first.strip()[:300]}"
             return
-        result.kernels = describe_kernels(text, code.clean_code)
+        link = subprocess.run(link_command(obj, linked), capture_output=True, text=True,
+                              timeout=timeout)
+        if link.returncode != 0:
+            result.error = f"nvlink: {(link.stdout + link.stderr).strip()[:300]}"
+            return
+        result.kernels = describe_kernels(text, code.clean_code, nvlink_text=link.stdout + link.stderr)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -455,10 +500,12 @@ def summarize(table: Sequence[Mapping[str, object]]) -> Dict[str, object]:
 # Compiling the whole space
 # ---------------------------------------------------------------------------------------------
 
-#: The layers each configuration is compiled on: the one with the most output pixels
-#: and the one with the fewest (registers can differ with the layer's constants; the
-#: table shows by how much).
-PROBE_LAYERS = (("cosmoflow_mlperf", "conv1", 8), ("cosmoflow", "conv7", 16))
+#: The layer each configuration is compiled on: v1 conv7 at batch 16, the deepest
+#: CosmoFlow layer, which every implementation with a space supports (split-K's partial
+#: sums overflow int32 on the large layers).  Registers can differ a little with the
+#: layer's constants: a configuration that spills on another layer shows up there as
+#: time, never as a wrong result, since every tune case is verified.
+PROBE_LAYERS = (("cosmoflow", "conv7", 16),)
 #: Where ``space`` writes its table, and where the tune tier reads the verdicts.
 DEFAULT_OUT = PROJECT_ROOT / "results" / "gpu" / "tune-space"
 
@@ -518,14 +565,19 @@ def write_space(out: Path, probes: Sequence[Probe], toolchain_info: Mapping[str,
     lines = ["# The GPU tune space, compiled on a host without a GPU", "",
              f"Every configuration of the GPU search spaces (`convbench/gpuspace.py`, SPACES), "
              f"compiled for {SM90['name']} by `scripts/gpu_campaign.py space` "
-             f"({', '.join(f'{k} {v}' for k, v in toolchain_info.items())}). Per configuration "
-             "and probe layer: what ptxas reports for the main kernel (registers, static "
-             "shared memory, stack frame, spill stores and loads), the launch the generated "
-             "code makes (threads per block, blocks), and from those the resident blocks per "
-             f"SM, the occupancy and its limiter, and the waves over {SM90['sms']} SMs. "
-             "A configuration that spills, keeps a stack frame, or cannot place a block on "
-             "an SM is refused and never reaches the GPU; the tune tier of the campaign "
-             "runs the others (`space.json`). Every row is in `resources.csv`.", ""]
+             f"({', '.join(f'{k} {v}' for k, v in toolchain_info.items())}) as a GPU build "
+             "compiles it: separable compilation (`-rdc=true`, DaCe's CMake setting) and the "
+             "device link, whose report gives the registers and shared memory the GPU runs "
+             "with (for `implicitGemmNCDHW`'s defaults 64 registers and 4 blocks of 256 "
+             "threads per SM, what Nsight Compute measured on the H100 and H200). Per "
+             "configuration and probe layer: registers, static shared memory and stack "
+             "frame after the link, spill stores and loads from ptxas, the launch the "
+             "generated code makes (threads per block, blocks), and from those the resident "
+             f"blocks per SM, the occupancy and its limiter, and the waves over {SM90['sms']} "
+             "SMs. A configuration that spills, keeps a stack frame, or cannot place a block "
+             "on an SM is refused: the tune tier does not plan it (it times each "
+             "implementation's defaults as the baseline, whatever their verdict). Every row "
+             "is in `resources.csv`, the verdicts in `space.json`.", ""]
     for impl, entry in summary["implementations"].items():
         configs = entry["configs"]
         ok = [c for c in configs if c["verdict"] == "ok"]

@@ -307,19 +307,18 @@ Choice = Dict[str, Dict[Pass, str]]  # layer name -> pass -> implementation name
 
 
 def default_implementation(layer: Layer, pass_: Pass, device: str) -> str:
-    """The fastest implementation of ``pass_`` on ``layer`` as measured on this machine
-    (:func:`convbench.tuning.best_implementation`: ``bench_cpu.py --store`` on the CPU,
-    the tune tier of the GPU campaign on the GPU), else on the CPU the implementation
-    that declares ``network-cpu`` where it supports ``layer``; else the one that declares
-    ``network`` (:data:`convbench.registry.ROLES`)."""
+    """On the CPU the fastest implementation of ``pass_`` on ``layer`` as measured here
+    (``bench_cpu.py --store``, :func:`convbench.tuning.best_implementation`), else the
+    implementation that declares ``network-cpu`` where it supports ``layer``; else (and on
+    the GPU) the one that declares ``network`` (:data:`convbench.registry.ROLES`)."""
     general = registry.default("network", pass_)
-    candidates = [tuning.best_implementation(str(pass_), layer, device)]
-    if device == "cpu":
-        candidates.append(registry.default("network-cpu", pass_))
-    for name in candidates:
+    if device != "cpu":
+        return general
+    for name in (tuning.best_implementation(str(pass_), layer, "cpu"),
+                 registry.default("network-cpu", pass_)):
         impl = registry.all_implementations().get(name or "")
-        if impl is not None and impl.pass_ == pass_ and device in impl.targets and \
-                not impl.unsupported_reason(layer, tuning.tuned_params(impl, layer, device)):
+        if impl is not None and impl.pass_ == pass_ and not impl.unsupported_reason(
+                layer, tuning.tuned_params(impl, layer, "cpu")):
             return impl.name
     return general
 

@@ -134,9 +134,11 @@ def tuned_entry(impl_name: str, layer, target: str) -> Dict[str, int]:
     if impl_name not in mine and impl_name not in _WARNED and any(
             impl_name in m.get("entries", {}) for m in load(target).get("machines", {}).values()):
         _WARNED.add(impl_name)
+        how = (f"scripts/tune_cpu.py --implementation {impl_name} --store" if target == "cpu"
+               else "the GPU campaign's tune tier, scripts/gpu_campaign.py run --tier tune")
         print(f"note: {tuning_file(target)} has no {impl_name} entries for this machine "
               f"({machine_id(target)}), only for others: its defaults are used (tune it here "
-              f"with scripts/tune_cpu.py --implementation {impl_name} --store)", file=sys.stderr)
+              f"with {how})", file=sys.stderr)
     found = dict(mine.get(impl_name, {}).get(layer.key(), {}))
     if found and target == "gpu" and (impl_name, layer.key()) not in _SAID:
         _SAID.add((impl_name, layer.key()))

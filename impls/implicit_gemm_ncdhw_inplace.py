@@ -73,11 +73,13 @@ def supports(layer: Layer, params) -> Optional[str]:
     reason = T.int32_offsets(layer, params)
     if reason:
         return reason
-    worst = max(size + k for size, k in zip((layer.in_d, layer.in_h, layer.in_w),
-                                            (layer.k_d, layer.k_h, layer.k_w)))
-    if worst >= PACK_LIMIT:
-        return (f"input extent plus kernel extent ({worst}) must stay below {PACK_LIMIT} "
-                "(coordinates packed in 10-bit fields)")
+    # A field holds a coordinate from -pad to extent + pad - 1, plus the bias.
+    if max(layer.pads) > BIAS:
+        return f"padding {max(layer.pads)} over {BIAS} (coordinates packed in 10-bit fields)"
+    worst = max(size + pad for size, pad in zip((layer.in_d, layer.in_h, layer.in_w), layer.pads))
+    if worst > PACK_LIMIT:
+        return (f"input extent plus padding ({worst}) over {PACK_LIMIT} (coordinates packed "
+                "in 10-bit fields)")
     return None
 
 
@@ -217,5 +219,6 @@ register(Implementation(
     algorithm=lambda layer, dtype, values: inplace(layer, dtype, values),
     schedules=SCHEDULES, params=_igemm.TILE_PARAMS, check_params=check_tiles,
     supports=supports,
-    constraints=T.INT32_CONSTRAINT + "; input plus kernel extent below 768 per dimension",
+    constraints=T.INT32_CONSTRAINT + "; input extent plus padding at most 768 and padding at "
+                "most 256 per dimension (packed coordinates)",
     default_for=("best-of",)))

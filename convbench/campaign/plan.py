@@ -60,9 +60,12 @@ TIER_SKIPS = {"smoke": ("tests", "roofline"), "tune": ("tests", "roofline")}
 BUDGET_S = {"smoke": 10 * 60.0, "core": 20 * 60.0, "full": 30 * 60.0, "tune": 25 * 60.0}
 #: Tiers whose budget is shared with another tier's plan (the dry run adds that plan).
 BUDGET_WITH = {"tune": "core"}
-#: The tune tier: configurations timed per layer and implementation, the best-ranked
-#: first (:func:`convbench.gpuspace.rank`), besides the implementation's defaults.
-TUNE_PER_LAYER = {"implicitGemmNCDHWinplace": 4, "implicitGemmNCDHW": 1, "implicitGemmsplitK": 2}
+#: The tune tier: the implementations it times, and how many configurations per layer,
+#: the best-ranked first (:func:`convbench.gpuspace.rank`), besides the defaults.  The
+#: plan must fit beside core in 25 device-minutes on the slowest GPU host recorded;
+#: ``implicitGemmNCDHW`` has a space (its resource table) but is not timed: the in-place
+#: variant has its structure without its set-up kernels.
+TUNE_PER_LAYER = {"implicitGemmNCDHWinplace": 3, "implicitGemmsplitK": 2}
 #: Timing of a tune case: fewer samples than core (a ranking, not the reported figure;
 #: the winners are timed again by the next core campaign with the full count).
 TUNE_TIMING = {"iterations": 20, "warmup": 3}
@@ -159,9 +162,9 @@ def tune_cases(target: str, space_dir: Optional[os.PathLike] = None) -> List[Cas
     for layer_set, layer in layers:
         for impl_name, configs in passed.items():
             impl = registry.get(impl_name)
-            if target not in impl.targets:
+            if target not in impl.targets or impl_name not in TUNE_PER_LAYER:
                 continue
-            chosen = gpuspace.rank(impl_name, layer, configs)[:TUNE_PER_LAYER.get(impl_name, 3)]
+            chosen = gpuspace.rank(impl_name, layer, configs)[:TUNE_PER_LAYER[impl_name]]
             default = dict(impl.resolve_params({}))
             if chosen and default not in chosen:
                 chosen.insert(0, default)
@@ -177,7 +180,8 @@ def measured_build_seconds(target: str, cachedir: Optional[os.PathLike]) -> Tupl
     """Median seconds per build of ``target``: in the manifests of ``cachedir`` (a build
     cache that has GPU builds in it, say), else (GPU) in the newest campaign folder under
     ``results/gpu/`` that recorded its builds (on the GPU host, all cores busy), else
-    :data:`DEFAULT_BUILD_SECONDS`."""
+    :data:`DEFAULT_BUILD_SECONDS`.  On the GPU the slowest host that recorded its builds
+    counts: which GPU machine a task is lent is drawn by chance."""
     root = Path(cachedir) if cachedir else None
     manifests = (_load(m, {}) for m in (root.glob("*/manifest.json") if root else ()))
     times = sorted(sum(v for v in m.get("build_seconds", {}).values()
@@ -187,13 +191,17 @@ def measured_build_seconds(target: str, cachedir: Optional[os.PathLike]) -> Tupl
         return times[len(times) // 2], f"median of {len(times)} builds in {root}"
     if target == "gpu":
         from ..toolchain import PROJECT_ROOT
-        for path in sorted((PROJECT_ROOT / "results" / "gpu").glob("*/builds.json"), reverse=True):
+        hosts = []
+        for path in sorted((PROJECT_ROOT / "results" / "gpu").glob("*/builds.json")):
             times = sorted(b["seconds"] for b in (_load(path, {}) or {}).values()
                            if isinstance(b, dict) and b.get("outcome") == "built"
                            and isinstance(b.get("seconds"), (int, float)))
             if len(times) >= 3:
-                return (times[len(times) // 2], f"median of {len(times)} builds on the GPU "
-                        f"host, {path.parent.relative_to(PROJECT_ROOT)}")
+                hosts.append((times[len(times) // 2], len(times), path.parent.name))
+        if hosts:
+            median, count, name = max(hosts)
+            return (median, f"median of {count} builds on the slowest GPU host of "
+                    f"{len(hosts)} campaign(s), results/gpu/{name}")
     return DEFAULT_BUILD_SECONDS[target], "this project's measured build time (README)"
 
 

@@ -43,7 +43,8 @@ def _tag(case: dict) -> str:
 def tune_winners(records: Iterable[dict]) -> Dict[str, object]:
     """The tune tier's result: per implementation and layer, its fastest verified
     configuration (``entries``, the form of ``tuning/gpu.json``), and rows comparing it
-    with the implementation's defaults."""
+    with the implementation's defaults.  No fastest implementation per layer: the tier
+    times only the implementations it tunes, never against the others."""
     from .. import registry
     from ..layers import Layer
     best: Dict[tuple, dict] = {}
@@ -61,20 +62,13 @@ def tune_winners(records: Iterable[dict]) -> Dict[str, object]:
             best[key] = {"ms": ms, "params": dict(case.get("params") or ()),
                          "layer": Layer(**case["layer"]).key(), "pass": str(impl.pass_)}
     entries: Dict[str, dict] = {}
-    fastest: Dict[tuple, tuple] = {}
     rows = []
     for (impl, lset, lname, batch), b in sorted(best.items()):
         entries.setdefault(impl, {})[b["layer"]] = b["params"]
         d = default.get((impl, lset, lname, batch))
         rows.append([lset, lname, batch, impl, _fmt(d, ".3f"), _tag({"params": b["params"]}),
                      f"{b['ms']:.3f}", _fmt(d / b["ms"] if d else None, ".2f")])
-        k = (b["pass"], b["layer"])
-        if k not in fastest or b["ms"] < fastest[k][0]:
-            fastest[k] = (b["ms"], impl)
-    chosen: Dict[str, dict] = {}
-    for (pass_, layer_key), (_, impl) in fastest.items():
-        chosen.setdefault(pass_, {})[layer_key] = impl
-    return {"entries": entries, "best": chosen, "rows": rows}
+    return {"entries": entries, "rows": rows}
 
 
 def write_tuning(folder: Folder, meta: dict, records: Sequence[dict]) -> Tuple[Path, list]:
@@ -84,8 +78,8 @@ def write_tuning(folder: Folder, meta: dict, records: Sequence[dict]) -> Tuple[P
     path = folder.root / "tuning.json"
     write_atomic(path, json.dumps({"device": meta.get("device"), "target": meta.get("target"),
                                    "git": meta.get("git", {}),
-                                   "written": _now(), "entries": won["entries"],
-                                   "best": won["best"]}, indent=1, sort_keys=True) + "\n")
+                                   "written": _now(), "entries": won["entries"]},
+                                  indent=1, sort_keys=True) + "\n")
     return path, won["rows"]
 
 
