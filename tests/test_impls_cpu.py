@@ -114,6 +114,20 @@ def test_inplace_border_predicate_bug_is_caught(monkeypatch, builds, reference):
     assert not check.ok, check.summary()
 
 
+def test_inplace_refuses_layers_whose_coordinates_would_carry():
+    """The packed (d, h, w) fields hold -pad .. extent + pad - 1 biased by 256 in 10 bits:
+    padding over 256 would borrow, extent plus padding over 768 would carry into the next
+    field, and a wrapped coordinate could read real input where 0 belongs."""
+    impl = registry.get("implicitGemmNCDHWinplace")
+    params = impl.resolve_params({})
+    fits = Layer("edge", 1, 1, 1, 764, 8, 8, 3, 3, 3, pad=4)       # 764 + 4 = 768
+    assert impl.unsupported_reason(fits, params) is None
+    wide = Layer("wide", 1, 1, 1, 764, 8, 8, 3, 3, 3, pad=5)
+    assert "over 768" in impl.unsupported_reason(wide, params)
+    padded = Layer("padded", 1, 1, 1, 8, 8, 8, 3, 3, 3, pad=257)
+    assert "padding 257 over 256" in impl.unsupported_reason(padded, params)
+
+
 #: Micro-tiles of several channel vectors (NV > 1), both filter reads of the
 #: backward-data kernel and both forms (and the single vector loop) of the backward-filter
 #: one: odd pixel counts,
