@@ -32,6 +32,7 @@ def build_parser(prog: str = PROG, mode: Optional[str] = None) -> argparse.Argum
     flags.add_param_flag(p)
     flags.add_seed_flag(p)
     flags.add_threads_flag(p)
+    flags.add_precision_flags(p)
 
     g = p.add_argument_group("verification")
     g.add_argument("--verify", action="store_true", default=mode == "verify",
@@ -77,6 +78,8 @@ def _check_args(args) -> None:
                          "--compareprof (or run scripts/plot_results.py RUN_DIR)")
     if args.outdir is not None and not args.compareprof:
         raise UsageError("--outdir: only --compareprof writes result files")
+    from .precision import from_args
+    from_args(args)  # a bad --dtype or --math stops here, before anything is imported
     from cudnn_bindings.conv import parse_algo
     try:
         parse_algo("fwd", args.cudnn_algo)
@@ -117,6 +120,7 @@ def _main(argv, prog: str = PROG, mode: Optional[str] = None) -> int:
               end="\n" if not args.markdown else "")
         return 0
 
+    from . import precision
     from .devices import resolve_device, set_threads
     from .experiment import Experiment, TimingOptions, resolve_implementations
     from .references import ReferenceOptions
@@ -133,12 +137,16 @@ def _main(argv, prog: str = PROG, mode: Optional[str] = None) -> int:
     args.threads = set_threads(args.threads)
     timing = (TimingOptions(args.warmupiter, args.totaliter, args.time_limit, not args.no_flush,
                             heap=args.heap) if args.compareprof else None)
+    dtype = precision.check_device(precision.from_args(args), device)
+    reason = impl.unsupported_dtype(dtype, device)
+    if reason:
+        raise UsageError(f"--dtype {dtype.name}: {impl.name} {reason}")
     exp = Experiment(impl, layers, device, overrides=overrides, policy=flags.build_policy(args),
                      cachedir=args.cachedir, seed=args.seed, verify=args.verify, timing=timing,
                      references=ReferenceOptions(args.allow_tf32, args.cudnn_algo),
                      outdir=args.outdir, plots=args.enableplots, threads=args.threads,
                      metadata={"layer_set": args.paramscsv, "batch": args.batch},
-                     observer=Printer(args.paramscsv, args.strict))
+                     observer=Printer(args.paramscsv, args.strict), dtype=dtype)
     refusals = [impl.unsupported_reason(layer, exp.params(impl, layer)) for layer in layers]
     if all(refusals):
         doing = " and ".join(w for w, on in (("verified", args.verify),

@@ -33,6 +33,7 @@ from . import cache, registry, toolchain, tuning
 from .errors import UsageError
 from .layers import Layer
 from .layouts import Pass
+from .precision import check_device, get_dtype
 from .references import ReferenceOptions
 
 
@@ -171,7 +172,8 @@ class Experiment:
                  timing: Optional[TimingOptions] = None,
                  references: Optional[ReferenceOptions] = None, outdir=None,
                  plots: bool = False, threads: Optional[int] = None,
-                 metadata: Optional[Dict[str, Any]] = None, observer: Optional[Observer] = None):
+                 metadata: Optional[Dict[str, Any]] = None, observer: Optional[Observer] = None,
+                 dtype="float32"):
         if isinstance(implementations, (str, registry.Implementation)):
             implementations = [implementations]
         self.impls = [registry.get(i) if isinstance(i, str) else i for i in implementations]
@@ -185,6 +187,8 @@ class Experiment:
         self.outdir = Path(outdir) if outdir is not None else None
         self.threads, self.extra_metadata = threads, dict(metadata or {})
         self.observer = observer or Observer()
+        #: The precision of every build, input and reference (:mod:`convbench.precision`).
+        self.dtype = check_device(get_dtype(dtype), device)
         self.records: List[Record] = []
         self.writer = None
         #: The arrays the last prepared DaCe call got: ``torch``, or ``cupy <version>``.
@@ -204,12 +208,12 @@ class Experiment:
             self._params[key] = tuning.tuned_params(impl, layer, self.device, overrides)
         return self._params[key]
 
-    def build(self, impl, layer: Layer, params: Optional[Mapping[str, int]] = None,
-              dtype: str = "float32"):
-        """The build of ``impl`` on ``layer`` from the cache, per the policy (the last
-        build is kept: asked for again, it is not loaded or compiled twice)."""
+    def build(self, impl, layer: Layer, params: Optional[Mapping[str, int]] = None):
+        """The build of ``impl`` on ``layer`` in the experiment's precision, from the
+        cache, per the policy (the last build is kept: asked for again, it is not loaded
+        or compiled twice)."""
         params = self.params(impl, layer) if params is None else params
-        spec = toolchain.make_spec(impl, layer, dtype, self.device, params)
+        spec = toolchain.make_spec(impl, layer, self.dtype, self.device, params)
         if self._last_build is not None and self._last_build.spec.name == spec.name:
             return self._last_build  # a caller that built the case before running it
         self._last_build = None  # its arrays and library may go before the next loads
@@ -217,9 +221,11 @@ class Experiment:
         return self._last_build
 
     def truth(self, pass_: Pass, layer: Layer, index: int = 0):
-        """Random inputs (seed + index) and their float64 ground truth."""
+        """Random inputs (seed + index) in the experiment's precision and their float64
+        ground truth."""
         from .verify import make_truth
-        return make_truth(layer, pass_, seed=self.seed + index, device=self.device)
+        return make_truth(layer, pass_, seed=self.seed + index, dtype=self.dtype,
+                          device=self.device)
 
     def check(self, build, truth, tamper: Optional[Callable[[Any], Any]] = None) -> list:
         """Run ``build`` on the ground truth's inputs and check its output (``tamper``:
@@ -377,7 +383,8 @@ class Experiment:
         params = self.params(impl, layer) if params is None else impl.resolve_params(params)
         record = Record(index, layer, impl.name, impl.pass_, self.device, params)
         self.observer.layer(self, record)
-        reason = impl.unsupported_reason(layer, params)
+        reason = (impl.unsupported_dtype(self.dtype, self.device)
+                  or impl.unsupported_reason(layer, params))
         if reason:
             record.status, record.reason = "unsupported", reason
             self.observer.finished(self, record)
@@ -474,6 +481,8 @@ class Experiment:
         meta.update({
             "implementation": impl.name if len(self.impls) == 1 else [i.name for i in self.impls],
             "pass": str(impl.pass_), "layout": str(impl.layout),
+            "precision": {"dtype": self.dtype.name, "math": self.dtype.math,
+                          "accumulate": self.dtype.accumulate, "label": self.dtype.label},
             "params": impl.resolve_params(self.overrides) if len(self.impls) == 1 else
             {i.name: i.resolve_params(self.overrides) for i in self.impls}, "seed": self.seed,
             "layers": [{"name": layer.name, "geometry": layer.describe(), "key": layer.key()}

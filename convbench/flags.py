@@ -64,6 +64,17 @@ def add_param_flag(p) -> None:
                    help="set a tunable parameter of the implementation (repeatable)")
 
 
+def add_precision_flags(p) -> None:
+    """``--dtype`` and ``--math`` (:mod:`convbench.precision`)."""
+    from .precision import DTYPES, MATH_MODES
+    p.add_argument("--dtype", default="float32", metavar="|".join(DTYPES),
+                   help="storage precision of inputs and outputs; the 16-bit ones sum in "
+                   "float32 (default float32)")
+    p.add_argument("--math", default="ieee", metavar="|".join(MATH_MODES),
+                   help="tf32: products on operands rounded to TF32, as tensor cores compute "
+                   "them (GPU, float32 only; default ieee)")
+
+
 def add_seed_flag(p) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
 

@@ -19,6 +19,9 @@ class LayerCase:
     layer: Layer
     layer_set: str
     target: str = "gpu"
+    #: The storage precision (:mod:`convbench.precision`); empty: the implementation's
+    #: first (float32 where it has it).
+    dtype: str = ""
 
     @property
     def implementation(self):
@@ -28,6 +31,10 @@ class LayerCase:
     @property
     def pass_(self):
         return self.implementation.pass_
+
+    @property
+    def precision(self) -> str:
+        return self.dtype or self.implementation.precisions[0]
 
     def resolved_params(self) -> Dict[str, int]:
         """The parameters a build of this case uses: the tuned entry of this machine for
@@ -48,4 +55,5 @@ class LayerCase:
 
     def job(self):
         from .cache import Job
-        return Job(self.impl, self.layer, self.target, self.resolved_params(), label=self.id)
+        return Job(self.impl, self.layer, self.target, self.resolved_params(),
+                   dtype=self.precision, label=self.id)

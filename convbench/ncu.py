@@ -153,9 +153,10 @@ def profile_call(target: dict) -> Callable[[], object]:
     from .layercase import LayerCase
     case = LayerCase.from_json(target["case"])
     impl, layer = case.implementation, case.layer
-    inputs = verify.make_inputs(layer, impl.pass_, seed=0)
+    inputs = verify.make_inputs(layer, impl.pass_, seed=0, dtype=case.precision)
     if target["backend"] == "dace":
-        exp = Experiment(impl, [layer], "gpu", policy="reuse", cachedir=target["cachedir"])
+        exp = Experiment(impl, [layer], "gpu", policy="reuse", cachedir=target["cachedir"],
+                         dtype=case.precision)
         return exp.call(exp.build(impl, layer, case.resolved_params()), inputs)
     ref = {r.name: r for r in references.REFERENCES}[target["backend"]]
     return ref.prepare(layer, impl.pass_, impl.layout, "gpu",

@@ -158,7 +158,7 @@ class CudnnReference(Reference):
                                       memory_format=_format(layout))
         plan = cudnn_bindings.plan(str(Pass(pass_)), t["x"], t["w"], t["y"], layer.strides,
                                    layer.pads, layer.dilations, algo=options.cudnn_algo,
-                                   math=cudnn_math(options), groups=layer.groups)
+                                   math=cudnn_math(options, t["x"].dtype), groups=layer.groups)
 
         def call():
             plan.run(t["x"], t["w"], t["y"])
@@ -174,7 +174,12 @@ class CudnnReference(Reference):
                 "math": cudnn_math(options)}
 
 
-def cudnn_math(options: ReferenceOptions) -> str:
+def cudnn_math(options: ReferenceOptions, tdtype=None) -> str:
+    """cuDNN's math: 16-bit tensors on the tensor cores (float32 sums), float32 in IEEE
+    unless TF32 is allowed."""
+    import torch
+    if tdtype in (torch.float16, torch.bfloat16):
+        return "tensor_op"
     return "tf32" if options.allow_tf32 else "ieee"
 
 

@@ -23,6 +23,9 @@ from .layers import FEATURES, Layer  # noqa: F401
 from .layouts import Layout, Pass, stored_shape  # noqa: F401
 
 TARGETS = ("cpu", "gpu")
+#: Every storage precision (:mod:`convbench.precision`), for implementations that widen
+#: their operands and sum in float32.
+ALL_PRECISIONS = ("float32", "float16", "bfloat16")
 
 #: The roles an implementation can be the default for (``Implementation.default_for``),
 #: each within its own pass.  One implementation per pass holds each of the first three;
@@ -132,6 +135,11 @@ class Implementation:
     default_for: Tuple[str, ...] = ()
     #: The values ``convbench tune`` tries by default, as ``"P=a,b;Q=c"`` (empty: not tuned).
     search_space: str = ""
+    #: The storage precisions it builds for (:mod:`convbench.precision`); a 16-bit one
+    #: means it widens each operand to float32 before multiplying and sums in float32.
+    precisions: Tuple[str, ...] = ("float32",)
+    #: The math modes it builds for (``tf32``: products on TF32 operands).
+    math_modes: Tuple[str, ...] = ("ieee",)
     #: The file of the module that registered this implementation (set by :func:`register`).
     module_file: str = dataclasses.field(default="", compare=False)
 
@@ -189,6 +197,16 @@ class Implementation:
         if self.supports is None:
             return None
         return self.supports(layer, params)
+
+    def unsupported_dtype(self, dtype, target: str = "cpu") -> Optional[str]:
+        """None if this implementation builds for the precision ``dtype`` (a
+        :class:`~convbench.precision.DType`), else why not."""
+        if dtype.name not in self.precisions:
+            return (f"has no {dtype.name} version (its precisions: "
+                    f"{', '.join(self.precisions)})")
+        if dtype.math not in self.math_modes:
+            return f"has no {dtype.math} math (its modes: {', '.join(self.math_modes)})"
+        return None
 
     def source_files(self) -> Sequence[str]:
         """Files whose text defines this implementation (for cache keys): the registering
@@ -302,6 +320,9 @@ def format_listing(impls: Mapping[str, Implementation]) -> str:
         lines.append(f"    supports: {impl.constraints.strip() or 'every layer'}")
         lines.append(f"    handles: {', '.join(impl.handles) or 'the basic model only'} "
                      f"(of: {', '.join(FEATURES)})")
+        lines.append(f"    precisions: {', '.join(impl.precisions)}"
+                     + ("" if impl.math_modes == ("ieee",) else
+                        f"; math: {', '.join(impl.math_modes)}"))
     return "\n".join(lines)
 
 
@@ -312,13 +333,15 @@ def format_markdown(impls: Mapping[str, Implementation]) -> str:
     def cell(text: str) -> str:
         return " ".join(str(text).split()).replace("|", "\\|")
     rows = ["| implementation | pass | layout | targets | default for | what | parameters | "
-            "supports | handles |", "|---|---|---|---|---|---|---|---|---|"]
+            "supports | handles | precisions |", "|---|---|---|---|---|---|---|---|---|---|"]
     for impl in sorted(impls.values(), key=lambda i: (list(Pass).index(i.pass_), i.name)):
         rows.append("| " + " | ".join([
             f"`{impl.name}`", str(impl.pass_), str(impl.layout), ", ".join(impl.targets),
             ", ".join(impl.default_for), cell(impl.summary),
             ", ".join(f"`{p.name}`" for p in impl.params) or "none",
             cell(impl.constraints) or "every layer",
-            ", ".join(impl.handles) or "the basic model"]) + " |")
+            ", ".join(impl.handles) or "the basic model",
+            ", ".join(impl.precisions + tuple(m for m in impl.math_modes if m != "ieee"))])
+            + " |")
     roles = [f"- `{role}`: {text}." for role, text in ROLES.items()]
     return "\n".join(rows + ["", "Roles (column *default for*):", ""] + roles) + "\n"

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, Mapping, Optional, Tuple
 
-from . import launch, loader, replay
+from . import launch, loader, precision, replay
 from .errors import UsageError
 from .layers import Layer
 from .registry import Implementation
@@ -33,35 +33,8 @@ COMPAT_DIR = Path(__file__).resolve().parent / "cuda_compat"
 CUDA_ARCH = os.environ.get("CONVBENCH_CUDA_ARCH", "90")
 
 
-@dataclasses.dataclass(frozen=True)
-class DType:
-    name: str
-    #: Unit roundoff of the arithmetic (used by the verification tolerance).
-    unit_roundoff: float
-
-    @property
-    def dace(self):
-        import dace
-        return getattr(dace, self.name)
-
-    @property
-    def numpy(self):
-        import numpy
-        return getattr(numpy, self.name)
-
-    @property
-    def torch(self):
-        import torch
-        return getattr(torch, self.name)
-
-
-DTYPES: Dict[str, DType] = {"float32": DType("float32", 2.0 ** -24)}
-
-
-def get_dtype(name: str) -> DType:
-    if name not in DTYPES:
-        raise UsageError(f"--dtype: unknown dtype '{name}' (known: {', '.join(DTYPES)})")
-    return DTYPES[name]
+# The precisions live in convbench.precision; these names stay importable from here.
+DType, DTYPES, get_dtype = precision.DType, precision.DTYPES, precision.get_dtype
 
 
 def default_cachedir() -> Path:
@@ -78,8 +51,10 @@ def default_cachedir() -> Path:
 PORTABLE_MARCH = "-march=x86-64-v2"
 
 
-def dace_settings(target: str, build_root: Path) -> Dict[Tuple[str, ...], Any]:
-    """The DaCe configuration entries a build for ``target`` runs under."""
+def dace_settings(target: str, build_root: Path,
+                  dtype: Optional[DType] = None) -> Dict[Tuple[str, ...], Any]:
+    """The DaCe configuration entries a build for ``target`` (in precision ``dtype``)
+    runs under."""
     import dace
     cfg = dace.config.Config
     settings: Dict[Tuple[str, ...], Any] = {
@@ -121,6 +96,14 @@ def dace_settings(target: str, build_root: Path) -> Dict[Tuple[str, ...], Any]:
             # events use (see convbench.timing).
             ("compiler", "cuda", "max_concurrent_streams"): -1,
         })
+    if dtype is not None and dtype.half:
+        # The 16-bit storage types must be declared before the first line DaCe generates
+        # (the state struct that holds persistent arrays precedes its global code), so
+        # the compilers include them first.
+        include = f"-include {precision.HEADER}"
+        for lang in ("cpu", "cuda") if target == "gpu" else ("cpu",):
+            key = ("compiler", lang, "args")
+            settings[key] = f"{settings.get(key, cfg.get(*key))} {include}"
     return settings
 
 
@@ -258,11 +241,11 @@ def _tuning_args(args: str) -> str:
 
 
 @contextlib.contextmanager
-def dace_config(target: str, build_root: Path) -> Iterator[None]:
+def dace_config(target: str, build_root: Path, dtype: Optional[DType] = None) -> Iterator[None]:
     """Apply :func:`dace_settings` for the duration of the block."""
     import dace
     with contextlib.ExitStack() as stack:
-        for path, value in dace_settings(target, build_root).items():
+        for path, value in dace_settings(target, build_root, dtype).items():
             stack.enter_context(dace.config.set_temporary(*path, value=value))
         yield
 
@@ -285,7 +268,8 @@ class BuildSpec:
 
     def key(self) -> Dict[str, Any]:
         key = {"impl": self.impl.name, "layer": self.layer.key(), "dtype": self.dtype.name,
-               "target": self.target, "params": dict(sorted(self.params.items()))}
+               "target": self.target, "params": dict(sorted(self.params.items())),
+               **self.dtype.key()}
         if self.planted:
             key["planted"] = self.planted
         return key
@@ -294,7 +278,8 @@ class BuildSpec:
     def name(self) -> str:
         """Unique, valid C identifier: readable prefix plus a hash of the full key."""
         digest = hashlib.sha1(json.dumps(self.key(), sort_keys=True).encode()).hexdigest()[:10]
-        raw = f"{self.impl.name}_{self.layer.name}_{self.target}_{self.dtype.name}_b{self.layer.batch}"
+        raw = (f"{self.impl.name}_{self.layer.name}_{self.target}_{self.dtype.label}"
+               f"_b{self.layer.batch}")
         if self.planted:
             raw += f"_planted_{self.planted}"
         return re.sub(r"[^A-Za-z0-9_]", "_", raw) + f"_{digest}"
@@ -327,13 +312,18 @@ class Build:
         return self.program(**arrays)
 
 
-def make_spec(impl: Implementation, layer: Layer, dtype: str = "float32", target: str = "cpu",
+def make_spec(impl: Implementation, layer: Layer, dtype="float32", target: str = "cpu",
               params: Optional[Mapping[str, Any]] = None, planted: str = "") -> BuildSpec:
-    """The spec of one build; ``planted`` tags a deliberately broken one (tests)."""
+    """The spec of one build (``dtype``: a name or a :class:`~convbench.precision.DType`);
+    ``planted`` tags a deliberately broken one (tests)."""
     if target not in impl.targets:
         raise UsageError(f"{impl.name} has no schedule for target '{target}' (it has: "
                          f"{', '.join(impl.targets)})")
-    return BuildSpec(impl, layer, get_dtype(dtype), target, impl.resolve_params(params), planted)
+    dtype = get_dtype(dtype)
+    reason = impl.unsupported_dtype(dtype, target)
+    if reason:
+        raise UsageError(f"{impl.name}: {reason}")
+    return BuildSpec(impl, layer, dtype, target, impl.resolve_params(params), planted)
 
 
 def make_sdfg(spec: BuildSpec):
@@ -367,7 +357,7 @@ def compile_spec(spec: BuildSpec, folder: Path,
 
     folder = Path(folder)
     times = {}
-    with dace_config(spec.target, folder.parent):
+    with dace_config(spec.target, folder.parent, spec.dtype):
         t0 = time.perf_counter()
         sdfg = make_sdfg(spec)
         if prepare is not None:

@@ -55,6 +55,25 @@ convolution.
   10 in the elements with large |Z| at that L.
 - ``scripts/check_power.py`` measures both (``convbench.checkpower``).
 
+**Other precisions** (:mod:`convbench.precision`).  The inputs are drawn as above and
+rounded to the storage type before the float64 truth is computed, so the truth is exact
+for the numbers the kernel reads.
+- *16-bit storage, float32 sums* (float16, bfloat16).  Each operand is widened before it
+  is multiplied, and the product of two 16-bit numbers is exact in float32, so the sums
+  round as in float32 and the bound above holds for the value ``y`` before the store.
+  The store rounds once more: ``|fl(y) - y| <= u_out |y|`` (``u_out`` = 2^-11 for float16,
+  2^-8 for bfloat16), with ``|y| <= |s| + tol`` and, in float16's subnormal range, half the
+  smallest subnormal instead.  So ``tol_i`` becomes ``tol_i (1 + u_out) + u_out |s_i| +
+  tiny``.  That term is rigorous, so a correct kernel's worst element reaches 0.9 to 1
+  of it (the store alone).
+- *A kernel that sums in 16 bits* rounds every partial sum to ``u_out``: its error grows
+  like ``u_out * sqrt(L / 3) * ||t||_2``, ``sqrt(L / 3) / |Z|`` times the store's term.
+  ``tests/test_precision.py`` plants one (L = 432): err/tol 332 in float16, 1,210 in
+  bfloat16.
+- *TF32 operands* (``--math tf32``): each product carries ``|t_j| 2 u_tf32`` of random
+  sign, which adds ``TOL_FACTOR * 2 u_tf32 ||t_i||_2`` (``2 u_tf32 sum|t|`` for inputs this
+  module did not draw).
+
 **The second bound** is the same model with nothing assumed about the inputs.  Partial sums
 without random signs can grow like ``sum |t|``.  It is looser by about sqrt(L) on random
 data (some 1,000 times at L = 2.1M, where a 1% loss passed).  It serves inputs this
@@ -72,6 +91,7 @@ from typing import TYPE_CHECKING, Dict
 
 from .layers import Layer
 from .layouts import PASS_SIGNATURE, Pass, from_layout, stored_shape, to_layout
+from .precision import DType, Rounding, get_dtype
 from .references import TORCH_FP64, ReferenceOptions, cross_checks
 
 if TYPE_CHECKING:  # torch is imported lazily: the CLI's error paths stay fast
@@ -79,6 +99,15 @@ if TYPE_CHECKING:  # torch is imported lazily: the CLI's error paths stay fast
 
 #: Safety factor of the tolerance (see the module docstring).
 TOL_FACTOR = 8.0
+
+
+def _rounding(value) -> Rounding:
+    """A Rounding from a DType, a Rounding or a bare unit roundoff of float32 sums."""
+    if isinstance(value, DType):
+        return value.rounding
+    if isinstance(value, Rounding):
+        return value
+    return Rounding(accumulate=float(value))
 
 
 @dataclasses.dataclass
@@ -147,12 +176,15 @@ class GroundTruth:
 
 
 def make_inputs(layer: Layer, pass_: Pass, seed: int, dtype="float32"):
-    """Fresh uniform(-1, 1) inputs, logical layout, on the CPU."""
+    """Fresh uniform(-1, 1) inputs, logical layout, on the CPU, rounded to the storage
+    type of ``dtype`` (a name or a :class:`~convbench.precision.DType`): the float64
+    truth is then exact for the very numbers the kernel reads.  The draw does not depend
+    on the precision, so every precision sees the same inputs up to rounding."""
     import torch
     gen = torch.Generator().manual_seed(seed)
     shapes = {"x": layer.input_shape, "w": layer.filter_shape, "y": layer.output_shape}
     roles, _ = PASS_SIGNATURE[Pass(pass_)]
-    tdtype = getattr(torch, dtype)
+    tdtype = get_dtype(dtype).torch
     return {r: (torch.rand(shapes[r], generator=gen, dtype=torch.float64) * 2 - 1).to(tdtype)
             for r in roles}
 
@@ -199,12 +231,14 @@ def truth_for(layer: Layer, pass_: Pass, inputs, device: str = "cpu",
                        random_inputs=random_inputs, device=device)
 
 
-def compare(out, truth: GroundTruth, unit_roundoff: float, name: str = "torch-fp64",
+def compare(out, truth: GroundTruth, rounding, name: str = "torch-fp64",
             ref=None, slack: float = 1.0, chunk: int = 1 << 22) -> Check:
     """Check ``out`` (logical layout, any device) against ``ref`` (default: the float64
     ground truth) with the tolerance of the module docstring times ``slack``: the l2
     one against the ground truth of random inputs, the sum|t| one otherwise (another
-    float32 result as ``ref``, or inputs this module did not draw).
+    float32 result as ``ref``, or inputs this module did not draw).  ``rounding``: the
+    precision's :class:`~convbench.precision.Rounding` (a DType, or a bare unit roundoff
+    for float32 sums), which adds the terms of "Other precisions" in the docstring.
 
     Works through ``chunk`` elements at a time on the device ``out`` lives on, so that
     large layers need no full-size float64 temporaries beyond the reference itself.
@@ -214,7 +248,8 @@ def compare(out, truth: GroundTruth, unit_roundoff: float, name: str = "torch-fp
     dev = out.device
     if tuple(out.shape) != tuple(ref.shape):
         raise ValueError(f"output shape {tuple(out.shape)} != reference {tuple(ref.shape)}")
-    scale = slack * TOL_FACTOR * math.sqrt(truth.reduction_len) * unit_roundoff
+    rounding = _rounding(rounding)
+    scale = slack * TOL_FACTOR * math.sqrt(truth.reduction_len) * rounding.accumulate
     flat_out, flat_ref = out.detach().reshape(-1), ref.detach().reshape(-1)
     l2 = truth.random_inputs and ref is truth.ref
     flat_abs = truth.absref.reshape(-1)
@@ -232,7 +267,14 @@ def compare(out, truth: GroundTruth, unit_roundoff: float, name: str = "torch-fp
         bound = flat_abs[piece].to(dev)
         if l2:  # min(||t||_2 + |s|, sum|t|): see the module docstring
             bound = torch.minimum(flat_l2[piece].to(dev) + r.abs(), bound)
-        ratio = torch.where(err == 0, 0.0, err / (bound * scale))
+        tol = bound * scale
+        if rounding.operands:  # operands rounded before each product (TF32)
+            spread = flat_l2[piece].to(dev) * TOL_FACTOR if l2 else flat_abs[piece].to(dev)
+            tol = tol + (slack * 2 * rounding.operands) * spread
+        if rounding.output or rounding.tiny:  # the final store to a coarser format
+            tol = (tol * (1 + rounding.output)
+                   + slack * (rounding.output * r.abs() + rounding.tiny))
+        ratio = torch.where(err == 0, 0.0, err / tol)
         ratio = torch.where(finite, ratio, math.inf)
         worst = max(worst, float(ratio.max()))
         if bool(finite.any()):
@@ -252,10 +294,11 @@ def program_arrays(impl, layer: Layer, inputs, device: str = "cpu", dtype=None,
     import torch
     roles, out_role = PASS_SIGNATURE[impl.pass_]
     tdev = torch.device("cuda" if device == "gpu" else "cpu")
-    arrays = {r: to_layout(inputs[r], impl.layout, r).to(tdev) for r in roles}
+    dtype = dtype or torch.float32
+    arrays = {r: to_layout(inputs[r], impl.layout, r).to(tdev, dtype) for r in roles}
     logical_out = {"y": layer.output_shape, "x": layer.input_shape, "w": layer.filter_shape}
     arrays[out_role] = torch.full(stored_shape(impl.layout, out_role, logical_out[out_role]),
-                                  fill, dtype=dtype or torch.float32, device=tdev)
+                                  fill, dtype=dtype, device=tdev)
     return arrays
 
 
@@ -311,17 +354,18 @@ def verify_build(build, truth: GroundTruth, device: str = "cpu",
     out = run_build(build, truth, device)
     if tamper is not None:
         out = tamper(out)
-    return check_output(out, truth, build.spec.dtype.unit_roundoff, device, cudnn_algo)
+    return check_output(out, truth, build.spec.dtype, device, cudnn_algo)
 
 
-def check_output(out, truth: GroundTruth, unit_roundoff: float, device: str = "cpu",
+def check_output(out, truth: GroundTruth, rounding, device: str = "cpu",
                  cudnn_algo: str = "find") -> list:
-    """The checks of :func:`verify_build` on an output already computed (logical layout)."""
-    checks = [compare(out, truth, unit_roundoff)]
+    """The checks of :func:`verify_build` on an output already computed (logical layout);
+    ``rounding`` as for :func:`compare`."""
+    checks = [compare(out, truth, rounding)]
     options = ReferenceOptions(allow_tf32=False, cudnn_algo=cudnn_algo)  # IEEE FP32
     for reference in cross_checks(device):
         other = reference.compute(truth.layer, truth.pass_, truth.inputs, device, options)
         # Both sides carry float32 rounding: allow twice the tolerance.
-        checks.append(compare(out, truth, unit_roundoff, name=reference.check_name, ref=other,
+        checks.append(compare(out, truth, rounding, name=reference.check_name, ref=other,
                               slack=2.0))
     return checks

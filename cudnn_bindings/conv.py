@@ -173,13 +173,15 @@ def output_dims(x: TensorDescriptor, w: FilterDescriptor, conv: ConvolutionDescr
 # ---------------------------------------------------------------------------------------------
 
 def data_type(tdtype) -> Tuple[DataType, DataType]:
-    """(data type, compute type) for a torch dtype: half computes in float."""
+    """(data type, compute type) for a torch dtype: float16 and bfloat16 compute in float."""
     import torch
     table = {torch.float32: (DataType.FLOAT, DataType.FLOAT),
              torch.float16: (DataType.HALF, DataType.FLOAT),
+             torch.bfloat16: (DataType.BFLOAT16, DataType.FLOAT),
              torch.float64: (DataType.DOUBLE, DataType.DOUBLE)}
     if tdtype not in table:
-        raise TypeError(f"cuDNN bindings: unsupported dtype {tdtype} (float32, float16, float64)")
+        raise TypeError(f"cuDNN bindings: unsupported dtype {tdtype} (float32, float16, "
+                        "bfloat16, float64)")
     return table[tdtype]
 
 
@@ -268,7 +270,7 @@ class ConvPlan:
         self.handle, self.lib, self.pass_ = handle, handle.lib, pass_
         dtype, compute = data_type(x.dtype)
         if math is None:
-            math = "tensor_op" if dtype == DataType.HALF else "ieee"
+            math = "tensor_op" if dtype in (DataType.HALF, DataType.BFLOAT16) else "ieee"
         if math not in MATH:
             raise ValueError(f"unknown math {math!r} (one of {', '.join(MATH)})")
         self.math_requested = math

@@ -84,7 +84,7 @@ def taps_per_position(k: int, s: int, e: int) -> int:
 
 def bwd_data_algorithm(layer, dtype, params):
     L = layer_constants(layer, Layout.NDHWC)
-    dt, zero = dtype.dace, dtype.numpy(0)
+    dt, at, zero = dtype.dace, dtype.acc_dace, dtype.zero
     N, C, K, G, CG, KG = L.N, L.C, L.K, L.G, L.CG, L.KG
     D, H, W, KD, KH, KW, OD, OH, OW = L.D, L.H, L.W, L.KD, L.KH, L.KW, L.OD, L.OH, L.OW
     JD, JH, JW = (taps_per_position(k, s, e) for k, s, e in
@@ -106,8 +106,9 @@ def bwd_data_algorithm(layer, dtype, params):
                 for jh in range(JH):
                     for jw in range(JW):
                         for k in range(KG):
-                            acc += (yz[b, od_t[d, jd], oh_t[h, jh], ow_t[v, jw], g * KG + k]
-                                    * w[g * KG + k, kd_t[d, jd], kh_t[h, jh], kw_t[v, jw], c])
+                            acc += (dace.float32(yz[b, od_t[d, jd], oh_t[h, jh], ow_t[v, jw], g * KG + k])
+                                    * dace.float32(w[g * KG + k, kd_t[d, jd], kh_t[h, jh],
+                                                     kw_t[v, jw], c]))
             x[b, d, h, v, g * CG + c] = acc
 
     sdfg = bwd_data.to_sdfg(simplify=True)
@@ -121,7 +122,7 @@ def bwd_data_algorithm(layer, dtype, params):
 
 def bwd_filter_algorithm(layer, dtype, params, nsplit: int = 1):
     L = layer_constants(layer, Layout.NDHWC)
-    dt, zero = dtype.dace, dtype.numpy(0)
+    dt, at, zero = dtype.dace, dtype.acc_dace, dtype.zero
     N, C, K, G, CG, KG = L.N, L.C, L.K, L.G, L.CG, L.KG
     KD, KH, KW, OD, OH, OW = L.KD, L.KH, L.KW, L.OD, L.OH, L.OW
     SD, SH, SW, ED, EH, EW = L.SD, L.SH, L.SW, L.ED, L.EH, L.EW
@@ -136,9 +137,9 @@ def bwd_filter_algorithm(layer, dtype, params, nsplit: int = 1):
                     for od in range(OD):
                         for oh in range(OH):
                             for ow in range(OW):
-                                acc += (y[b, od, oh, ow, g * KG + j]
-                                        * x[b, od * SD + kd * ED, oh * SH + kh * EH,
-                                            ow * SW + kw * EW, g * CG + c])
+                                acc += (dace.float32(y[b, od, oh, ow, g * KG + j])
+                                        * dace.float32(x[b, od * SD + kd * ED, oh * SH + kh * EH,
+                                                         ow * SW + kw * EW, g * CG + c]))
                 w[g * KG + j, kd, kh, kw, c] = acc
 
         return pad_input(bwd_filter, layer, Layout.NDHWC)
@@ -154,16 +155,17 @@ def bwd_filter_algorithm(layer, dtype, params, nsplit: int = 1):
         yz[:, 0:OD, :, :, :] = y
         xz = np.zeros((N, DZ, HP, WP, C), dtype=dt)
         xz[:, 0:DP, :, :, :] = x
-        part = np.ndarray((nsplit, K, KD, KH, KW, CG), dtype=dt)
+        part = np.ndarray((nsplit, K, KD, KH, KW, CG), dtype=at)  # float32 partial sums
         for s, g, j, kd, kh, kw, c in dace.map[0:nsplit, 0:G, 0:KG, 0:KD, 0:KH, 0:KW, 0:CG]:
             acc = zero
             for b in range(N):
                 for t in range(CH):
                     for oh in range(OH):
                         for ow in range(OW):
-                            acc += (yz[b, s * CH + t, oh, ow, g * KG + j]
-                                    * xz[b, (s * CH + t) * SD + kd * ED, oh * SH + kh * EH,
-                                         ow * SW + kw * EW, g * CG + c])
+                            acc += (dace.float32(yz[b, s * CH + t, oh, ow, g * KG + j])
+                                    * dace.float32(xz[b, (s * CH + t) * SD + kd * ED,
+                                                      oh * SH + kh * EH, ow * SW + kw * EW,
+                                                      g * CG + c]))
             part[s, g * KG + j, kd, kh, kw, c] = acc
         for n, kd, kh, kw, c in dace.map[0:K, 0:KD, 0:KH, 0:KW, 0:CG]:
             total = zero

@@ -167,8 +167,8 @@ def tile_prologue(L, k_blocks, pixel_tile_shape, k_outer, accumulators, width, l
     ``(name, shape)`` pairs) zeroed at the top of its body; the lines, the body's indent
     and the tile indices (see :func:`tile_loop`)."""
     header, ind, t = tile_loop(L, k_blocks, pixel_tile_shape, k_outer)
-    lines = header + [f"{ind}acc = dace.define_local([{accumulators}, {width}], dt)"]
-    lines += [f"{ind}{name} = dace.define_local([{shape}], dt)" for name, shape in locals_]
+    lines = header + [f"{ind}acc = dace.define_local([{accumulators}, {width}], at)"]
+    lines += [f"{ind}{name} = dace.define_local([{shape}], at)" for name, shape in locals_]
     lines += [f"{ind}for i0 in range({accumulators}):",
               f"{ind}    for j0 in range({width}):",
               f"{ind}        acc[i0, j0] = 0"]
@@ -250,13 +250,15 @@ def group_param():
                              "live at a time", minimum=0)
 
 
-def generated_program(layer, source, function, tag, in_place=False):
+def generated_program(layer, source, function, tag, in_place=False, dtype=None):
     """The SDFG of the generated ``source``, taking the unpadded input as the harness
     passes it: the source reads a zero-padded copy of it, or (``in_place``) the unpadded
-    input itself (:func:`reads_in_place`), and then no copy is made."""
+    input itself (:func:`reads_in_place`), and then no copy is made.  ``dtype``: the
+    precision, whose storage type a 16-bit source names ``STORAGE`` (:func:`signature`)."""
     from convbench.registry import Layout
     from impls._common import pad_input, program_from_source
-    program = program_from_source(source, function, f"{function}_{layer.key()}_{tag}")
+    program = program_from_source(source, function, f"{function}_{layer.key()}_{tag}",
+                                  {"STORAGE": dtype.dace} if dtype is not None else None)
     if in_place:
         return program.to_sdfg(simplify=True)
     return pad_input(program, layer, Layout.NDHWC, halo=True)
@@ -269,14 +271,22 @@ def tile_pixels(pixel_tile_shape):
 
 
 def signature(L, dtype_name, function, w_shape=None, in_place=False):
-    """The generated program's first lines: imports and ``function(x, w, y)`` on the
-    padded NDHWC input (``in_place``: the unpadded one), the filter (``w_shape``,
-    default ``L.w_shape``) and the output, with constant shapes."""
+    """The generated program's first lines: imports, the storage type ``dt`` and the
+    accumulators' ``at`` (float32), and ``function(x, w, y)`` on the padded NDHWC input
+    (``in_place``: the unpadded one), the filter (``w_shape``, default ``L.w_shape``) and
+    the output, with constant shapes."""
     x_shape = (L.N, L.D, L.H, L.W, L.C) if in_place else L.xp_shape
-    return ["import dace", "", f"dt = dace.{dtype_name}", "", "",
+    # 16-bit types have no name in DaCe: generated_program sets STORAGE
+    storage = f"STORAGE  # {dtype_name}" if widens(dtype_name) else f"dace.{dtype_name}"
+    return ["import dace", "", f"dt = {storage}", "at = dace.float32", "", "",
             "@dace.program",
             f"def {function}(x: dt[{', '.join(map(str, x_shape))}], "
             f"w: dt[{', '.join(map(str, w_shape or L.w_shape))}], y: dt[{', '.join(map(str, L.y_shape))}]):"]
+
+
+def widens(dtype_name) -> bool:
+    """Whether a kernel of storage ``dtype_name`` widens what it reads (16-bit storage)."""
+    return dtype_name != "float32"
 
 
 def cpu_schedule(sdfg, layer, params):
@@ -336,8 +346,9 @@ def blocked_source(L, dtype_name, db, hb, wb, nb, k_outer, flip=False, nv=1, pac
                       (L.C, L.KD, L.KH, L.KW, L.K) if flip else None, in_place)
     pads = (L.PD, L.PH, L.PW) if in_place else (0, 0, 0)
     if pack or not flip:
+        # packed in float32: 16-bit filters are widened once here, not per tile
         lines.append(f"    wp = dace.define_local([{kblk}, {L.KD}, {L.KH}, {L.KW}, {L.C}, "
-                     f"{cw}], dt)")
+                     f"{cw}], at)")
         header, i = map_header([("kb", kblk), ("td", L.KD), ("th", L.KH), ("tw", L.KW),
                                 ("c", L.C), ("j", cw)], "    ")
         body = "    " if header is None else "        "
@@ -363,9 +374,11 @@ def blocked_source(L, dtype_name, db, hb, wb, nb, k_outer, flip=False, nv=1, pac
     loads = [Load(f"wv{v}", lambda kw="kw", v=v: filter_at(
         t['kb'], f'{v * nb} + j' if v else 'j', channel, kw)) for v in range(nv)]
     offsets = tile_pixels(tile)
+    widen = "dace.float32({})" if widens(dtype_name) else "{}"
     statements = [[Update(lambda kw="kw", p=p, v=v, offset=offset:
                           f"acc[{p * nv + v}, j] += "
-                          f"{input_at(t, tile, offset, S, channel, pads, kw)} * wv{v}",
+                          + widen.format(input_at(t, tile, offset, S, channel, pads, kw))
+                          + f" * wv{v}",
                           frozenset({f"wv{v}"}))
                    for v in range(nv)] for p, offset in enumerate(offsets)]
     cases = width_cases(L, tile) if edge else [WidthCase(None, None, None, None)]

@@ -190,7 +190,7 @@ DACE_NESTED_PROPAGATION_BUG = (
     "the CPU build of this implementation, or another GPU implementation, handles it")
 
 
-def program_from_source(source: str, function: str, name: str):
+def program_from_source(source: str, function: str, name: str, namespace=None):
     """The ``@dace.program`` named ``function`` defined by Python ``source`` text.
 
     For programs whose statements are generated (unrolled) per layer.  DaCe parses a
@@ -198,6 +198,8 @@ def program_from_source(source: str, function: str, name: str):
     ``name`` and a hash of the text (in ``$TMPDIR/convbench-generated``, rewritten
     atomically, shared by every process) and imported from there.  (Source that only
     :mod:`linecache` knows is not enough: DaCe 1.0.2 then misreads array shapes.)
+    ``namespace``: names the text uses that have no source form (a DaCe type object),
+    set in the module before its text runs.
     """
     import hashlib
     import importlib.util
@@ -216,5 +218,6 @@ def program_from_source(source: str, function: str, name: str):
         os.replace(tmp, path)
     spec = importlib.util.spec_from_file_location(module, path)
     loaded = importlib.util.module_from_spec(spec)
+    loaded.__dict__.update(namespace or {})
     spec.loader.exec_module(loaded)
     return getattr(loaded, function)

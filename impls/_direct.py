@@ -70,7 +70,7 @@ def per_thread(layer: Layer, dtype, params, channel_loop_outside: bool) -> dace.
     NT = TP // OPT
     G = _geometry(layer, TP)
     L = G.L
-    dt, i32, zero = dtype.dace, dace.int32, dtype.numpy(0)
+    dt, i32, zero = dtype.dace, dace.int32, dtype.zero
     N, C, K, KD, KH, KW = L.N, L.C, L.K, L.KD, L.KH, L.KW
     P, Pp, CX, PX, HWP, WP = G.P, G.Pp, G.CX, G.PX, G.HWP, L.WP
     KHW = KH * KW
@@ -191,7 +191,7 @@ def merged(layer: Layer, dtype, params) -> dace.SDFG:
     Tq = _staged_taps(layer, params)
     VX, VW = Tq // NTO, Tq // NTP
     GKr, GNp = L.C * taps + Tq, T.round_up(L.K, TO)
-    dt, i32, zero = dtype.dace, dace.int32, dtype.numpy(0)
+    dt, i32, zero = dtype.dace, dace.int32, dtype.zero
     N, C, K = L.N, L.C, L.K
     P, Pp, CX, PX = G.P, G.Pp, G.CX, G.PX
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from convbench.registry import Layer
 from convbench.registry import Layout, Pass
-from convbench.registry import Implementation, Param
+from convbench.registry import ALL_PRECISIONS, Implementation, Param
 from impls import _tiling as T
 from impls._common import layer_constants, pad_input
 
@@ -84,7 +84,7 @@ def tiled_only(layer: Layer, layout: Layout, dtype, params) -> dace.SDFG:
     reading global memory directly (no staging buffers)."""
     TM, TN = params["CTAtileM"], params["CTAtileN"]
     G = geometry(layer, layout, TM, TN, 1)
-    dt, i32, zero = dtype.dace, dace.int32, dtype.numpy(0)
+    dt, at, i32, zero = dtype.dace, dtype.acc_dace, dace.int32, dtype.zero
     GM, GN, GMp, GNp, GKp, YC = G.GM, G.GN, G.GMp, G.GNp, G.GKp, G.YC
 
     @dace.program
@@ -93,7 +93,7 @@ def tiled_only(layer: Layer, layout: Layout, dtype, params) -> dace.SDFG:
         xf = np.reshape(x, [G.XS])
         yf = np.reshape(y, [G.YS])
         for blk_n, blk_m in dace.map[0:GNp:TN, 0:GMp:TM]:  # blk_m fastest: grid x
-            acc = np.ndarray([TM, TN], dt)
+            acc = np.ndarray([TM, TN], at)
             for ti, tj in dace.map[0:TM, 0:TN]:
                 acc[ti, tj] = zero
             for ti, tj in dace.map[0:TM, 0:TN]:
@@ -130,7 +130,7 @@ def warp_tiled(layer: Layer, layout: Layout, dtype, params, nsplit: int = 1) -> 
     NTM, NTN = TM // RM, TN // RN
     VK, UA = TK // NTM, TM // NTN
     G = geometry(layer, layout, TM, TN, TK, nsplit)
-    dt, i32, zero = dtype.dace, dace.int32, dtype.numpy(0)
+    dt, at, i32, zero = dtype.dace, dtype.acc_dace, dace.int32, dtype.zero
     GM, GN, GMp, GNp, GKp, KS, YC, NS = G.GM, G.GN, G.GMp, G.GNp, G.GKp, G.KS, G.YC, nsplit
 
     @dace.program
@@ -138,9 +138,9 @@ def warp_tiled(layer: Layer, layout: Layout, dtype, params, nsplit: int = 1) -> 
                    rowoff: i32[GMp], coloff: i32[GKp], yrow: i32[GMp], Bp: dt[GKp, GNp]):
         xf = np.reshape(x, [G.XS])
         yf = np.reshape(y, [G.YS])
-        part = np.ndarray([NS, GMp, GNp], dt)  # partial sums (split-K only)
+        part = np.ndarray([NS, GMp, GNp], at)  # float32 partial sums (split-K only)
         for blk_s, blk_n, blk_m in dace.map[0:NS, 0:GNp:TN, 0:GMp:TM]:  # blk_m: grid x
-            acc = np.ndarray([NTM, NTN, RM, RN], dt)
+            acc = np.ndarray([NTM, NTN, RM, RN], at)
             for ti, tj in dace.map[0:NTM, 0:NTN]:
                 for r, s in dace.map[0:RM, 0:RN]:
                     acc[ti, tj, r, s] = zero
@@ -160,7 +160,8 @@ def warp_tiled(layer: Layer, layout: Layout, dtype, params, nsplit: int = 1) -> 
                                                             blk_n + tj + u * NTN]
                 for ti, tj in dace.map[0:NTM, 0:NTN]:
                     for kk, r, s in dace.map[0:TK, 0:RM, 0:RN]:
-                        acc[ti, tj, r, s] += As[kk, ti + r * NTM] * Bs[kk, tj + s * NTN]
+                        acc[ti, tj, r, s] += (dace.float32(As[kk, ti + r * NTM])
+                                              * dace.float32(Bs[kk, tj + s * NTN]))
             for ti, tj in dace.map[0:NTM, 0:NTN]:
                 for r, s in dace.map[0:RM, 0:RN]:
                     if NS == 1:  # resolved when the program is parsed
@@ -205,7 +206,7 @@ def warp_variant(name: str, summary: str, layout: Layout, split_k: bool = False,
         schedules=WARP_SCHEDULES, params=params, check_params=check_tiles,
         supports=_split_k_partials if split_k else T.int32_offsets,
         constraints=T.INT32_CONSTRAINT + (SPLIT_K_CONSTRAINT if split_k else ""),
-        default_for=default_for)
+        default_for=default_for, precisions=ALL_PRECISIONS)
 
 
 SPLIT_K_CONSTRAINT = "; nsplitK x padded GEMM rows x padded GEMM columns below 2^31 (partial sums)"

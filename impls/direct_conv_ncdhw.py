@@ -9,14 +9,14 @@ kd x kh x kw taps of the (padded) input, tap kd reading plane ``od * SD + kd * E
 
 import dace
 
-from convbench.registry import FEATURES, Layout, Pass
+from convbench.registry import ALL_PRECISIONS, FEATURES, Layout, Pass
 from convbench.registry import Implementation, register
 from impls._common import auto_cpu, auto_gpu, layer_constants, pad_input
 
 
 def algorithm(layer, dtype, params):
     L = layer_constants(layer, Layout.NCDHW)
-    dt, zero = dtype.dace, dtype.numpy(0)
+    dt, zero = dtype.dace, dtype.zero
     N, KD, KH, KW, G, CG, KG = L.N, L.KD, L.KH, L.KW, L.G, L.CG, L.KG
     OD, OH, OW, SD, SH, SW, ED, EH, EW = L.OD, L.OH, L.OW, L.SD, L.SH, L.SW, L.ED, L.EH, L.EW
 
@@ -28,8 +28,9 @@ def algorithm(layer, dtype, params):
                 for kd in range(KD):
                     for kh in range(KH):
                         for kw in range(KW):
-                            acc += (x[n, g * CG + c, od * SD + kd * ED, oh * SH + kh * EH,
-                                      ow * SW + kw * EW] * w[g * KG + j, c, kd, kh, kw])
+                            acc += (dace.float32(x[n, g * CG + c, od * SD + kd * ED, oh * SH + kh * EH,
+                                                   ow * SW + kw * EW])
+                                    * dace.float32(w[g * KG + j, c, kd, kh, kw]))
             y[n, g * KG + j, od, oh, ow] = acc
 
     return pad_input(direct_conv, layer, Layout.NCDHW)
@@ -43,4 +44,5 @@ register(Implementation(
     algorithm=algorithm,
     schedules={"cpu": auto_cpu, "gpu": auto_gpu},
     handles=FEATURES,
+    precisions=ALL_PRECISIONS,
 ))

@@ -14,7 +14,7 @@ direct family, not a fast one.
 import dace
 import numpy as np
 
-from convbench.registry import FEATURES, Layout, Pass
+from convbench.registry import ALL_PRECISIONS, FEATURES, Layout, Pass
 from convbench.registry import Implementation, register
 from impls._backward import add_position_tables
 from impls._common import auto_cpu, auto_gpu, layer_constants
@@ -22,7 +22,7 @@ from impls._common import auto_cpu, auto_gpu, layer_constants
 
 def algorithm(layer, dtype, params):
     L = layer_constants(layer, Layout.NCDHW)
-    dt, zero, i32 = dtype.dace, dtype.numpy(0), dace.int32
+    dt, zero, i32 = dtype.dace, dtype.zero, dace.int32
     N, K, D, H, W, G, CG, KG = L.N, L.K, L.D, L.H, L.W, L.G, L.CG, L.KG
     KD, KH, KW, OD, OH, OW = L.KD, L.KH, L.KW, L.OD, L.OH, L.OW
     x_shape = (N, L.C, D, H, W)
@@ -38,8 +38,9 @@ def algorithm(layer, dtype, params):
                 for kd in range(KD):
                     for kh in range(KH):
                         for kw in range(KW):
-                            acc += (yz[n, g * KG + k, od_t[d, kd], oh_t[h, kh], ow_t[v, kw]]
-                                    * w[g * KG + k, c, kd, kh, kw])
+                            acc += (dace.float32(yz[n, g * KG + k, od_t[d, kd], oh_t[h, kh],
+                                                    ow_t[v, kw]])
+                                    * dace.float32(w[g * KG + k, c, kd, kh, kw]))
             x[n, g * CG + c, d, h, v] = acc
 
     sdfg = direct_bwd_data.to_sdfg(simplify=True)
@@ -56,4 +57,5 @@ register(Implementation(
     algorithm=algorithm,
     schedules={"cpu": auto_cpu, "gpu": auto_gpu},
     handles=FEATURES,
+    precisions=ALL_PRECISIONS,
 ))

@@ -45,7 +45,7 @@ once per ``wb`` FMAs and each input value once per ``nb`` FMAs.
   the largest divisor of ``K / nb`` up to ``NV``.
 """
 
-from convbench.registry import Layout, Pass
+from convbench.registry import ALL_PRECISIONS, Layout, Pass
 from convbench.registry import Implementation, Param, register
 from impls._blocked import (blocked_source, channel_tiles_outer, cpu_schedule,
                             generated_program, kouter_param, largest_divisor, micro_tile,
@@ -75,7 +75,7 @@ def algorithm(layer, dtype, params):
                                                    edge=edge, in_place=in_place),
                              "direct_blocked",
                              f"{db}x{hb}x{wb}x{nb}x{nv}_{int(k_outer)}_{cblk}_{params['GROUP']}"
-                             f"_{params['EDGE']}_{int(in_place)}", in_place)
+                             f"_{params['EDGE']}_{int(in_place)}", in_place, dtype)
 
 
 register(Implementation(
@@ -103,4 +103,5 @@ register(Implementation(
             inplace_param()),
     anisotropic_pad=True,
     registers=registers_of(tile_sizes),
+    precisions=ALL_PRECISIONS,
 ))

@@ -19,7 +19,7 @@ layers the contiguous packed stream is faster.  The tuner picks per layer.
 
 import math
 
-from convbench.registry import Implementation, Layer, Layout, Pass, Param, register
+from convbench.registry import ALL_PRECISIONS, Implementation, Layer, Layout, Pass, Param, register
 from impls._blocked import (blocked_source, channel_tiles_outer, cpu_schedule,
                             generated_program, kouter_param, micro_tile, nv_param,
                             channel_block, cblk_param, group_param, edge_param,
@@ -66,7 +66,7 @@ def algorithm(layer, dtype, params):
                                                in_place=in_place),
                              "direct_blocked", f"bwdd_{db}x{hb}x{wb}x{nb}x{nv}_{int(k_outer)}_"
                              f"{int(pack)}_{cblk}_{params['GROUP']}_{params['EDGE']}_"
-                             f"{int(in_place)}", in_place)
+                             f"{int(in_place)}", in_place, dtype)
     return swap_roles(sdfg)
 
 
@@ -114,4 +114,5 @@ register(Implementation(
     constraints="stride 1, padding at most kernel - 1",
     anisotropic_pad=True,
     registers=registers_of(tile_sizes),
+    precisions=ALL_PRECISIONS,
 ))

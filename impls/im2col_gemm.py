@@ -37,7 +37,7 @@ from impls._common import layer_constants, pad_input
 
 def algorithm(layer, dtype, params):
     L = layer_constants(layer, Layout.NCDHW)
-    dt, zero = dtype.dace, dtype.numpy(0)
+    dt, zero = dtype.dace, dtype.zero
     N, C, K, KD, KH, KW, S = L.N, L.C, L.K, L.KD, L.KH, L.KW, L.S
     OD, OH, OW = L.OD, L.OH, L.OW
     GK, P = C * KD * KH * KW, OD * OH * OW

@@ -21,14 +21,14 @@ size is 1 (the expression folds to a sympy zero and parsing fails).
 
 import dace
 
-from convbench.registry import FEATURES, Layout, Pass
+from convbench.registry import ALL_PRECISIONS, FEATURES, Layout, Pass
 from convbench.registry import Implementation, register
 from impls._common import auto_cpu, auto_gpu, layer_constants, pad_input
 
 
 def algorithm(layer, dtype, params):
     L = layer_constants(layer, Layout.NDHWC)
-    dt, zero = dtype.dace, dtype.numpy(0)
+    dt, zero = dtype.dace, dtype.zero
     N, KD, KH, KW, G, CG, KG = L.N, L.KD, L.KH, L.KW, L.G, L.CG, L.KG
     OD, OH, OW, SD, SH, SW, ED, EH, EW = L.OD, L.OH, L.OW, L.SD, L.SH, L.SW, L.ED, L.EH, L.EW
 
@@ -41,8 +41,9 @@ def algorithm(layer, dtype, params):
                 for kh in range(KH):
                     for kw in range(KW):
                         for c in range(CG):
-                            acc += (x[b, od * SD + kd * ED, oh * SH + kh * EH, ow * SW + kw * EW,
-                                      g * CG + c] * w[g * KG + j, kd, kh, kw, c])
+                            acc += (dace.float32(x[b, od * SD + kd * ED, oh * SH + kh * EH,
+                                                   ow * SW + kw * EW, g * CG + c])
+                                    * dace.float32(w[g * KG + j, kd, kh, kw, c]))
             y[b, od, oh, ow, g * KG + j] = acc
 
     return pad_input(implicit_gemm, layer, Layout.NDHWC)
@@ -57,4 +58,5 @@ register(Implementation(
     algorithm=algorithm,
     schedules={"cpu": auto_cpu, "gpu": auto_gpu},
     handles=FEATURES,
+    precisions=ALL_PRECISIONS,
 ))

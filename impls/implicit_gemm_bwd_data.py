@@ -1,7 +1,7 @@
 """``implicitGemmBwdData``: dL/dx as an implicit GEMM on NDHWC (see ``_backward.py``):
 per input pixel, only the taps of its stride phase, from tap tables; DaCe auto-optimize."""
 
-from convbench.registry import FEATURES, Layout, Pass
+from convbench.registry import ALL_PRECISIONS, FEATURES, Layout, Pass
 from convbench.registry import Implementation, register
 from impls._backward import bwd_data_algorithm
 from impls._common import auto_cpu, auto_gpu
@@ -16,4 +16,5 @@ register(Implementation(
     algorithm=bwd_data_algorithm,
     schedules={"cpu": auto_cpu, "gpu": auto_gpu},
     handles=FEATURES,
+    precisions=ALL_PRECISIONS,
 ))

@@ -120,7 +120,7 @@ def inplace(layer: Layer, dtype, params) -> dace.SDFG:
     VN, UK = TN // NTM, TK // NTN      # B staging: cols ti + v*NTM (channels), rows tj + u*NTN
     L = layer_constants(layer, Layout.NCDHW)
     G = _igemm.geometry(layer, Layout.NCDHW, TM, TN, TK)
-    dt, i32, zero = dtype.dace, dace.int32, dtype.numpy(0)
+    dt, i32, zero = dtype.dace, dace.int32, dtype.zero
     GM, GN, GK, GMp, GKp = G.GM, G.GN, G.GK, G.GMp, G.GKp
     xshape = (L.N, L.C, L.D, L.H, L.W)
     XS, YS, WS = int(np.prod(xshape)), G.YS, GN * GK

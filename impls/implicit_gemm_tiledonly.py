@@ -7,7 +7,7 @@ buffers, no register tiles.  The baseline for the staged variants.  NDHWC layout
 GEMM mapping and the tables are described in ``impls/_igemm.py``.
 """
 
-from convbench.registry import Layout, Pass
+from convbench.registry import ALL_PRECISIONS, Layout, Pass
 from convbench.registry import Implementation, Param, register
 from impls import _igemm, _tiling
 
@@ -41,4 +41,5 @@ register(Implementation(
     check_params=_check,
     supports=_tiling.int32_offsets,
     constraints=_tiling.INT32_CONSTRAINT,
+    precisions=ALL_PRECISIONS,
 ))

@@ -72,6 +72,8 @@ class Case(LayerCase):
         text = f"{self.impl}-{self.layer_set}-{self.layer.name}-b{self.layer.batch}"
         if self.params:
             text += "-" + ",".join(f"{k}={v}" for k, v in self.params)
+        if self.precision != "float32":
+            text += f"-{self.precision}"
         return text if self.target == "cpu" else f"{text}-{self.target}"
 
 
@@ -84,7 +86,8 @@ def cases(names: Iterable[str], layers: Iterable[Tuple[str, Layer]], target: str
     """Every name on every ``(set, layer)``, layer-major (so that the float64 reference of
     a layer, which the session keeps, serves every implementation before the next one)."""
     layers = list(layers)
-    return [Case(n, layer, s, target, params_of(params)) for s, layer in layers for n in names]
+    return [Case(n, layer, s, target, params=params_of(params)) for s, layer in layers
+            for n in names]
 
 
 def case_params(fast: Sequence[Case], full: Sequence[Case] = ()):
@@ -185,7 +188,8 @@ def verify_case(case: Case, builds, reference, coverage, seed: int = 0) -> None:
     t0 = time.perf_counter()
     try:
         build = builds(case.spec())
-        check = verify.verify_build(build, reference(case.layer, seed=seed, pass_=case.pass_))[0]
+        check = verify.verify_build(build, reference(case.layer, seed=seed, pass_=case.pass_,
+                                                     dtype=case.precision))[0]
     except Exception as err:
         coverage.record(case, "failed", f"{type(err).__name__}: {err}", time.perf_counter() - t0)
         raise

@@ -201,15 +201,17 @@ def builds(request, cachedir):
 # -- references --------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=2)  # CosmoFlow references take up to ~1 GB each
-def _reference(layer, seed, pass_):
-    return make_truth(layer, pass_, seed=seed)
+def _reference(layer, seed, pass_, dtype):
+    return make_truth(layer, pass_, seed=seed, dtype=dtype)
 
 
 @pytest.fixture(scope="session")
 def reference():
-    """``reference(layer, seed=0, pass_="fwd")``: float64 reference of a pass, shared
-    between implementations (tests order implementations by pass, so that it is reused)."""
-    return lambda layer, seed=0, pass_="fwd": _reference(layer, seed, str(pass_))
+    """``reference(layer, seed=0, pass_="fwd", dtype="float32")``: float64 reference of a
+    pass on inputs rounded to ``dtype``, shared between implementations (tests order
+    implementations by pass, so that it is reused)."""
+    return lambda layer, seed=0, pass_="fwd", dtype="float32": _reference(
+        layer, seed, str(pass_), dtype)
 
 
 # -- coverage ----------------------------------------------------------------------------
@@ -237,7 +239,8 @@ class Coverage:
         """One case's outcome; ``seconds``: what its build and check took."""
         assert outcome in self.OUTCOMES, outcome
         row = {
-            "implementation": case.impl, "pass": str(case.pass_), "set": case.layer_set,
+            "implementation": case.impl, "pass": str(case.pass_),
+            "dtype": case.precision, "set": case.layer_set,
             "layer": case.layer.name, "geometry": case.layer.describe(),
             "batch": case.layer.batch, "target": case.target,
             "params": ",".join(f"{k}={v}" for k, v in case.params), "outcome": outcome,
@@ -265,11 +268,11 @@ class Coverage:
         """Markdown: implementation x pass rows, one column per set, cells
         verified / refused / failed (GPU builds: compiled / failed)."""
         sets = sorted({_column(r) for r in self.records}, key=_set_order)
-        rows = sorted({(r["implementation"], r["pass"]) for r in self.records},
+        rows = sorted({(_row_name(r), r["pass"]) for r in self.records},
                       key=lambda k: (k[1] != "fwd", k[1], k[0]))
         counts = {}
         for r in self.records:
-            cell = counts.setdefault((r["implementation"], r["pass"], _column(r)), {})
+            cell = counts.setdefault((_row_name(r), r["pass"], _column(r)), {})
             cell[r["outcome"]] = cell.get(r["outcome"], 0) + 1
         sizes = {}  # the distinct layers (geometry and batch) of each column
         for r in self.records:
@@ -392,6 +395,12 @@ def _git_state():
     from convbench.results import git_commit
     state = git_commit(ROOT)
     return dict(state, commit=state.get("commit") or "unknown")
+
+
+def _row_name(record):
+    """A table row's implementation: its name, with the precision where not float32."""
+    dtype = record.get("dtype", "float32")
+    return record["implementation"] + ("" if dtype == "float32" else f" ({dtype})")
 
 
 def _metadata(session, coverage):

@@ -43,7 +43,7 @@ def test_unknown_target_and_dtype():
     impl = registry.get("implicitGemm")
     with pytest.raises(UsageError, match="no schedule for target 'fpga'"):
         toolchain.make_spec(impl, LAYER, target="fpga")
-    with pytest.raises(UsageError, match="unknown dtype"):
+    with pytest.raises(UsageError, match="--dtype: unknown precision .float7."):
         toolchain.make_spec(impl, LAYER, dtype="float7")
 
 
@@ -273,7 +273,7 @@ def test_cpu_gemm_links_mkl_from_its_environment(builds):
 
 #: GPU builds compiled with nvcc (no GPU needed).  Fast tier: the default implementation
 #: (tiled, shared memory; each nvcc build takes about 35 s on a 2-core CI machine); full
-#: tier: all, im2colGemm's cuBLAS linked from its wheel among them.
+#: tier: all, im2colGemm's cuBLAS and the tensor-core kernel's inline PTX among them.
 NVCC_FAST = ("implicitGemmNCDHW",)
 NVCC = [Case(name, LAYER, "nvcc", target="gpu") for name in GPU_IMPLS]
 
@@ -306,6 +306,9 @@ def test_gpu_sdfg_compiles_with_nvcc(case, builds, coverage):
             _check_linked(build, ConvbenchCuBLAS)
             assert "libcublas.so" in _dynamic_section(build.library)
         _check_tiled_kernel(case.impl, text)
+        if case.impl == "implicitGemmMMA":  # tensor cores, the lane's fragments in registers
+            assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in text
+            assert "cb_half fa[16]" in text and "cb_half fb[16]" in text
     except Exception as err:
         coverage.record(case, "failed", f"{type(err).__name__}: {err}")
         raise
@@ -317,7 +320,7 @@ TILED_KERNELS = {
     "implicitGemmTiledonly": (False, 1), "implicitGemmWarpTiled": (True, 16),
     "implicitGemmNCDHW": (True, 16), "implicitGemmsplitK": (True, 16),
     "directConvNCDHWnobuffer": (False, 4), "directConvNCDHWtileIC": (False, 4),
-    "directConvNCDHWmerged": (True, 8),
+    "directConvNCDHWmerged": (True, 8), "implicitGemmMMA": (True, 32),
 }
 
 

@@ -51,7 +51,7 @@ def _direct(body):
     below is directConvNCDHW's kernel with one bug planted."""
     def algorithm(layer, dtype, params):
         L = layer_constants(layer, Layout.NCDHW)
-        return pad_input(body(L, dtype.dace, dtype.numpy(0)), layer, Layout.NCDHW)
+        return pad_input(body(L, dtype.dace, dtype.zero), layer, Layout.NCDHW)
     return Implementation(name=f"planted_{body.__name__}", summary="planted bug", layout="NCDHW",
                           pass_="fwd", algorithm=algorithm, schedules={"cpu": auto_cpu})
 

@@ -95,6 +95,8 @@ class Case(LayerCase):
         if self.params:
             from ..gpuspace import tag
             text += f".{tag(dict(self.params))}"
+        if self.precision != "float32":
+            text += f".{self.precision}"
         return text + (f".planted-{self.planted}" if self.planted else "")
 
     def resolved_params(self):
@@ -104,7 +106,7 @@ class Case(LayerCase):
 
     @property
     def refs_key(self) -> tuple:
-        return self.layer_set, self.layer, self.pass_
+        return self.layer_set, self.layer, self.pass_, self.precision
 
 
 
@@ -137,12 +139,13 @@ def plan_cases(tier: str, target: str, planted: bool, space_dir: Optional[os.Pat
     for impl, layer_set, layer, group in pairs:
         if (impl, layer_set, layer) not in seen:
             seen.add((impl, layer_set, layer))
-            case = Case(impl, layer, layer_set, target, group)
+            case = Case(impl, layer, layer_set, target, group=group)
             cases.append(dataclasses.replace(case, time_refs=case.refs_key not in timed))
             timed.add(case.refs_key)
     if planted:
         s, n, b = SMOKE_LAYER
-        cases += [Case(PLANTED_IMPL, _layer(s, n, b), s, target, "planted", False, kind)
+        cases += [Case(PLANTED_IMPL, _layer(s, n, b), s, target, group="planted",
+                       time_refs=False, planted=kind)
                   for kind in PLANTED]
     return cases
 
@@ -169,7 +172,7 @@ def tune_cases(target: str, space_dir: Optional[os.PathLike] = None) -> List[Cas
             if chosen and default not in chosen:
                 chosen.insert(0, default)
             for params in chosen:
-                case = Case(impl_name, layer, layer_set, target, "tune",
+                case = Case(impl_name, layer, layer_set, target, group="tune",
                             params=tuple(params.items()))
                 cases.append(dataclasses.replace(case, time_refs=case.refs_key not in timed))
                 timed.add(case.refs_key)

@@ -16,16 +16,17 @@ from .plan import PHASES, V100_RATIOS
 
 
 def best_per_layer(records: Iterable[dict]) -> Dict[tuple, dict]:
-    """Per (set, layer, batch, pass): the fastest verified DaCe record, and the references'
-    medians from whichever record timed them."""
+    """Per (set, layer, batch, pass, precision): the fastest verified DaCe record, and the
+    references' medians (in that precision) from whichever record timed them."""
     from .. import registry
     rows: Dict[tuple, dict] = {}
     for rec in records:
         case = rec.get("case", {})
         if case.get("planted") or "timings" not in rec:
             continue
+        impl = registry.get(case["impl"])
         key = (case["layer_set"], case["layer"]["name"], case["layer"]["batch"],
-               str(registry.get(case["impl"]).pass_))
+               str(impl.pass_), case.get("dtype") or impl.precisions[0])
         row = rows.setdefault(key, {"best": None, "refs": {}, "gflop": rec.get("gflop")})
         t = rec["timings"]
         row["refs"].update((name, stats["median_ms"]) for name, stats in t.items()
@@ -94,7 +95,9 @@ def write_table(folder: Folder, target: str, meta: dict) -> Path:
               + (["cudnn ms", "torch ms", "fastest vendor", "vendor ms"] if gpu
                  else ["torch ms"]) + ["ratio", "% of FP32 peak"])
     best = []
-    for (lset, lname, batch, pass_), row in sorted(best_per_layer(records).items()):
+    for (lset, lname, batch, pass_, dtype), row in sorted(best_per_layer(records).items()):
+        if dtype != "float32":
+            pass_ = f"{pass_} ({dtype})"
         d = row["best"]["timings"]["dace"]["median_ms"]
         refs = row["refs"] if gpu else {"torch": row["refs"].get("torch")}
         winner, v = results.fastest_vendor(refs)

@@ -264,9 +264,10 @@ def run_case(case: Case, options: dict) -> dict:
                      timing=TimingOptions(options["warmup"], options["iterations"],
                                           options["time_limit"], flush=True,
                                           events=options.get("events", "torch")),
-                     references=ReferenceOptions(allow_tf32=False, cudnn_algo="find"))
-    # The verdict is the float64 check's.  The float32 references (torch on the GPU, cuDNN)
-    # are recorded beside it: an algorithm they pick (FFT, Winograd) may round worse.
+                     references=ReferenceOptions(allow_tf32=False, cudnn_algo="find"),
+                     dtype=case.precision)
+    # The verdict is the float64 check's.  The references in the case's precision (torch
+    # on the GPU, cuDNN) are recorded beside it: an algorithm they pick (FFT, Winograd) may round worse.
     found = exp.run_case(impl, layer, params=params, references=case.time_refs,
                          layouts=vendor_layouts(impl.layout, device), time_wrong=False,
                          tamper=_plant_wrong if case.planted == "wrong" else None, catch=False)

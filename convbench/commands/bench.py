@@ -25,6 +25,9 @@ DEFAULT_SETS = ["cosmoflow_mlperf", "cosmoflow"]
 #: Implementations whose arithmetic is a vendor BLAS call, not DaCe-generated code.
 VENDOR = {"im2colGemm"}
 TORCH = ("torch-ncdhw", "torch-ndhwc")
+#: Suffix of the float32 backends a 16-bit bench times besides its own: torch's, and the
+#: float32 build of each implementation (the speed-up the narrower storage brings).
+WIDE = "@float32"
 
 
 def build_parser(prog: str = PROG):
@@ -50,7 +53,8 @@ def build_parser(prog: str = PROG):
     p.add_argument("--store", action="store_true",
                    help="record each layer's fastest DaCe-generated implementation of each "
                    "pass in the tuning file (what cosmoflow_end2end.py takes by default)")
-    flags.add_outdir_flag(p, "results/cpu/<machine>/bench_cpu_<sets>_b<B>/")
+    flags.add_precision_flags(p)
+    flags.add_outdir_flag(p, "results/cpu/<machine>/bench_cpu_<sets>_b<B>[_<dtype>]/")
     flags.add_cachedir_flag(p)
     return p
 
@@ -73,7 +77,9 @@ def _main(argv, prog: str) -> int:
     from ..experiment import Experiment, TimingOptions, resolve_implementations
     from ..layersets import load_layers
     from ..layouts import Pass
+    from ..precision import check_device, from_args
 
+    dtype = check_device(from_args(args), "cpu")
     sets = args.paramscsv or DEFAULT_SETS
     layers = [(s, layer.with_batch(args.batch)) for s in sets for layer in load_layers(s)]
     passes = [resolve_pass(p.strip()) for p in args.pass_.split(",") if p.strip()]
@@ -85,16 +91,26 @@ def _main(argv, prog: str) -> int:
     plan = [(pass_, resolve_implementations(
         None if names is None else [n for n in names if registry.get(n).pass_ == pass_],
         pass_, "cpu")) for pass_ in passes]
+    refused = [f"{i.name} {i.unsupported_dtype(dtype)}" for _, impls in plan for i in impls
+               if names is not None and i.unsupported_dtype(dtype)]
+    if refused:
+        raise UsageError(f"--dtype {dtype.name}: " + "; ".join(refused))
+    plan = [(pass_, [i for i in impls if not i.unsupported_dtype(dtype)]) for pass_, impls in plan]
+    for pass_, impls in plan:
+        if not impls:
+            raise UsageError(f"--dtype {dtype.name}: no implementation of {pass_} has a "
+                             f"{dtype.name} version")
     set_threads(args.threads)
     base = Path(args.outdir) if args.outdir else PROJECT_ROOT / "results" / "cpu" / \
-        tuning.machine_folder() / f"bench_cpu_{'+'.join(Path(s).stem for s in sets)}_b{args.batch}"
+        tuning.machine_folder() / (f"bench_cpu_{'+'.join(Path(s).stem for s in sets)}_b{args.batch}"
+                                   + ("" if dtype.name == "float32" else f"_{dtype.name}"))
     status = 0
     for pass_, impls in plan:
         outdir = (base if pass_ == Pass.FWD else base.with_name(f"{base.name}_{pass_}")) \
             if args.outdir is None or len(plan) == 1 else base / str(pass_)
         exp = Experiment(impls, [layer for _, layer in layers], "cpu",
                          policy="reuse", cachedir=args.cachedir, outdir=outdir,
-                         threads=args.threads, timing=TimingOptions(
+                         threads=args.threads, dtype=dtype, timing=TimingOptions(
                              args.warmupiter, args.totaliter, flush=not args.no_flush,
                              heap=args.heap))
         status |= Bench(exp, args, layers, pass_, len(plan) > 1).run()
@@ -107,8 +123,19 @@ class Bench:
     samples), then the table of median ratios with their ranges."""
 
     def __init__(self, exp, args, layers, pass_="fwd", name_pass=False):
+        from ..experiment import Experiment
         self.exp, self.args, self.layers, self.pass_ = exp, args, layers, pass_
         self.suffix = f" ({pass_})" if name_pass else ""
+        #: A 16-bit bench also builds, verifies and times every implementation in float32.
+        self.wide = None if exp.dtype.name == "float32" else Experiment(
+            exp.impls, [], "cpu", policy="reuse", cachedir=exp.cachedir, threads=exp.threads,
+            timing=exp.timing)
+        self.torch_names = TORCH + (tuple(n + WIDE for n in TORCH) if self.wide else ())
+
+    def generated(self, times):
+        """The DaCe-generated backends of ``times`` (name -> ms) in the bench's precision."""
+        return {n: t for n, t in times.items()
+                if n not in self.torch_names and n not in VENDOR and not n.endswith(WIDE)}
 
     def run(self) -> int:
         import torch
@@ -135,7 +162,8 @@ class Bench:
               f" before each call, {a.warmupiter} warm-up calls then {a.totaliter} interleaved "
               f"samples per backend, {a.rounds} independent round(s)", flush=True)
         status = schema.INTERRUPTED
-        groups = _groups(list(enumerate(self.layers)), self.pass_, len(exp.impls))
+        groups = _groups(list(enumerate(self.layers)), self.pass_,
+                         len(exp.impls) * (2 if self.wide else 1))
         if len(groups) > 1:
             print(f"the layers' tensors do not fit in memory at once: {len(groups)} groups, "
                   "each prepared, then sampled over all rounds", flush=True)
@@ -153,7 +181,7 @@ class Bench:
             status = schema.COMPLETE
         finally:
             writer.finish(status)
-        table = _table(rows, peak, fma, a.rounds)
+        table = _table(rows, peak, fma, a.rounds, exp.dtype.name)
         (exp.outdir / "table.md").write_text(table + "\n")
         (exp.outdir / "rounds.csv").write_text(_rounds_csv(rows))
         print(table)
@@ -171,33 +199,42 @@ class Bench:
         exp, timer = self.exp, self.exp.timer
         label = f"{Path(layer_set).stem}/{layer.name}"
         print(f"[{index + 1}/{len(self.layers)}] {label}: {layer.describe()}", flush=True)
-        truth = exp.truth(self.pass_, layer)
-        calls = {name: REF.prepare(layer, self.pass_, layout, "cpu", truth.inputs,
-                                   exp.ref_options)
+        truths = {"": exp.truth(self.pass_, layer)}
+        if self.wide:  # the same draw in float32
+            truths[WIDE] = self.wide.truth(self.pass_, layer)
+        calls = {name + suffix: REF.prepare(layer, self.pass_, layout, "cpu", truth.inputs,
+                                            exp.ref_options)
+                 for suffix, truth in truths.items()
                  for name, layout in zip(TORCH, (Layout.NCDHW, Layout.NDHWC))}
         with torch.no_grad():
             # torch's first (flushed) call is the yardstick; a DaCe build is screened on
             # its initialising call, so a very slow one runs only once.
-            torch_first = min(timer.once(calls[n]) for n in TORCH)
+            torch_first = min(timer.once(calls[n]) for n in self.torch_names)
             info = {}
             for impl in exp.impls:
-                prepared = {}
-                record = exp.run_case(impl, layer, index, truth=truth, timed=False,
-                                      screen=lambda build, p=prepared: self._screen(
-                                          build, truth.inputs, p, torch_first))
-                info[impl.name], line = self._info(record, prepared.get("call"))
-                if line:
-                    print(f"  {impl.name}: {line}", flush=True)
-                if record.status == "passed":
-                    calls[impl.name] = prepared["call"]
-        truth.drop()
+                for suffix, truth in truths.items():
+                    runner = self.wide if suffix else exp
+                    prepared = {}
+                    record = runner.run_case(impl, layer, index, truth=truth, timed=False,
+                                             screen=lambda build, p=prepared, t=truth, e=runner:
+                                             self._screen(build, t.inputs, p, torch_first, e))
+                    info[impl.name + suffix], line = self._info(record, prepared.get("call"))
+                    if line:
+                        print(f"  {impl.name + suffix}: {line}", flush=True)
+                    if record.status == "passed":
+                        calls[impl.name + suffix] = prepared["call"]
+                    elif suffix == "":
+                        break  # no float32 comparison for a kernel not timed at all
+        for truth in truths.values():
+            truth.drop()
         return {"index": index, "label": label, "set": layer_set, "layer": layer,
                 "calls": calls, "info": info, "rounds": []}
 
-    def _screen(self, build, inputs, prepared, torch_first):
-        """The build's prepared call (its first call run) into ``prepared``; why it is not
-        worth sampling (a first call over ``--skip-slower`` times torch's), or None."""
-        call = prepared["call"] = self.exp.call(build, inputs)
+    def _screen(self, build, inputs, prepared, torch_first, exp=None):
+        """The build's prepared call (its first call run, by ``exp``, default the bench's
+        experiment) into ``prepared``; why it is not worth sampling (a first call over
+        ``--skip-slower`` times torch's), or None."""
+        call = prepared["call"] = (exp or self.exp).call(build, inputs)
         limit = self.args.skip_slower
         if call.first_ms > limit * torch_first:
             return f"first call {call.first_ms:.1f} ms > {limit:g}x torch"
@@ -215,8 +252,8 @@ class Bench:
                     timer.once(fn)
             samples = timer.interleaved(calls, a.totaliter)
         med = {n: summarize(s)["median_ms"] for n, s in samples.items()}
-        torch_name = min(TORCH, key=lambda n: med[n])
-        generated = {n: t for n, t in med.items() if n not in TORCH and n not in VENDOR}
+        torch_name = min(self.torch_names, key=lambda n: med[n])
+        generated = self.generated(med)
         best = min(generated, key=generated.get) if generated else None
         ratio = generated[best] / med[torch_name] if best else math.inf
         run["rounds"].append({"samples": samples, "median_ms": med, "torch": torch_name,
@@ -236,8 +273,8 @@ class Bench:
         a, timer, rounds, info = self.args, self.exp.timer, run["rounds"], run["info"]
         pooled = {n: [t for rd in rounds for t in rd["samples"][n]] for n in run["calls"]}
         med = {n: statistics.median(rd["median_ms"][n] for rd in rounds) for n in pooled}
-        torch_name = min(TORCH, key=lambda n: med[n])
-        # torch: the faster layout in each round (the rounds' choices may differ).
+        torch_name = min(self.torch_names, key=lambda n: med[n])
+        # torch: the faster layout (and precision) in each round (choices may differ).
         torch_samples = [t for rd in rounds for t in rd["samples"][rd["torch"]]]
         measurements = [Measurement(n, Timing(s, a.warmupiter, timer.method))
                         for n, s in [("torch", torch_samples)] + list(pooled.items())]
@@ -252,9 +289,14 @@ class Bench:
              "ratio": rd["ratio"]} for rd in rounds])
         writer.add_layer(run["index"], run["layer"], label, measurements,
                          extra={"set": run["set"]})
-        generated = {n: t for n, t in med.items() if n not in TORCH and n not in VENDOR}
+        generated = self.generated(med)
         best = min(generated, key=generated.get) if generated else None
-        row = {"label": label, "layer": run["layer"],
+        speedups = [rd["median_ms"][best + WIDE] / rd["median_ms"][best] for rd in rounds
+                    if best and best + WIDE in rd["median_ms"]] or [math.nan]
+        row = {"wide_ms": med.get(f"{best}{WIDE}", math.nan) if self.wide else None,
+               "speedup": statistics.median(speedups), "speedup_range": (min(speedups),
+                                                                          max(speedups)),
+               "label": label, "layer": run["layer"],
                "torch": statistics.median(rd["median_ms"][rd["torch"]] for rd in rounds),
                "torch_layout": torch_name, "best": best,
                "best_ms": generated.get(best, math.nan),
@@ -336,11 +378,17 @@ def _rounds_csv(rows) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _table(rows, peak, fma, rounds: int = 1) -> str:
+def _table(rows, peak, fma, rounds: int = 1, dtype: str = "float32") -> str:
+    """The printed table; a 16-bit bench adds the best kernel's float32 build and the
+    speed-up of the 16-bit one over it (medians over the rounds)."""
+    wide = dtype != "float32"
     lines = ["| layer | geometry | torch ms (layout) | best DaCe-generated | ms | "
              f"ratio (median of {rounds}) | min-max | GFLOP/s | % of SGEMM peak | "
-             "% of FMA peak | im2colGemm (MKL) ms |",
-             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "% of FMA peak | im2colGemm (MKL) ms |"
+             + (f" same kernel, float32 ms | {dtype} speed-up (median of {rounds}) | min-max |"
+                if wide else ""),
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"
+             + ("---:|---:|---:|" if wide else "")]
     for r in rows:
         gflops = r["layer"].flops() / (r["best_ms"] * 1e-3) / 1e9 if r["best"] else math.nan
         vendor = r["vendor"].get("im2colGemm", math.nan)
@@ -348,5 +396,7 @@ def _table(rows, peak, fma, rounds: int = 1) -> str:
                      f"({r['torch_layout'][6:]}) | {r['best']} | {r['best_ms']:.2f} | "
                      f"{r['ratio']:.2f} | {r['ratio_min']:.2f}-{r['ratio_max']:.2f} | "
                      f"{gflops:.1f} | {100 * gflops / peak:.0f}% | "
-                     f"{100 * gflops / fma:.0f}% | {vendor:.2f} |")
+                     f"{100 * gflops / fma:.0f}% | {vendor:.2f} |"
+                     + (f" {r['wide_ms']:.2f} | {r['speedup']:.2f} | {r['speedup_range'][0]:.2f}-"
+                        f"{r['speedup_range'][1]:.2f} |" if wide else ""))
     return "\n".join(lines)

@@ -4,7 +4,7 @@
     convbench status --markdown   # the same as the Markdown table README.md embeds
 
 Columns: the CPU verification of the full test tier (``results/verify/cpu/coverage.csv``:
-cases verified / failed), and the latest GPU campaign (``results/gpu/<date>_<device>/
+cases verified / failed, float32 apart from float16 and bfloat16), and the latest GPU campaign (``results/gpu/<date>_<device>/
 summary.csv``: cases verified / run, and DaCe's time over the fastest vendor path, cuDNN
 or torch in either memory format, as best-worst over the verified cases).  Nothing is
 measured here: the table only reads result files, so it is as current as they are.
@@ -48,14 +48,16 @@ def latest_campaign(results: Path) -> Optional[Path]:
     return found[-1] if found else None
 
 
-def cpu_verification(results: Path) -> Dict[Tuple[str, str], Tuple[int, int]]:
-    """(implementation, pass) -> (cases verified, cases failed) on the CPU."""
+def cpu_verification(results: Path) -> Dict[Tuple[str, str, bool], Tuple[int, int]]:
+    """(implementation, pass, 16-bit) -> (cases verified, cases failed) on the CPU, the
+    float32 cases apart from the float16 and bfloat16 ones."""
     path = results / "verify" / "cpu" / "coverage.csv"
-    counts: Dict[Tuple[str, str], List[int]] = defaultdict(lambda: [0, 0])
+    counts: Dict[Tuple[str, str, bool], List[int]] = defaultdict(lambda: [0, 0])
     if path.is_file():
         for row in _read(path):
             if row.get("target") == "cpu" and row.get("outcome") in ("verified", "failed"):
-                counts[(row["implementation"], row["pass"])][row["outcome"] == "failed"] += 1
+                half = row.get("dtype", "float32") != "float32"
+                counts[(row["implementation"], row["pass"], half)][row["outcome"] == "failed"] += 1
     return {key: (v[0], v[1]) for key, v in counts.items()}
 
 
@@ -95,18 +97,22 @@ def table(results: Path) -> Tuple[List[str], List[List[str]], str]:
     campaign = latest_campaign(results)
     cpu, gpu = cpu_verification(results), gpu_cases(campaign)
     header = ["implementation", "pass", "targets", "CPU: verified / failed",
-              "GPU: verified / run", "GPU: DaCe / fastest vendor"]
+              "CPU 16-bit: verified / failed", "GPU: verified / run",
+              "GPU: DaCe / fastest vendor"]
     rows = []
     from ..layouts import Pass
     impls = sorted(registry.all_implementations().values(),
                    key=lambda i: (list(Pass).index(i.pass_), i.name))
     for impl in impls:
-        ok, bad = cpu.get((impl.name, str(impl.pass_)), (0, 0))
+        ok, bad = cpu.get((impl.name, str(impl.pass_), False), (0, 0))
+        ok16, bad16 = cpu.get((impl.name, str(impl.pass_), True), (0, 0))
         verified, run, ratios = gpu.get(impl.name, (0, 0, []))
         ratio = (f"{min(ratios):.2f}x" if len(ratios) == 1 else
                  f"{min(ratios):.2f}-{max(ratios):.2f}x") if ratios else ""
         rows.append([impl.name, str(impl.pass_), ", ".join(impl.targets),
                      f"{ok} / {bad}" if ok or bad else "not run",
+                     f"{ok16} / {bad16}" if ok16 or bad16 else (
+                         "not run" if len(impl.precisions) > 1 else "float32 only"),
                      f"{verified} / {run}" if run else ("not run" if "gpu" in impl.targets
                                                        else "CPU only"), ratio])
     source = campaign.name if campaign is not None else "none"

@@ -1,0 +1,276 @@
+"""Precisions (convbench.precision): the 16-bit storage types convert exactly as IEEE and
+torch do, the tolerance follows the precision, a kernel that sums in 16 bits fails, and
+the flags refuse what does not exist with one line.
+
+The sweep over both CosmoFlow sets and the ALCF set is in the full tier
+(``test_precision_sweep``).
+"""
+
+import math
+import subprocess
+import sys
+
+import dace
+import numpy as np
+import pytest
+import torch
+
+from cases import Case, case_params, cosmoflow, verify_case
+from convbench import precision, toolchain, verify
+from convbench.errors import UsageError
+from convbench.layers import Layer
+from convbench.layersets import load_layers
+from convbench.layouts import Layout
+from convbench.registry import ALL_PRECISIONS, Implementation
+from impls import _mma as _mma_module
+from impls._common import auto_cpu, layer_constants, pad_input
+
+HALF = ("float16", "bfloat16")
+#: A reduction of 16 * 27 = 432 terms: summing it in 16 bits loses about sqrt(L / 3)
+#: times the final rounding (see test_half_accumulator_fails).
+LAYER = Layer("acc432", 1, 16, 5, 6, 5, 7, 3, 3, 3, pad=1)
+
+
+# -- the precisions --------------------------------------------------------------------------
+
+def test_flags_resolve_and_refuse():
+    assert precision.get_dtype("float32") is precision.DTYPES["float32"]
+    assert precision.get_dtype("float32", "tf32").label == "float32-tf32"
+    for name, math_mode, flag in (("float8", None, "--dtype"), ("float16", "tf32", "--math"),
+                                  ("float32", "fp8", "--math")):
+        with pytest.raises(UsageError, match=flag):
+            precision.get_dtype(name, math_mode)
+
+
+def test_rounding_per_precision():
+    f32, f16, bf16 = (precision.get_dtype(n) for n in ("float32", "float16", "bfloat16"))
+    assert f32.rounding == precision.Rounding(accumulate=2.0 ** -24)
+    assert f16.rounding.accumulate == bf16.rounding.accumulate == 2.0 ** -24
+    assert (f16.rounding.output, bf16.rounding.output) == (2.0 ** -11, 2.0 ** -8)
+    assert precision.get_dtype("float32", "tf32").rounding.operands == 2.0 ** -11
+
+
+def test_float32_cache_keys_unchanged():
+    """float32 keys carry no precision fields (builds cached before precisions stay
+    valid); a 16-bit build's key names the header that defines its types."""
+    from convbench import registry
+    impl = registry.get("directConvNCDHW")
+    key32 = toolchain.make_spec(impl, LAYER).key()
+    assert set(key32) == {"impl", "layer", "dtype", "target", "params"}
+    key16 = toolchain.make_spec(impl, LAYER, "float16").key()
+    assert key16["halfprec"] == precision.header_digest() and key16["dtype"] == "float16"
+
+
+def test_float32_only_implementation_refuses():
+    from convbench import registry
+    with pytest.raises(UsageError, match="float32"):
+        toolchain.make_spec(registry.get("directConvNDHWCdot"), LAYER, "bfloat16")
+
+
+# -- the C++ storage types -------------------------------------------------------------------
+
+_PROGRAM = r"""
+#include <cstdio>
+#include <cstdlib>
+#include "HEADER"
+int main(int argc, char** argv) {
+    // every float16 bit pattern to float, and floats (bits on stdin) to both formats
+    for (unsigned h = 0; h < 65536; ++h) {
+        float f = cb_half_to_float((uint16_t)h);
+        printf("%08x\n", cb_bits_from_float(f));
+    }
+    unsigned u;
+    while (scanf("%x", &u) == 1) {
+        float f = cb_float_from_bits(u);
+        printf("%04x %04x\n", cb_half(f).bits, cb_bfloat16(f).bits);
+    }
+    return 0;
+}
+"""
+
+
+@np.errstate(invalid="ignore", over="ignore")
+def _probe_floats(n=200_000):
+    rng = np.random.default_rng(7)
+    bits = rng.integers(0, 2 ** 32, n, dtype=np.uint64).astype(np.uint32)
+    # values near float16's and bfloat16's rounding boundaries, ties and edges
+    halves = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
+    spacing = np.abs(halves.astype(np.float64)) * 2.0 ** -11
+    extra = np.concatenate([halves, (halves + spacing).astype(np.float32),
+                            (halves - spacing).astype(np.float32),
+                            np.array([65504, 65519.99, 65520, 6e-8, 3e-8, 2.9e-8, 1e-45],
+                                     np.float32)])
+    return np.concatenate([bits.view(np.float32), extra])
+
+
+@pytest.mark.parametrize("f16c", [True, False], ids=["f16c-or-native", "portable"])
+def test_storage_types_round_to_nearest_even(tmp_path, f16c):
+    """halfprec.h against numpy (float16) and torch (bfloat16), on random bit patterns
+    and on the points halfway between 16-bit numbers, with and without F16C."""
+    src = tmp_path / "probe.cpp"
+    src.write_text(_PROGRAM.replace("HEADER", str(precision.HEADER)))
+    exe = tmp_path / "probe"
+    flags = ["-march=native"] if f16c else ["-mno-f16c"]
+    subprocess.run(["c++", "-O2", *flags, str(src), "-o", str(exe)], check=True)
+    floats = _probe_floats()
+    text = "\n".join(f"{b:08x}" for b in floats.view(np.uint32)) + "\n"
+    out = subprocess.run([str(exe)], input=text, capture_output=True, text=True,
+                         check=True).stdout.split("\n")
+    decoded = np.array([int(v, 16) for v in out[:65536]], np.uint32).view(np.float32)
+    want = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
+    same = (decoded.view(np.uint32) == want.view(np.uint32)) | (np.isnan(decoded) & np.isnan(want))
+    assert same.all(), f"{(~same).sum()} float16 patterns decode wrongly"
+    pairs = [line.split() for line in out[65536:] if line]
+    h = np.array([int(a, 16) for a, _ in pairs], np.uint16)
+    b = np.array([int(c, 16) for _, c in pairs], np.uint16)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want_h = floats.astype(np.float16).view(np.uint16)
+    want_b = torch.from_numpy(floats.copy()).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    nan = np.isnan(floats)
+    assert (h[~nan] == want_h[~nan]).all(), "float16 rounding differs from numpy's"
+    assert (b[~nan] == want_b[~nan]).all(), "bfloat16 rounding differs from torch's"
+    assert np.isnan(h[nan].view(np.float16)).all()
+    assert all((v & 0x7f80) == 0x7f80 and (v & 0x7f) for v in b[nan])
+
+
+# -- verification --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_inputs_are_rounded_to_storage(dtype):
+    inputs = verify.make_inputs(LAYER, "fwd", seed=3, dtype=dtype)
+    assert all(v.dtype == getattr(torch, dtype) for v in inputs.values())
+    wide = verify.make_inputs(LAYER, "fwd", seed=3)
+    assert torch.equal(inputs["x"], wide["x"].to(getattr(torch, dtype)))  # same draw
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_tolerance_of_a_rounded_store(dtype):
+    """The float64 truth rounded once to the storage type passes, as a correct kernel
+    that sums in float32 does; that result with 1% of one element's terms lost fails."""
+    truth = verify.make_truth(LAYER, seed=2, dtype=dtype)
+    dt = precision.get_dtype(dtype)
+    stored = truth.ref.to(dt.torch)
+    check = verify.compare(stored, truth, dt)
+    assert check.ok and check.worst_ratio > 0.3, check.summary()  # the store's rounding
+    assert not verify.compare(stored, truth, dt.unit_roundoff).ok  # float32's tolerance
+    wrong = truth.ref.clone()
+    wrong[0, 0, 2, 2, 2] *= 1.05
+    assert not verify.compare(wrong.to(dt.torch), truth, dt).ok
+
+
+def _half_accumulator(L, dt):
+    """directConvNCDHW's kernel with its accumulator in the storage type: every partial
+    sum is rounded to 16 bits (the products are still exact, widened first)."""
+    N, C, K, KD, KH, KW, S, OD, OH, OW = L.N, L.C, L.K, L.KD, L.KH, L.KW, L.S, L.OD, L.OH, L.OW
+
+    @dace.program
+    def conv(x: dt[L.xp_shape], w: dt[L.w_shape], y: dt[L.y_shape]):
+        for n, k, od, oh, ow in dace.map[0:N, 0:K, 0:OD, 0:OH, 0:OW]:
+            acc = np.zeros([1], dtype=dt)
+            for c in range(C):
+                for kd in range(KD):
+                    for kh in range(KH):
+                        for kw in range(KW):
+                            acc[0] = acc[0] + (dace.float32(x[n, c, od * S + kd, oh * S + kh,
+                                                              ow * S + kw])
+                                               * dace.float32(w[k, c, kd, kh, kw]))
+            y[n, k, od, oh, ow] = acc[0]
+    return conv
+
+
+PLANTED = Implementation(
+    name="planted_half_accumulator", summary="planted bug: sums in the storage type",
+    layout="NCDHW", pass_="fwd", schedules={"cpu": auto_cpu}, precisions=ALL_PRECISIONS,
+    algorithm=lambda layer, dtype, params: pad_input(
+        _half_accumulator(layer_constants(layer, Layout.NCDHW), dtype.dace), layer,
+        Layout.NCDHW))
+
+
+@pytest.mark.parametrize("dtype", [pytest.param("float16"),
+                                   pytest.param("bfloat16", marks=pytest.mark.full)])
+def test_half_accumulator_fails(dtype, builds, reference):
+    """A kernel that claims float32 sums but keeps its partial sums in 16 bits fails:
+    its error grows with the reduction (about sqrt(L / 3) final roundings here), while
+    the tolerance allows one final rounding and float32's share of the sums."""
+    spec = toolchain.make_spec(PLANTED, LAYER, dtype, planted="half_accumulator")
+    check = verify.verify_build(builds(spec), reference(LAYER, dtype=dtype))[0]
+    assert not check.ok and check.worst_ratio > 3, check.summary()
+
+
+@pytest.mark.parametrize("case", case_params(
+    [Case("directConvNCDHW", LAYER, "precision", dtype="float16")],
+    [Case("directConvNCDHW", LAYER, "precision", dtype="bfloat16")]), ids=lambda c: c.id)
+def test_correct_kernel_passes(case, builds, reference, coverage):
+    """The kernel the bug is planted in, summing in float32, passes."""
+    verify_case(case, builds, reference, coverage)
+
+
+# -- the command line ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args, message", [
+    (["--dtype", "float8"], "--dtype: unknown precision 'float8'"),
+    (["--dtype", "bfloat16", "--math", "tf32"], "--math tf32 applies to --dtype float32 only"),
+    (["--math", "tf32", "--device", "cpu"], "--math tf32: the CPU has no TF32 arithmetic"),
+    (["--dtype", "float16", "--implementation", "directConvNDHWCdot"],
+     "--dtype float16: directConvNDHWCdot has no float16 version"),
+])
+def test_cli_refuses_with_one_line(args, message):
+    run = subprocess.run([sys.executable, "profile_conv3d.py", "--verify", "--currlayer", "6",
+                          *args], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2, run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], run.stderr
+
+
+# -- the sweep (full tier) -----------------------------------------------------------------------
+
+#: Two or more implementations per pass that sum in float32 from 16-bit storage.
+SWEEP_IMPLS = ("directConvNCDHW", "implicitGemmNCDHW", "directConvNCDHWBwdData",
+               "implicitGemmBwdData", "directConvNCDHWBwdFilter", "implicitGemmBwdFilter",
+               "implicitGemmsplitKBwdFilter")
+
+
+def _sweep_layers():
+    alcf = [("alcf_conv2d", layer.with_batch(1)) for layer in load_layers("alcf_conv2d")]
+    return cosmoflow(batches=(1,)) + alcf
+
+
+SWEEP = [Case(name, layer, layer_set, dtype=dtype) for dtype in HALF
+         for layer_set, layer in _sweep_layers() for name in SWEEP_IMPLS]
+
+
+@pytest.mark.parametrize("case", case_params([], SWEEP))
+def test_precision_sweep(case, builds, reference, coverage):
+    verify_case(case, builds, reference, coverage)
+
+
+# -- the tensor-core kernel's emulation ------------------------------------------------------------
+
+MMA_LAYER = Layer("mma", 2, 5, 40, 6, 7, 5, 3, 3, 3, stride=2, pad=2)  # K = 135: tails
+
+
+def _swapped_registers(FM, FN):
+    """The emulation with A's register halves swapped (rows g + 8 read where PTX keeps
+    columns 2t + 8): what a fragment load in the wrong layout computes."""
+    return _ORIGINAL_EMULATION(FM, FN).replace("2 * (r / 8) + 4 * (k / 8)",
+                                               "4 * (r / 8) + 2 * (k / 8)")
+
+
+_ORIGINAL_EMULATION = _mma_module._emulation
+
+
+@pytest.mark.parametrize("dtype", [pytest.param("float16"),
+                                   pytest.param("bfloat16", marks=pytest.mark.full)])
+def test_mma_emulation_checks_the_fragment_layout(dtype, builds, reference, monkeypatch):
+    """implicitGemmMMA verifies in its CPU emulation; with the emulated MMA reading A's
+    registers in another layout than the loads wrote, it fails."""
+    from convbench import registry
+    impl = registry.get("implicitGemmMMA")
+    good = verify.verify_build(builds(toolchain.make_spec(impl, MMA_LAYER, dtype)),
+                               reference(MMA_LAYER, dtype=dtype))[0]
+    assert good.ok, good.summary()
+    assert "2 * (r / 8) + 4 * (k / 8)" in _ORIGINAL_EMULATION(2, 4)
+    monkeypatch.setattr(_mma_module, "_emulation", _swapped_registers)
+    spec = toolchain.make_spec(impl, MMA_LAYER, dtype, planted="mma_swapped_registers")
+    bad = verify.verify_build(builds(spec), reference(MMA_LAYER, dtype=dtype))[0]
+    assert not bad.ok, bad.summary()
