@@ -37,7 +37,9 @@ from convbench.layouts import Pass
 #: the coverage table; both CosmoFlow sets keep layers under the budget, and the GPU
 #: campaign's core tier verifies these kernels on cosmoflow_mlperf conv1 at batch 2.
 CPU_CHECK_GFLOP: Dict[str, float] = {"implicitGemmBwdFilter": 7.5,
-                                     "implicitGemmsplitKBwdFilter": 7.5}
+                                     "implicitGemmsplitKBwdFilter": 7.5,
+                                     # each emulated MMA gathers its operands lane by lane
+                                     "implicitGemmMMA": 2.0}
 
 
 @dataclasses.dataclass(frozen=True)
