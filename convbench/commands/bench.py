@@ -80,6 +80,9 @@ def _main(argv, prog: str) -> int:
     from ..precision import check_device, from_args
 
     dtype = check_device(from_args(args), "cpu")
+    if args.store and dtype.name != "float32":
+        raise UsageError(f"--store: the tuning file names float32 winners (the network runs in "
+                         f"float32), not {dtype.name} ones")
     sets = args.paramscsv or DEFAULT_SETS
     layers = [(s, layer.with_batch(args.batch)) for s in sets for layer in load_layers(s)]
     passes = [resolve_pass(p.strip()) for p in args.pass_.split(",") if p.strip()]
