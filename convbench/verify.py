@@ -351,6 +351,12 @@ def verify_build(build, truth: GroundTruth, device: str = "cpu",
     convolution (TF32 off) and, where cuDNN is usable, cuDNN through this project's
     bindings (IEEE FP32, algorithm ``cudnn_algo``).  ``tamper``: applied to the output
     before it is checked (the harness's own planted failures)."""
+    drawn = {v.dtype for v in truth.inputs.values()}
+    if truth.random_inputs and drawn != {build.spec.dtype.torch}:
+        raise ValueError(f"the ground truth's inputs are {sorted(map(str, drawn))}, the build "
+                         f"{build.spec.name} stores {build.spec.dtype.name}: draw them in its "
+                         "precision (make_truth(..., dtype=...)), or the check compares "
+                         "different numbers")
     out = run_build(build, truth, device)
     if tamper is not None:
         out = tamper(out)

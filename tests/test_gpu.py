@@ -22,7 +22,8 @@ def _verify_on_gpu(case, builds, reference, coverage):
         pytest.skip(reason)
     try:
         checks = verify.verify_build(builds(case.spec()),
-                                     reference(case.layer, pass_=case.pass_), device="gpu")
+                                     reference(case.layer, pass_=case.pass_, dtype=case.precision),
+                                     device="gpu")
     except Exception as err:
         coverage.record(case, "failed", f"{type(err).__name__}: {err}")
         raise

@@ -29,7 +29,8 @@ def test_fresh_output_on_every_call(case, builds):
     """Two calls of one build on different inputs: the second result is checked, so state
     left over from the first call (a partial-sum buffer, say) cannot hide."""
     build = builds(case.spec())
-    first, second = (verify.make_truth(case.layer, case.pass_, seed=s) for s in (11, 12))
+    first, second = (verify.make_truth(case.layer, case.pass_, seed=s, dtype=case.precision)
+                     for s in (11, 12))
     assert verify.verify_build(build, first)[0].ok
     check = verify.verify_build(build, second)[0]
     assert check.ok, check.summary()
