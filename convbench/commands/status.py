@@ -134,6 +134,6 @@ def _main(args, prog: str) -> int:
 
 
 def format_markdown(header, rows, source: str) -> str:
-    body = tables.markdown(header, [[f"`{r[0]}`"] + r[1:] for r in rows], "llllrr")
+    body = tables.markdown(header, [[f"`{r[0]}`"] + r[1:] for r in rows], "lllllrr")
     return body + ("\n\nCPU: the full tier's [coverage](results/verify/cpu/coverage.md); "
                    f"GPU: [{source}](results/gpu/{source}/README.md).\n")
