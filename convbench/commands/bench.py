@@ -133,7 +133,12 @@ class Bench:
         self.wide = None if exp.dtype.name == "float32" else Experiment(
             exp.impls, [], "cpu", policy="reuse", cachedir=exp.cachedir, threads=exp.threads,
             timing=exp.timing)
-        self.torch_names = TORCH + (tuple(n + WIDE for n in TORCH) if self.wide else ())
+        #: torch in the bench's own precision is timed only where oneDNN has a kernel for
+        #: it (:func:`torch_has_fast`): without one, torch's 16-bit CPU convolution falls back
+        #: to a generic loop some 30 times slower than its float32 one.
+        self.torch_own = not self.wide or torch_has_fast(exp.dtype.name)
+        self.torch_names = ((TORCH if self.torch_own else ())
+                            + (tuple(n + WIDE for n in TORCH) if self.wide else ()))
 
     def generated(self, times):
         """The DaCe-generated backends of ``times`` (name -> ms) in the bench's precision."""
@@ -148,6 +153,8 @@ class Bench:
         rule = exp.output_rule()
         print(f"measuring the CPU ceilings ({torch.get_num_threads()} threads) ...", flush=True)
         exp.extra_metadata.update(
+            torch_in_precision=self.torch_own or f"not timed: no oneDNN {exp.dtype.name} "
+                                                 "convolution on this CPU",
             kind="bench_cpu", bench_pass=str(self.pass_), batch=a.batch, vendor=sorted(VENDOR),
             skip_slower=a.skip_slower, layers={},
             timing={"method": timer.method, "warmup": a.warmupiter, "samples": a.totaliter,
@@ -208,7 +215,8 @@ class Bench:
         calls = {name + suffix: REF.prepare(layer, self.pass_, layout, "cpu", truth.inputs,
                                             exp.ref_options)
                  for suffix, truth in truths.items()
-                 for name, layout in zip(TORCH, (Layout.NCDHW, Layout.NDHWC))}
+                 for name, layout in zip(TORCH, (Layout.NCDHW, Layout.NDHWC))
+                 if name + suffix in self.torch_names}
         with torch.no_grad():
             # torch's first (flushed) call is the yardstick; a DaCe build is screened on
             # its initialising call, so a very slow one runs only once.
@@ -340,6 +348,19 @@ class Bench:
                 info["status"] = "wrong"
                 line = f"WRONG ({check.summary()}), not timed"
         return info, line
+
+
+def torch_has_fast(dtype: str) -> bool:
+    """Whether torch's CPU convolution has a oneDNN kernel for ``dtype`` on this CPU
+    (bfloat16: AVX-512 BF16 or AMX; float16: AVX-512 FP16 or AMX)."""
+    import torch
+    probe = {"float32": lambda: True,
+             "bfloat16": torch.ops.mkldnn._is_mkldnn_bf16_supported,
+             "float16": torch.ops.mkldnn._is_mkldnn_fp16_supported}
+    try:
+        return bool(probe[dtype]())
+    except (AttributeError, RuntimeError):
+        return False
 
 
 def _footprint(layer, pass_):
