@@ -368,6 +368,10 @@ def blocked_source(L, dtype_name, db, hb, wb, nb, k_outer, flip=False, nv=1, pac
             return f"w[{c}, {L.KD - 1} - kd, {L.KH - 1} - kh, {L.KW - 1} - {kw}, {kb} * {cw} + {lane}]"
     tile = (db, hb, wb)
     blocks = L.C // cblk if cblk else 1
+    if blocks > 1 and widens(dtype_name):
+        raise ValueError(f"CBLK={cblk} adds each channel block's float32 partial sums into the "
+                         f"{dtype_name} output, rounding them {blocks} times: use CBLK=0 in "
+                         "16 bits")
     channel = f"cc * {cblk} + c" if blocks > 1 else "c"
     reduced = L.C // blocks
     nest, ind, t = tile_prologue(L, kblk, tile, k_outer, pixels * nv, nb)
