@@ -75,10 +75,6 @@ class DType:
         return self.name in CTYPES
 
     @property
-    def bytes(self) -> int:
-        return 2 if self.half else 4
-
-    @property
     def unit_roundoff(self) -> float:
         """Unit roundoff of the sums (float32 for every precision here)."""
         return UNIT_ROUNDOFF[self.accumulate]

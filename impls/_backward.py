@@ -84,7 +84,7 @@ def taps_per_position(k: int, s: int, e: int) -> int:
 
 def bwd_data_algorithm(layer, dtype, params):
     L = layer_constants(layer, Layout.NDHWC)
-    dt, at, zero = dtype.dace, dtype.acc_dace, dtype.zero
+    dt, zero = dtype.dace, dtype.zero
     N, C, K, G, CG, KG = L.N, L.C, L.K, L.G, L.CG, L.KG
     D, H, W, KD, KH, KW, OD, OH, OW = L.D, L.H, L.W, L.KD, L.KH, L.KW, L.OD, L.OH, L.OW
     JD, JH, JW = (taps_per_position(k, s, e) for k, s, e in
