@@ -52,6 +52,12 @@ def widest_isa() -> str:
     return widest_of((info.get("flags") or info.get("Features") or "").split())
 
 
+def has_feature(flag: str) -> bool:
+    """Whether this CPU reports ``flag`` (``/proc/cpuinfo``'s name, e.g. ``avx512_bf16``)."""
+    info = cpuinfo()
+    return flag in (info.get("flags") or info.get("Features") or "").split()
+
+
 def vector_floats(isa: str = "") -> int:
     """float32 lanes of one vector of ``isa`` (default: this CPU's widest)."""
     return VECTOR_BITS[isa or widest_isa()] // 32

@@ -254,14 +254,17 @@ def generated_program(layer, source, function, tag, in_place=False, dtype=None):
     """The SDFG of the generated ``source``, taking the unpadded input as the harness
     passes it: the source reads a zero-padded copy of it, or (``in_place``) the unpadded
     input itself (:func:`reads_in_place`), and then no copy is made.  ``dtype``: the
-    precision, whose storage type a 16-bit source names ``STORAGE`` (:func:`signature`)."""
+    precision, whose storage type a 16-bit source names ``STORAGE`` (:func:`signature`);
+    a 16-bit input is widened into that copy, padded or not (:func:`signature`)."""
     from convbench.registry import Layout
     from impls._common import pad_input, program_from_source
+    half = dtype is not None and widens(dtype.name)
     program = program_from_source(source, function, f"{function}_{layer.key()}_{tag}",
-                                  {"STORAGE": dtype.dace} if dtype is not None else None)
+                                  {"STORAGE": dtype.dace} if half else None)
     if in_place:
         return program.to_sdfg(simplify=True)
-    return pad_input(program, layer, Layout.NDHWC, halo=True)
+    return pad_input(program, layer, Layout.NDHWC, halo=True,
+                     storage=dtype.dace if half else None)
 
 
 def tile_pixels(pixel_tile_shape):
@@ -274,13 +277,17 @@ def signature(L, dtype_name, function, w_shape=None, in_place=False):
     """The generated program's first lines: imports, the storage type ``dt`` and the
     accumulators' ``at`` (float32), and ``function(x, w, y)`` on the padded NDHWC input
     (``in_place``: the unpadded one), the filter (``w_shape``, default ``L.w_shape``) and
-    the output, with constant shapes."""
+    the output, with constant shapes.  In 16 bits the padded input is float32 (``at``):
+    :func:`generated_program` widens the input into it once per call, so the inner loop
+    broadcasts floats as in float32 instead of widening each value every time it is read
+    (a load, a shift and a move more per broadcast: twice the float32 time on AVX2)."""
     x_shape = (L.N, L.D, L.H, L.W, L.C) if in_place else L.xp_shape
     # 16-bit types have no name in DaCe: generated_program sets STORAGE
     storage = f"STORAGE  # {dtype_name}" if widens(dtype_name) else f"dace.{dtype_name}"
+    x_type = "at" if widens(dtype_name) and not in_place else "dt"
     return ["import dace", "", f"dt = {storage}", "at = dace.float32", "", "",
             "@dace.program",
-            f"def {function}(x: dt[{', '.join(map(str, x_shape))}], "
+            f"def {function}(x: {x_type}[{', '.join(map(str, x_shape))}], "
             f"w: dt[{', '.join(map(str, w_shape or L.w_shape))}], y: dt[{', '.join(map(str, L.y_shape))}]):"]
 
 
@@ -303,11 +310,13 @@ def cpu_schedule(sdfg, layer, params):
     persistent_buffers(sdfg)
 
 
-def input_modes(L, pixel_tile_shape, params):
+def input_modes(L, pixel_tile_shape, params, dtype_name="float32"):
     """``(edge, in_place)`` of a blocked kernel's tile: edge bodies (``EDGE``), and
-    whether it reads the input where it lies (``INPLACE`` and :func:`reads_in_place`)."""
+    whether it reads the input where it lies (``INPLACE`` and :func:`reads_in_place`;
+    never in 16 bits, whose input is widened into a float32 copy, see :func:`signature`)."""
     edge = edge_modes(params)[1]
-    return edge, bool(params["INPLACE"]) and reads_in_place(L, pixel_tile_shape, edge)
+    return edge, (bool(params["INPLACE"]) and not widens(dtype_name)
+                  and reads_in_place(L, pixel_tile_shape, edge))
 
 
 def inplace_param():
@@ -378,7 +387,8 @@ def blocked_source(L, dtype_name, db, hb, wb, nb, k_outer, flip=False, nv=1, pac
     loads = [Load(f"wv{v}", lambda kw="kw", v=v: filter_at(
         t['kb'], f'{v * nb} + j' if v else 'j', channel, kw)) for v in range(nv)]
     offsets = tile_pixels(tile)
-    widen = "dace.float32({})" if widens(dtype_name) else "{}"
+    # the input is float32 unless read in place; the filter vectors too when packed
+    widen = "dace.float32({})" if widens(dtype_name) and in_place else "{}"
     statements = [[Update(lambda kw="kw", p=p, v=v, offset=offset:
                           f"acc[{p * nv + v}, j] += "
                           + widen.format(input_at(t, tile, offset, S, channel, pads, kw))

@@ -80,30 +80,36 @@ def layer_constants(layer: Layer, layout: Layout) -> LayerSizes:
         y_shape=stored_shape(layout, "y", layer.output_shape))
 
 
-def pad_input(program, layer: Layer, layout: Layout, halo: bool = False):
-    """SDFG of ``program(x=padded input, w, y)`` that takes the unpadded ``x``.
+def pad_input(program, layer: Layer, layout: Layout, halo: bool = False, storage=None):
+    """:func:`pad_sdfg` of ``program``'s SDFG."""
+    return pad_sdfg(program.to_sdfg(simplify=True), layer, layout, halo, storage)
 
-    Without padding the program's own SDFG is returned.  Otherwise its ``x``
-    becomes the transient ``xp``, and states before the computation zero ``xp`` and
-    copy the new input ``x`` into its interior.  ``halo``: zero only the border (one
-    slab below and one above the interior per padded dimension, see
-    :func:`halo_slabs`) instead of the whole array, so the padded input is written once
-    per call rather than about twice.  (Not for the programs that go through DaCe's
-    auto-optimize: its stencil tiling fails on the slab maps.)
+
+def pad_sdfg(sdfg, layer: Layer, layout: Layout, halo: bool = False, storage=None):
+    """``sdfg(x=padded input, w, y)`` made to take the unpadded ``x``.
+
+    Without padding ``sdfg`` is returned as it is.  Otherwise its ``x`` becomes the
+    transient ``xp``, and states before the computation zero ``xp`` and copy the new
+    input ``x`` into its interior.  ``halo``: zero only the border (one slab below and
+    one above the interior per padded dimension, see :func:`halo_slabs`) instead of the
+    whole array, so the padded input is written once per call rather than about twice.
+    (Not for the programs that go through DaCe's auto-optimize: its stencil tiling fails
+    on the slab maps.)  ``storage`` (a 16-bit typeclass): the new ``x`` is stored in it
+    while the program's ``x`` is float32, so the copy widens each input value once per
+    call, padded or not, and the kernel reads floats.
     """
-    sdfg = program.to_sdfg(simplify=True)
-    if not any(layer.pads):
+    if not any(layer.pads) and storage is None:
         return sdfg
     padded = sdfg.arrays["x"]
     sdfg.replace("x", "xp")
     padded.transient = True
     shape = stored_shape(layout, "x", layer.input_shape)
     spatial = (2, 3, 4) if layout == Layout.NCDHW else (1, 2, 3)
-    sdfg.add_array("x", shape, padded.dtype, storage=padded.storage)
+    sdfg.add_array("x", shape, storage or padded.dtype, storage=padded.storage)
     idx = [f"i{d}" for d in range(5)]
     zero = sdfg.add_state_before(sdfg.start_state, "pad_zero")
     boxes = (halo_slabs(padded.shape, shape, spatial, layer.pads) if halo
-             else [[f"0:{s}" for s in padded.shape]])
+             else [[f"0:{s}" for s in padded.shape]]) if any(layer.pads) else []
     for n, ranges in enumerate(boxes):
         zero.add_mapped_tasklet(
             f"pad_zero_{n}", dict(zip(idx, ranges)), {}, "out = 0",

@@ -52,6 +52,7 @@ from impls._blocked import (blocked_source, channel_tiles_outer, cpu_schedule,
                             nv_param, channel_block, cblk_param, group_param, edge_param,
                             inplace_param, input_modes, lanes_param, registers_of)
 from convbench.isa import fit_pixels
+from impls import _dpbf16
 from impls._common import layer_constants
 
 __all__ = ["largest_divisor", "tile_sizes"]
@@ -66,10 +67,14 @@ def tile_sizes(layer, params):
 
 def algorithm(layer, dtype, params):
     L = layer_constants(layer, Layout.NDHWC)
+    if params["DOT"] and not _dpbf16.refusal(layer, dtype.name):
+        (db, hb, wb), nv = _dpbf16.tile_of(layer, params)
+        return _dpbf16.dpbf16_sdfg(layer, L, dtype, (db, hb, wb), nv,
+                                   f"direct_blocked_dpbf16_{layer.key()}_{db}x{hb}x{wb}x{nv}")
     db, hb, wb, nb, nv = tile_sizes(layer, params)
     k_outer = channel_tiles_outer(layer, params["KOUTER"])
     cblk = channel_block(layer.in_channels, params["CBLK"])
-    edge, in_place = input_modes(L, (db, hb, wb), params)
+    edge, in_place = input_modes(L, (db, hb, wb), params, dtype.name)
     return generated_program(layer, blocked_source(L, dtype.name, db, hb, wb, nb, k_outer, nv=nv,
                                                    cblk=cblk, group=params["GROUP"],
                                                    edge=edge, in_place=in_place),
@@ -100,7 +105,12 @@ register(Implementation(
             cblk_param(),
             group_param(),
             edge_param(),
-            inplace_param()),
+            inplace_param(),
+            Param("DOT", 1, "bfloat16 on a CPU with AVX512_BF16: 1 the vdpbf16ps kernel "
+                            "(pairs of the reduction per instruction, impls/_dpbf16.py) "
+                            "where the layer allows it, 0 the generic kernel (operands "
+                            "widened to float32)", minimum=0,
+                  check=lambda v: None if v in (0, 1) else "must be 0 or 1")),
     anisotropic_pad=True,
     registers=registers_of(tile_sizes),
     precisions=ALL_PRECISIONS,

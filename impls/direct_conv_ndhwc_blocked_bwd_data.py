@@ -59,7 +59,7 @@ def algorithm(layer, dtype, params):
     k_outer = channel_tiles_outer(t, params["KOUTER"])
     pack = packed(layer, params["PACK"])
     cblk = channel_block(t.in_channels, params["CBLK"])
-    edge, in_place = input_modes(L, (db, hb, wb), params)
+    edge, in_place = input_modes(L, (db, hb, wb), params, dtype.name)
     sdfg = generated_program(t, blocked_source(L, dtype.name, db, hb, wb, nb, k_outer, flip=True,
                                                nv=nv, pack=pack, cblk=cblk,
                                                group=params["GROUP"], edge=edge,

@@ -22,6 +22,8 @@ from convbench.layers import Layer
 from convbench.layersets import load_layers
 from convbench.layouts import Layout
 from convbench.registry import ALL_PRECISIONS, Implementation
+from convbench.isa import has_feature
+from impls import _dpbf16
 from impls import _mma as _mma_module
 from impls._common import auto_cpu, layer_constants, pad_input
 
@@ -225,8 +227,9 @@ def test_cli_refuses_with_one_line(args, message):
 # -- the sweep (full tier) -----------------------------------------------------------------------
 
 #: Two or more implementations per pass that sum in float32 from 16-bit storage.
-SWEEP_IMPLS = ("directConvNCDHW", "implicitGemmNCDHW", "directConvNCDHWBwdData",
-               "implicitGemmBwdData", "directConvNCDHWBwdFilter", "implicitGemmBwdFilter",
+SWEEP_IMPLS = ("directConvNCDHW", "implicitGemmNCDHW", "directConvNDHWCblocked",
+               "directConvNCDHWBwdData", "implicitGemmBwdData", "directConvNDHWCblockedBwdData",
+               "directConvNCDHWBwdFilter", "implicitGemmBwdFilter",
                "implicitGemmsplitKBwdFilter")
 
 
@@ -274,3 +277,73 @@ def test_mma_emulation_checks_the_fragment_layout(dtype, builds, reference, monk
     spec = toolchain.make_spec(impl, MMA_LAYER, dtype, planted="mma_swapped_registers")
     bad = verify.verify_build(builds(spec), reference(MMA_LAYER, dtype=dtype))[0]
     assert not bad.ok, bad.summary()
+
+
+# -- the vdpbf16ps kernel (CPUs with AVX512_BF16) --------------------------------------------------
+
+needs_dpbf16 = pytest.mark.skipif(not has_feature(_dpbf16.FEATURE),
+                                  reason=f"this CPU has no {_dpbf16.FEATURE}")
+
+#: Reduction runs (KW x C) of odd and even length, padded and not, strided, 1 and 2
+#: vectors of 16 channels per tile.
+DP_LAYERS = [
+    Layer("dp_c1_odd", 2, 1, 16, 7, 9, 20, 3, 3, 3, pad=1),      # run 3: a lone last value
+    Layer("dp_c3_s2", 1, 3, 32, 9, 11, 13, 3, 3, 3, stride=2, pad=1),
+    Layer("dp_c4_k48", 1, 4, 48, 6, 7, 8, 3, 3, 3),             # run 12, unpadded, nv 3
+]
+
+
+def _dp_verify(layer, builds, reference, planted=""):
+    from convbench import registry
+    impl = registry.get("directConvNDHWCblocked")
+    assert _dpbf16.refusal(layer, "bfloat16") == ""
+    spec = toolchain.make_spec(impl, layer, "bfloat16", planted=planted)
+    return verify.verify_build(builds(spec), reference(layer, dtype="bfloat16"))[0]
+
+
+@needs_dpbf16
+@pytest.mark.parametrize("layer", [pytest.param(DP_LAYERS[0])]
+                         + [pytest.param(la, marks=pytest.mark.full) for la in DP_LAYERS[1:]],
+                         ids=lambda la: la.name)
+def test_dpbf16_kernel_verifies(layer, builds, reference):
+    result = _dp_verify(layer, builds, reference)
+    assert result.ok, result.summary()
+
+
+@needs_dpbf16
+@pytest.mark.parametrize("plant", ["tail_dropped", "pair_swapped"])
+def test_dpbf16_plants_fail(plant, builds, reference, monkeypatch):
+    """The input pair broadcast with its halves swapped (so it meets the wrong filter
+    value), or the odd run's last value left out: both fail."""
+    original = _dpbf16.tile_code
+    if plant == "pair_swapped":
+        monkeypatch.setattr(_dpbf16, "_u32", lambda e: f"(int)(((unsigned)cb_u32({e}) << 16) "
+                                                       f"| ((unsigned)cb_u32({e}) >> 16))")
+    else:
+        def no_tail(L, tile, nv, Q):
+            code = original(L, tile, nv, Q)
+            head, _, rest = code.partition("    {\n")  # the lone value's block
+            return head + rest[rest.index("\n    }\n") + len("\n    }\n"):]
+        monkeypatch.setattr(_dpbf16, "tile_code", no_tail)
+    result = _dp_verify(DP_LAYERS[0], builds, reference, planted=f"dpbf16_{plant}")
+    assert not result.ok, result.summary()
+
+
+@pytest.mark.parametrize("case", case_params(
+    [Case("directConvNDHWCblocked", DP_LAYERS[0], "precision", dtype="float16"),
+     Case("directConvNDHWCblockedBwdData", DP_LAYERS[2], "precision", dtype="bfloat16")],
+    [Case("directConvNDHWCblocked", DP_LAYERS[1], "precision", dtype="bfloat16",
+          params=(("DOT", 0),)),
+     Case("directConvNDHWCblockedBwdData", DP_LAYERS[0], "precision", dtype="float16")]))
+def test_blocked_kernels_widen_once(case, builds, reference, coverage):
+    """The generic blocked kernels in 16 bits: the input widened into the float32 copy
+    (padded or not), the filter packed in float32 (bfloat16 with DOT=0: the kernel that
+    CPUs without AVX512_BF16 run)."""
+    verify_case(case, builds, reference, coverage)
+
+
+def test_dpbf16_refusals():
+    assert _dpbf16.refusal(LAYER, "float16") == "bfloat16 only"
+    assert "multiple of 16" in _dpbf16.refusal(LAYER, "bfloat16")  # K = 5
+    grouped = Layer("g", 1, 16, 16, 5, 5, 5, 3, 3, 3, pad=1, groups=2)
+    assert "groups" in _dpbf16.refusal(grouped, "bfloat16")
