@@ -189,6 +189,8 @@ class Experiment:
         self.observer = observer or Observer()
         #: The precision of every build, input and reference (:mod:`convbench.precision`).
         self.dtype = check_device(get_dtype(dtype), device)
+        if self.dtype.math == "tf32":  # timed against the vendors' TF32 paths
+            self.ref_options = dataclasses.replace(self.ref_options, allow_tf32=True)
         self.records: List[Record] = []
         self.writer = None
         #: The arrays the last prepared DaCe call got: ``torch``, or ``cupy <version>``.

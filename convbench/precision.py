@@ -146,11 +146,14 @@ DTYPES: Dict[str, DType] = {name: DType(name) for name in ("float32", "float16",
 
 
 def get_dtype(name, math: Optional[str] = None) -> DType:
-    """The precision ``--dtype name --math math`` names (a DType passes through)."""
+    """The precision ``--dtype name --math math`` names, or a label such as
+    ``float32-tf32`` (:attr:`DType.label`) names alone (a DType passes through)."""
     if isinstance(name, DType):
         if math not in (None, name.math):
             raise UsageError(f"--math: {math} conflicts with the precision {name.label}")
         return name
+    if "-" in name and math is None:  # a label: "float32-tf32"
+        name, math = name.split("-", 1)
     if name not in DTYPES:
         raise UsageError(f"--dtype: unknown precision '{name}' (known: {', '.join(DTYPES)})")
     math = math or "ieee"

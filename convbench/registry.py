@@ -135,11 +135,10 @@ class Implementation:
     default_for: Tuple[str, ...] = ()
     #: The values ``convbench tune`` tries by default, as ``"P=a,b;Q=c"`` (empty: not tuned).
     search_space: str = ""
-    #: The storage precisions it builds for (:mod:`convbench.precision`); a 16-bit one
-    #: means it widens each operand to float32 before multiplying and sums in float32.
+    #: The precisions it builds for, by label (:mod:`convbench.precision`): a storage type
+    #: (a 16-bit one means it widens each operand to float32 before multiplying and sums
+    #: in float32), or one with its math mode, such as ``float32-tf32``.
     precisions: Tuple[str, ...] = ("float32",)
-    #: The math modes it builds for (``tf32``: products on TF32 operands).
-    math_modes: Tuple[str, ...] = ("ieee",)
     #: The file of the module that registered this implementation (set by :func:`register`).
     module_file: str = dataclasses.field(default="", compare=False)
 
@@ -201,12 +200,11 @@ class Implementation:
     def unsupported_dtype(self, dtype, target: str = "cpu") -> Optional[str]:
         """None if this implementation builds for the precision ``dtype`` (a
         :class:`~convbench.precision.DType`), else why not."""
-        if dtype.name not in self.precisions:
-            return (f"has no {dtype.name} version (its precisions: "
-                    f"{', '.join(self.precisions)})")
-        if dtype.math not in self.math_modes:
-            return f"has no {dtype.math} math (its modes: {', '.join(self.math_modes)})"
-        return None
+        if dtype.label in self.precisions:
+            return None
+        what = (f"{dtype.math} math in {dtype.name}" if dtype.name in self.precisions
+                else f"{dtype.label} version")
+        return f"has no {what} (its precisions: {', '.join(self.precisions)})"
 
     def source_files(self) -> Sequence[str]:
         """Files whose text defines this implementation (for cache keys): the registering
@@ -320,9 +318,7 @@ def format_listing(impls: Mapping[str, Implementation]) -> str:
         lines.append(f"    supports: {impl.constraints.strip() or 'every layer'}")
         lines.append(f"    handles: {', '.join(impl.handles) or 'the basic model only'} "
                      f"(of: {', '.join(FEATURES)})")
-        lines.append(f"    precisions: {', '.join(impl.precisions)}"
-                     + ("" if impl.math_modes == ("ieee",) else
-                        f"; math: {', '.join(impl.math_modes)}"))
+        lines.append(f"    precisions: {', '.join(impl.precisions)}")
     return "\n".join(lines)
 
 
@@ -341,7 +337,7 @@ def format_markdown(impls: Mapping[str, Implementation]) -> str:
             ", ".join(f"`{p.name}`" for p in impl.params) or "none",
             cell(impl.constraints) or "every layer",
             ", ".join(impl.handles) or "the basic model",
-            ", ".join(impl.precisions + tuple(m for m in impl.math_modes if m != "ieee"))])
+            ", ".join(impl.precisions)])
             + " |")
     roles = [f"- `{role}`: {text}." for role, text in ROLES.items()]
     return "\n".join(rows + ["", "Roles (column *default for*):", ""] + roles) + "\n"

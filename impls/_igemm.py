@@ -69,13 +69,15 @@ def geometry(layer: Layer, layout: Layout, tm: int, tn: int, tk: int, nsplit: in
         YC=T.output_channel_stride(layer, layout))
 
 
-def finish(program, layer: Layer, layout: Layout, G) -> dace.SDFG:
-    """SDFG of ``program`` with the harness signature (x, w, y): padding, tables, Bp."""
+def finish(program, layer: Layer, layout: Layout, G, filter_matrix=None) -> dace.SDFG:
+    """SDFG of ``program`` with the harness signature (x, w, y): padding, tables, Bp
+    (``filter_matrix(sdfg, name, layer, layout)`` makes it, default
+    :func:`~impls._tiling.add_filter_matrix`)."""
     sdfg = pad_input(program, layer, layout)
     T.add_row_table(sdfg, "rowoff", layer, layout, G.GMp)
     T.add_tap_table(sdfg, "coloff", layer, layout, G.GKp)
     T.add_output_table(sdfg, "yrow", layer, layout, G.GMp)
-    T.add_filter_matrix(sdfg, "Bp", layer, layout)
+    (filter_matrix or T.add_filter_matrix)(sdfg, "Bp", layer, layout)
     return sdfg
 
 

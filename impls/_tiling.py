@@ -158,15 +158,24 @@ def output_channel_stride(layer: Layer, layout: Layout) -> int:
     return layer.out_d * layer.out_h * layer.out_w if layout == Layout.NCDHW else 1
 
 
-def add_filter_matrix(sdfg, name: str, layer: Layer, layout: Layout):
+def add_filter_matrix(sdfg, name: str, layer: Layer, layout: Layout, flipped: bool = False):
     """``name[kk, n] = w[n, taps(kk)]``: the filter as the zero-padded GEMM operand B
-    (reduction rows in the filter's memory order, output channels as columns)."""
+    (reduction rows in the filter's memory order, output channels as columns).
+    ``flipped``: ``layer`` is the stride-1 convolution that computes dL/dx of the layer
+    whose filter ``w`` is (``transposed_layer``), and B is that filter flipped in space
+    with its two channel dimensions swapped: ``w[c, k - 1 - taps, n]``."""
     desc = sdfg.arrays[name]
     desc.transient = True
     rows, cols = desc.shape
     dims = tap_dims(layer, layout)
     ranges = {"n": f"0:{layer.out_channels}", **{d: f"0:{s}" for d, s in dims}}
-    w_index = ", ".join(["n"] + [d for d, _ in dims])
+    if flipped:
+        sizes = dict(dims)
+        spatial = [f"{sizes[d] - 1} - {d}" for d in ("kd", "kh", "kw")]
+        w_index = ", ".join(["c", "n", *spatial] if layout == Layout.NCDHW
+                            else ["c", *spatial, "n"])
+    else:
+        w_index = ", ".join(["n"] + [d for d, _ in dims])
     copy = sdfg.add_state_before(sdfg.start_state, f"matrix_{name}")
     copy.add_mapped_tasklet(
         f"matrix_{name}", ranges, {"inp": dace.Memlet(f"w[{w_index}]")}, "out = inp",

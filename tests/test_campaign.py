@@ -42,7 +42,22 @@ def test_core_plan_covers_every_gpu_implementation_and_all_cosmoflow_layers():
     # The references are timed once per layer, pass and precision.
     timed = [c.refs_key for c in cases if c.time_refs]
     assert len(timed) == len(set(timed)) == len({c.refs_key for c in cases})
-    assert {c.precision for c in cases if c.impl == "implicitGemmMMA"} == {"float16"}
+    assert not [c for c in cases if c.group == "precision"]
+
+
+def test_precision_plan_times_the_tensor_core_kernels_in_each_precision(main):
+    """The precision tier: the tensor-core kernels in each of their precisions on every
+    CosmoFlow layer, each layer's references timed once per precision; it fits its budget."""
+    cases = campaign.plan_cases("precision", "gpu", planted=False)
+    for impl in ("implicitGemmMMA", "implicitGemmMMABwdData"):
+        ran = {(c.precision, c.layer_set, c.layer.name) for c in cases if c.impl == impl}
+        assert ran == {(p, s, layer.name) for p in registry.get(impl).precisions
+                       for s in campaign.ORIGINAL_BATCH for layer in campaign.load_layers(s)}
+    assert {c.group for c in cases} == {"precision"}
+    timed = [c.refs_key for c in cases if c.time_refs]
+    assert len(timed) == len(set(timed)) == len({c.refs_key for c in cases})
+    result = main("--dry-run", "--tier", "precision")
+    assert result.returncode == 0 and "fits" in result.stdout, result.stdout
     assert not [c for c in cases if c.planted]
 
 

@@ -250,33 +250,61 @@ def test_precision_sweep(case, builds, reference, coverage):
 # -- the tensor-core kernel's emulation ------------------------------------------------------------
 
 MMA_LAYER = Layer("mma", 2, 5, 40, 6, 7, 5, 3, 3, 3, stride=2, pad=2)  # K = 135: tails
+#: A stride-1 layer for the data gradient (GEMM columns C = 24, reduction 27 K = 135).
+MMA_BWD_LAYER = Layer("mma_bwd", 2, 24, 5, 6, 7, 5, 3, 3, 3, pad=1)
 
 
-def _swapped_registers(FM, FN):
-    """The emulation with A's register halves swapped (rows g + 8 read where PTX keeps
-    columns 2t + 8): what a fragment load in the wrong layout computes."""
-    return _ORIGINAL_EMULATION(FM, FN).replace("2 * (r / 8) + 4 * (k / 8)",
-                                               "4 * (r / 8) + 2 * (k / 8)")
+def _swapped_registers(FM, FN, shape):
+    """The emulation with A's register index taking the row half where PTX puts the
+    column half and back: what a fragment load in the wrong layout computes."""
+    e, h = shape.e, shape.k // 2
+    right = f"{e} * (r / 8) + {2 * e} * (k / {h})"
+    code = _ORIGINAL_EMULATION(FM, FN, shape)
+    assert right in code
+    return code.replace(right, f"{2 * e} * (r / 8) + {e} * (k / {h})")
 
 
 _ORIGINAL_EMULATION = _mma_module._emulation
 
+MMA_CASES = [("implicitGemmMMA", "float16", "fwd"), ("implicitGemmMMA", "float32-tf32", "fwd"),
+             ("implicitGemmMMABwdData", "bfloat16", "bwd_data")]
+MMA_FULL = [("implicitGemmMMA", "bfloat16", "fwd"),
+            ("implicitGemmMMABwdData", "float16", "bwd_data"),
+            ("implicitGemmMMABwdData", "float32-tf32", "bwd_data")]
 
-@pytest.mark.parametrize("dtype", [pytest.param("float16"),
-                                   pytest.param("bfloat16", marks=pytest.mark.full)])
-def test_mma_emulation_checks_the_fragment_layout(dtype, builds, reference, monkeypatch):
-    """implicitGemmMMA verifies in its CPU emulation; with the emulated MMA reading A's
-    registers in another layout than the loads wrote, it fails."""
+
+@pytest.mark.parametrize("name, dtype, pass_", [pytest.param(*c, id="-".join(c[:2]))
+                                                for c in MMA_CASES]
+                         + [pytest.param(*c, id="-".join(c[:2]), marks=pytest.mark.full)
+                            for c in MMA_FULL])
+def test_mma_emulation_checks_the_fragment_layout(name, dtype, pass_, builds, reference,
+                                                  monkeypatch):
+    """The tensor-core kernels verify in their CPU emulation (TF32: operands rounded as
+    ``cvt.rna.tf32.f32`` does); with the emulated MMA reading A's registers in another
+    layout than the loads wrote, they fail."""
+    from convbench import registry
+    impl = registry.get(name)
+    layer = MMA_LAYER if pass_ == "fwd" else MMA_BWD_LAYER
+    good = verify.verify_build(builds(toolchain.make_spec(impl, layer, dtype)),
+                               reference(layer, pass_=pass_, dtype=dtype))[0]
+    assert good.ok, good.summary()
+    monkeypatch.setattr(_mma_module, "_emulation", _swapped_registers)
+    spec = toolchain.make_spec(impl, layer, dtype, planted="mma_swapped_registers")
+    bad = verify.verify_build(builds(spec), reference(layer, pass_=pass_, dtype=dtype))[0]
+    assert not bad.ok, bad.summary()
+
+
+def test_tf32_emulation_rounds_operands(builds, reference):
+    """The emulated TF32 MMA rounds its operands (as ``cvt.rna.tf32.f32``): its output
+    passes the TF32 bound and fails float32's, which products of unrounded operands
+    would pass."""
     from convbench import registry
     impl = registry.get("implicitGemmMMA")
-    good = verify.verify_build(builds(toolchain.make_spec(impl, MMA_LAYER, dtype)),
-                               reference(MMA_LAYER, dtype=dtype))[0]
-    assert good.ok, good.summary()
-    assert "2 * (r / 8) + 4 * (k / 8)" in _ORIGINAL_EMULATION(2, 4)
-    monkeypatch.setattr(_mma_module, "_emulation", _swapped_registers)
-    spec = toolchain.make_spec(impl, MMA_LAYER, dtype, planted="mma_swapped_registers")
-    bad = verify.verify_build(builds(spec), reference(MMA_LAYER, dtype=dtype))[0]
-    assert not bad.ok, bad.summary()
+    truth = reference(MMA_LAYER, dtype="float32-tf32")
+    out = verify.run_build(builds(toolchain.make_spec(impl, MMA_LAYER, "float32-tf32")), truth)
+    assert verify.check_output(out, truth, precision.get_dtype("float32", "tf32"))[0].ok
+    ieee = verify.check_output(out, truth, precision.get_dtype("float32"))[0]
+    assert not ieee.ok, ieee.summary()
 
 
 # -- the vdpbf16ps kernel (CPUs with AVX512_BF16) --------------------------------------------------

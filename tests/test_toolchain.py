@@ -276,6 +276,14 @@ def test_cpu_gemm_links_mkl_from_its_environment(builds):
 #: tier: all, im2colGemm's cuBLAS and the tensor-core kernel's inline PTX among them.
 NVCC_FAST = ("implicitGemmNCDHW",)
 NVCC = [Case(name, LAYER, "nvcc", target="gpu") for name in GPU_IMPLS]
+#: The tensor-core kernels in their other precisions (the first is in NVCC).
+NVCC += [Case(name, LAYER, "nvcc", target="gpu", dtype=dtype) for name in GPU_IMPLS
+         for dtype in registry.get(name).precisions[1:]]
+#: The instruction and fragments of each tensor-core precision (defaults: 2 x 4 tiles).
+MMA_PTX = {"float16": ("m16n8k16.row.col.f32.f16.f16.f32", "cb_half fa[16]", "cb_half fb[16]"),
+           "bfloat16": ("m16n8k16.row.col.f32.bf16.bf16.f32", "cb_bfloat16 fa[16]",
+                        "cb_bfloat16 fb[16]"),
+           "float32-tf32": ("m16n8k8.row.col.f32.tf32.tf32.f32", "float fa[8]", "float fb[8]")}
 
 
 @needs_nvcc
@@ -306,9 +314,11 @@ def test_gpu_sdfg_compiles_with_nvcc(case, builds, coverage):
             _check_linked(build, ConvbenchCuBLAS)
             assert "libcublas.so" in _dynamic_section(build.library)
         _check_tiled_kernel(case.impl, text)
-        if case.impl == "implicitGemmMMA":  # tensor cores, the lane's fragments in registers
-            assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in text
-            assert "cb_half fa[16]" in text and "cb_half fb[16]" in text
+        if case.impl.startswith("implicitGemmMMA"):  # the lane's fragments in registers
+            instruction, fa, fb = MMA_PTX[case.precision]
+            assert f"mma.sync.aligned.{instruction}" in text
+            assert fa in text and fb in text
+            assert ("cvt.rna.tf32.f32" in text) == (case.precision == "float32-tf32")
     except Exception as err:
         coverage.record(case, "failed", f"{type(err).__name__}: {err}")
         raise
@@ -321,6 +331,7 @@ TILED_KERNELS = {
     "implicitGemmNCDHW": (True, 16), "implicitGemmsplitK": (True, 16),
     "directConvNCDHWnobuffer": (False, 4), "directConvNCDHWtileIC": (False, 4),
     "directConvNCDHWmerged": (True, 8), "implicitGemmMMA": (True, 32),
+    "implicitGemmMMABwdData": (True, 32),
 }
 
 

@@ -15,7 +15,7 @@ from ..layersets import load_layers
 from .folder import _load
 
 
-TIERS = ("smoke", "core", "full", "tune")
+TIERS = ("smoke", "core", "full", "tune", "precision")
 PHASES = ("identity", "ceilings", "builds", "cases", "tests", "roofline", "table")
 TARGETS = ("gpu", "cpu")
 PLANTED = ("crash", "hang", "wrong")
@@ -54,10 +54,13 @@ CALL_SETUP_S = 120.0
 CALL_LIMIT_S = 600.0
 CALL_FILL = 0.9
 #: Phases a tier leaves out: smoke is the quick check; tune times configurations only.
-TIER_SKIPS = {"smoke": ("tests", "roofline"), "tune": ("tests", "roofline")}
+#: precision times the tensor-core kernels in each of their precisions.
+TIER_SKIPS = {"smoke": ("tests", "roofline"), "tune": ("tests", "roofline"),
+              "precision": ("tests", "roofline")}
 #: The whole campaign's device-time budget (core must fit it, set-up included).  The tune
 #: tier runs beside core in the same window: the two together must fit 25 minutes.
-BUDGET_S = {"smoke": 10 * 60.0, "core": 20 * 60.0, "full": 30 * 60.0, "tune": 25 * 60.0}
+BUDGET_S = {"smoke": 10 * 60.0, "core": 20 * 60.0, "full": 30 * 60.0, "tune": 25 * 60.0,
+            "precision": 15 * 60.0}
 #: Tiers whose budget is shared with another tier's plan (the dry run adds that plan).
 BUDGET_WITH = {"tune": "core"}
 #: The tune tier: the implementations it times, and how many configurations per layer,
@@ -125,21 +128,30 @@ def plan_cases(tier: str, target: str, planted: bool, space_dir: Optional[os.Pat
     check_choice("--tier", tier, TIERS, "tier")
     impls = [n for n, i in registry.all_implementations().items() if target in i.targets]
     every = [SMOKE_LAYER] if tier == "smoke" else list(REPRESENTATIVE)
-    pairs = [(impl, s, _layer(s, n, b), "every-impl") for s, n, b in every for impl in impls]
+    pairs = [(impl, s, _layer(s, n, b), "every-impl", "") for s, n, b in every for impl in impls]
     sets = [(s, layer.with_batch(ORIGINAL_BATCH[s])) for s in ORIGINAL_BATCH
             for layer in load_layers(s)]
     if tier == "core":
-        pairs += [(impl, s, layer, "best-of") for s, layer in sets for impl in registry.members("best-of")
-                  if target in registry.get(impl).targets]
+        pairs += [(impl, s, layer, "best-of", "") for s, layer in sets
+                  for impl in registry.members("best-of") if target in registry.get(impl).targets]
     elif tier == "full":
-        pairs += [(impl, s, layer, "every-layer") for s, layer in sets for impl in impls]
+        pairs += [(impl, s, layer, "every-layer", "") for s, layer in sets for impl in impls]
+    if tier in ("precision", "full"):
+        # the tensor-core kernels (no IEEE float32) in each of their precisions, on every
+        # layer: each against the vendors in the same precision
+        if tier == "precision":
+            pairs = []
+        pairs += [(impl, s, layer, "precision", dtype) for s, layer in sets for impl in impls
+                  if "float32" not in registry.get(impl).precisions
+                  for dtype in registry.get(impl).precisions]
     if tier == "tune":
         return tune_cases(target, space_dir)
     cases, seen, timed = [], set(), set()
-    for impl, layer_set, layer, group in pairs:
-        if (impl, layer_set, layer) not in seen:
-            seen.add((impl, layer_set, layer))
-            case = Case(impl, layer, layer_set, target, group=group)
+    for impl, layer_set, layer, group, dtype in pairs:
+        precision = dtype or registry.get(impl).precisions[0]
+        if (impl, layer_set, layer, precision) not in seen:
+            seen.add((impl, layer_set, layer, precision))
+            case = Case(impl, layer, layer_set, target, group=group, dtype=dtype)
             cases.append(dataclasses.replace(case, time_refs=case.refs_key not in timed))
             timed.add(case.refs_key)
     if planted:

@@ -111,7 +111,9 @@ def table(results: Path) -> Tuple[List[str], List[List[str]], str]:
                  f"{min(ratios):.2f}-{max(ratios):.2f}x") if ratios else ""
         rows.append([impl.name, str(impl.pass_), ", ".join(impl.targets),
                      f"{ok} / {bad}" if ok or bad else (
-                         "not run" if "float32" in impl.precisions else "16-bit only"),
+                         "not run" if "float32" in impl.precisions else
+                         "16-bit and TF32 only" if "float32-tf32" in impl.precisions
+                         else "16-bit only"),
                      f"{ok16} / {bad16}" if ok16 or bad16 else (
                          "not run" if len(impl.precisions) > 1 else "float32 only"),
                      f"{verified} / {run}" if run else ("not run" if "gpu" in impl.targets
