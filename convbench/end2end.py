@@ -20,7 +20,8 @@ from typing import Any, Dict, List, Optional
 
 from .errors import ArgumentParser, UsageError, check_at_least, run_main
 from .flags import (add_cachedir_flag, add_device_flag, add_heap_flag, add_implementation_flag,
-                    add_outdir_flag, add_seed_flag, add_threads_flag, check_heap_flag)
+                    add_outdir_flag, add_precision_flags, add_seed_flag, add_threads_flag,
+                    check_heap_flag)
 from .layouts import Pass
 
 PROG = "cosmoflow_end2end.py"
@@ -67,10 +68,11 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p.add_argument("--memory-format", default="auto", metavar="auto|ncdhw|ndhwc",
                    help="activation memory format of both models (default auto: ndhwc when "
                    "every DaCe forward implementation is NDHWC, so no layout copies)")
+    add_precision_flags(p)
     add_heap_flag(p)
     add_seed_flag(p)
     add_threads_flag(p)
-    add_outdir_flag(p, "outputs/end2end_<model>_s<S>_b<N>_<device>/")
+    add_outdir_flag(p, "outputs/end2end_<model>_s<S>_b<N>_<device>[_<dtype>]/")
     add_cachedir_flag(p)
     p.add_argument("--require-precompiled", action="store_true",
                    help="fail if a build is not in the cache (default: build what is missing)")
@@ -101,7 +103,7 @@ def _main(argv, prog: str = PROG) -> int:
     check_heap_flag(args)
     if not (args.iters or args.check or args.epochs):
         raise UsageError("nothing to do: --iters 0 without --check or --epochs")
-    from . import network, registry
+    from . import network, precision, registry
     from .devices import resolve_device, set_threads
 
     if args.model not in network.MODELS:
@@ -115,8 +117,10 @@ def _main(argv, prog: str = PROG) -> int:
             raise UsageError(f"--impl: {args.implementation} computes {impl.pass_}; name a forward "
                              "implementation (backward ones go in --impl-map)")
     device = resolve_device(args.device)
+    dtype = precision.check_device(precision.from_args(args), device)
     choice = network.choose(layers, args.implementation, args.impl_map,
-                            need_backward=bool(args.train or args.check), device=device)
+                            need_backward=bool(args.train or args.check), device=device,
+                            dtype=dtype)
     params: Dict[str, Dict[str, str]] = {}  # IMPL:NAME=VALUE -> {impl: {name: value}}
     for item in args.param:
         impl_name, sep, rest = item.partition(":")
@@ -126,7 +130,7 @@ def _main(argv, prog: str = PROG) -> int:
         params.setdefault(impl_name.strip(), {}).update(registry.parse_param_overrides([rest]))
     for name, values in params.items():
         registry.get(name).resolve_params(values, source=f"--param {name}")
-    network.validate_choice(choice, layers, device)
+    network.validate_choice(choice, layers, device, dtype)
     args.threads = set_threads(args.threads)
     if device == "cpu":
         from . import heap
@@ -148,9 +152,12 @@ class Run:
 
     def __init__(self, args, spec, layers, choice, params, device):
         self.args, self.spec, self.layers, self.choice = args, spec, layers, choice
+        from .precision import check_device, from_args
         self.params, self.device = params, device
+        self.dtype = check_device(from_args(args), device)
+        suffix = "" if self.dtype.label == "float32" else f"_{self.dtype.label}"
         self.outdir = Path(args.outdir or Path("outputs") / f"end2end_{args.model}_s{args.size}"
-                           f"_b{args.batch}_{device}")
+                           f"_b{args.batch}_{device}{suffix}")
         self.summary: Dict[str, Any] = {}
 
     def _models(self):
@@ -169,10 +176,13 @@ class Run:
         self.fmt = (torch.channels_last_3d if self.format_name == "ndhwc"
                     else torch.contiguous_format)
         self.tdev = torch.device("cuda" if self.device == "gpu" else "cpu")
-        if self.device == "gpu":  # FP32 on both sides: torch's default runs cuDNN in TF32
+        dtype = self.dtype
+        self.summary["precision"] = dtype.describe()
+        if self.device == "gpu":  # the same math on both sides: torch's default is TF32
             from .references import torch_gpu_math
-            self.summary["torch_gpu_math"] = torch_gpu_math(allow_tf32=False)
-        self.torch_model = base.to(self.tdev, memory_format=self.fmt)
+            self.summary["torch_gpu_math"] = torch_gpu_math(allow_tf32=dtype.math == "tf32")
+        # Both models hold their weights and activations in the storage type.
+        self.torch_model = base.to(self.tdev, dtype=dtype.torch, memory_format=self.fmt)
         self.dace_model = copy.deepcopy(self.torch_model)
         self._initial_state = copy.deepcopy(self.torch_model.state_dict())
         print(f"builds ({'required from' if a.require_precompiled else 'from'} the "
@@ -181,11 +191,12 @@ class Run:
         network.attach_backends(self.dace_model, self.choice, self.device, a.cachedir,
                                 policy="require" if a.require_precompiled else "reuse",
                                 params=self.params,  # the network's input needs no gradient:
-                                skip=[(self.layers[0].name, Pass.BWD_DATA)])
+                                skip=[(self.layers[0].name, Pass.BWD_DATA)], dtype=dtype)
         self.build_seconds = time.perf_counter() - t0
 
     def _to_device(self, x, y):
-        return x.to(self.tdev).contiguous(memory_format=self.fmt), y.to(self.tdev)
+        t = self.dtype.torch
+        return (x.to(self.tdev, t).contiguous(memory_format=self.fmt), y.to(self.tdev, t))
 
     def _batch(self, seed: int):
         from .synthetic import make_dataset
@@ -219,7 +230,8 @@ class Run:
     def _check(self) -> int:
         from .netcheck import check_networks
         x, target = self._batch(self.args.seed + 1)
-        result = check_networks(self.torch_model, self.dace_model, x, target, self.device)
+        result = check_networks(self.torch_model, self.dace_model, x, target, self.device,
+                                self.dtype)
         self.summary["check"] = result
         calls, tensors = result["calls"], result["tensors"]
         for call in calls:
@@ -228,11 +240,11 @@ class Run:
                       f"err/tol {call['worst_ratio']:.3g}")
         worst_call = max((c["worst_ratio"] for c in calls), default=0.0)
         print(f"check: {len(calls)} DaCe convolution calls vs float64 torch, worst "
-              f"err/tol {worst_call:.3g}; max-pooling choices that differ from torch-float32's: "
+              f"err/tol {worst_call:.3g}; max-pooling choices that differ from torch's: "
               f"{result['pool_flips']}")
         for row in tensors:
             print(f"  {'ok  ' if row['ok'] else 'FAIL'} {row['name']:28s} rel err dace "
-                  f"{row['rel_dace']:.2e}  torch32 {row['rel_torch32']:.2e}  "
+                  f"{row['rel_dace']:.2e}  torch {row['rel_torch32']:.2e}  "
                   f"bound {row['bound']:.2e}")
         print(f"check {'passed' if result['ok'] else 'FAILED'}: {len(tensors)} tensors "
               f"(output, loss, {len(tensors) - 2} parameter gradients), worst "
@@ -396,7 +408,8 @@ class Run:
 
     def _last_line(self, status: int) -> str:
         a = self.args
-        bits = [f"end2end {self.spec.name} {a.size}^3 b{a.batch} {self.device}"]
+        bits = [f"end2end {self.spec.name} {a.size}^3 b{a.batch} {self.device}"
+                + ("" if self.dtype.label == "float32" else f" {self.dtype.label}")]
         if a.iters:
             for ph in self.medians["torch"]:
                 t, d = self.medians["torch"][ph], self.medians["dace"][ph]

@@ -483,8 +483,7 @@ class Experiment:
         meta.update({
             "implementation": impl.name if len(self.impls) == 1 else [i.name for i in self.impls],
             "pass": str(impl.pass_), "layout": str(impl.layout),
-            "precision": {"dtype": self.dtype.name, "math": self.dtype.math,
-                          "accumulate": self.dtype.accumulate, "label": self.dtype.label},
+            "precision": self.dtype.describe(),
             "params": impl.resolve_params(self.overrides) if len(self.impls) == 1 else
             {i.name: i.resolve_params(self.overrides) for i in self.impls}, "seed": self.seed,
             "layers": [{"name": layer.name, "geometry": layer.describe(), "key": layer.key()}

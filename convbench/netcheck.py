@@ -7,7 +7,9 @@ network against float64.  An element-wise bound does not exist through pooling a
 activations, so the second bound is relative, with torch's own float32 network as the
 yardstick: the DaCe model's ``max |error| / max |reference|`` may be at most
 ``TOL_FACTOR`` times torch-float32's, or ``TOL_FACTOR * sqrt(L) * u`` where that is
-larger (``L``: the network's longest reduction, ``u``: float32's unit roundoff).
+larger (``L``: the network's longest reduction, ``u``: float32's unit roundoff).  In 16
+bits both models hold the 16-bit type, torch's 16-bit network is the yardstick, and
+the floor adds the storage's unit roundoff (each stored activation is rounded once).
 """
 
 from __future__ import annotations
@@ -75,7 +77,8 @@ def compare_steps(ref_dace, ref_torch32, torch32, dace, floor: float):
     return rows
 
 
-def check_networks(torch_model, dace_model, x, target, device: str = "cpu") -> Dict[str, Any]:
+def check_networks(torch_model, dace_model, x, target, device: str = "cpu",
+                   dtype=None) -> Dict[str, Any]:
     """Both levels for one training step on ``x``/``target``; ``torch_model`` has torch
     convolutions and the same weights as ``dace_model`` (neither model's weights change).
     ``worst``: the largest error/bound over tensors and err/tol over calls."""
@@ -97,7 +100,8 @@ def check_networks(torch_model, dace_model, x, target, device: str = "cpu") -> D
     flips = sum(int((a.cpu() != b.cpu()).sum()) for a, b in zip(pool_t, pool_d))
     ref_t = ref_d if flips == 0 else network_step(m64, x64, target64, replay=pool_t)[0]
     longest = max(reduction_length(layer, p) for layer in dace_model.layers for p in PASSES)
-    rows = compare_steps(ref_d, ref_t, t32, d, math.sqrt(longest) * UNIT_ROUNDOFF)
+    storage = dtype.rounding.output if dtype is not None else 0.0
+    rows = compare_steps(ref_d, ref_t, t32, d, math.sqrt(longest) * UNIT_ROUNDOFF + storage)
     calls = recorder.checks
     worst = max([r["ratio"] for r in rows] + [c["worst_ratio"] for c in calls])
     ok = all(r["ok"] for r in rows) and all(c["ok"] for c in calls)

@@ -167,7 +167,7 @@ class DaceConv:
         if recorder is not None and recorder.check:
             from .verify import compare, truth_for
             reference = truth_for(self.layer, pass_, {r: inputs[r].float() for r in roles})
-            check = compare(result, reference, build.spec.dtype.unit_roundoff)
+            check = compare(result, reference, build.spec.dtype)
             recorder.checks.append({
                 "layer": self.layer.name, "pass": str(pass_), "implementation": impl.name,
                 "ok": check.ok, "worst_ratio": check.worst_ratio, "max_abs": check.max_abs,
@@ -306,25 +306,29 @@ def build_model(spec: ModelSpec, size: int, batch: int, dropout: Optional[float]
 Choice = Dict[str, Dict[Pass, str]]  # layer name -> pass -> implementation name (or torch)
 
 
-def default_implementation(layer: Layer, pass_: Pass, device: str) -> str:
+def default_implementation(layer: Layer, pass_: Pass, device: str, dtype=None) -> str:
     """On the CPU the fastest implementation of ``pass_`` on ``layer`` as measured here
     (``bench_cpu.py --store``, :func:`convbench.tuning.best_implementation`), else the
     implementation that declares ``network-cpu`` where it supports ``layer``; else (and on
-    the GPU) the one that declares ``network`` (:data:`convbench.registry.ROLES`)."""
+    the GPU) the one that declares ``network`` (:data:`convbench.registry.ROLES`).  In a
+    precision other than float32 (``dtype``, a :class:`~convbench.precision.DType`), only
+    implementations that build for it count; the first role default that does serves."""
     general = registry.default("network", pass_)
-    if device != "cpu":
-        return general
-    for name in (tuning.best_implementation(str(pass_), layer, "cpu"),
-                 registry.default("network-cpu", pass_)):
+    candidates = [registry.default("network", pass_), registry.default("cli", pass_)]
+    if device == "cpu":
+        candidates[:0] = [tuning.best_implementation(str(pass_), layer, "cpu"),
+                          registry.default("network-cpu", pass_)]
+    for name in candidates:
         impl = registry.all_implementations().get(name or "")
-        if impl is not None and impl.pass_ == pass_ and not impl.unsupported_reason(
-                layer, tuning.tuned_params(impl, layer, "cpu")):
+        if (impl is not None and impl.pass_ == pass_ and device in impl.targets
+                and (dtype is None or not impl.unsupported_dtype(dtype, device))
+                and not impl.unsupported_reason(layer, tuning.tuned_params(impl, layer, device))):
             return impl.name
     return general
 
 
 def choose(layers: Sequence[Layer], impl: Optional[str], maps: Sequence[str] = (),
-           need_backward: bool = True, device: str = "cpu") -> Choice:
+           need_backward: bool = True, device: str = "cpu", dtype=None) -> Choice:
     """The implementation of each layer and pass: ``impl`` (``--impl``) forward, else
     :func:`default_implementation`, whose backward passes also serve (torch's for a
     torch layer); overridden by the ``--impl-map`` files in ``maps``, whose ``*`` entry
@@ -335,12 +339,13 @@ def choose(layers: Sequence[Layer], impl: Optional[str], maps: Sequence[str] = (
     for layer in layers:
         entry = override.get(layer.name, {})
         fwd = entry.get(Pass.FWD, every.get(Pass.FWD, impl or default_implementation(
-            layer, Pass.FWD, device)))
+            layer, Pass.FWD, device, dtype)))
         chosen[layer.name] = per = {Pass.FWD: fwd}
         if need_backward:
             for p in (Pass.BWD_DATA, Pass.BWD_FILTER):
                 per[p] = entry.get(p, every.get(p, TORCH if fwd == TORCH else
-                                                default_implementation(layer, p, device)))
+                                                default_implementation(layer, p, device,
+                                                                       dtype)))
     return chosen
 
 
@@ -419,9 +424,10 @@ def _read_csv_map(path: str, text: str, picked) -> None:
             picked[layer][pass_] = (cost, name)
 
 
-def validate_choice(choice: Choice, layers: Sequence[Layer], device: str) -> None:
+def validate_choice(choice: Choice, layers: Sequence[Layer], device: str, dtype=None) -> None:
     """Every named implementation exists, computes its pass, has a schedule for
-    ``device`` and supports its layer; else a UsageError naming the layer."""
+    ``device``, builds for the precision ``dtype`` and supports its layer; else a
+    UsageError naming the layer."""
     by_name = {layer.name: layer for layer in layers}
     for layer_name, per in choice.items():
         layer = by_name[layer_name]
@@ -434,6 +440,9 @@ def validate_choice(choice: Choice, layers: Sequence[Layer], device: str) -> Non
                 raise UsageError(f"{where}: {name} computes {impl.pass_}, not {pass_}")
             if device not in impl.targets:
                 raise UsageError(f"{where}: {name} has no schedule for {device}")
+            if dtype is not None and impl.unsupported_dtype(dtype, device):
+                raise UsageError(f"{where}: {name} {impl.unsupported_dtype(dtype, device)}; "
+                                 "choose another with --impl-map")
             reason = impl.unsupported_reason(layer, impl.resolve_params({}))
             if reason:
                 raise UsageError(f"{where}: {name} does not support {layer.describe()}: "
@@ -442,12 +451,15 @@ def validate_choice(choice: Choice, layers: Sequence[Layer], device: str) -> Non
 
 def attach_backends(model, choice: Choice, device: str, cachedir=None, policy: str = "reuse",
                     params: Optional[Mapping[str, Mapping[str, Any]]] = None,
-                    log: Callable[[str], None] = print, skip: Sequence[Tuple[str, Pass]] = ()):
+                    log: Callable[[str], None] = print, skip: Sequence[Tuple[str, Pass]] = (),
+                    dtype="float32"):
     """Give each convolution of ``model`` its backend: torch's where every pass is torch's,
-    else a :class:`DaceConv` from the build cache (layers mixing torch and DaCe passes are
-    refused).  ``skip``: (layer, pass) pairs never run, so not built."""
+    else a :class:`DaceConv` from the build cache, built in the precision ``dtype``
+    (layers mixing torch and DaCe passes are refused).  ``skip``: (layer, pass) pairs
+    never run, so not built."""
     from .experiment import Experiment
-    exp = Experiment([], [], device, policy=policy, cachedir=cachedir, verify=False)
+    exp = Experiment([], [], device, policy=policy, cachedir=cachedir, verify=False,
+                     dtype=dtype)
     for conv in model.convs:
         layer, per = conv.layer, choice[conv.layer.name]
         if set(per.values()) == {TORCH}:

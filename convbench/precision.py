@@ -112,6 +112,11 @@ class DType:
         import torch
         return getattr(torch, self.name)
 
+    def describe(self) -> Dict[str, str]:
+        """The precision as result metadata records it."""
+        return {"dtype": self.name, "math": self.math, "accumulate": self.accumulate,
+                "label": self.label}
+
     def key(self) -> Dict[str, Any]:
         """What the precision adds to a build's cache key: nothing for float32 (whose keys
         predate precisions), else the math mode and the header the build includes."""

@@ -49,9 +49,10 @@ import dataclasses
 from collections import namedtuple
 from typing import Dict, List, NamedTuple
 
-from convbench.registry import Implementation, Layout, Pass, Param, register
+from convbench.registry import ALL_PRECISIONS, Implementation, Layout, Pass, Param, register
 from impls._blocked import (channel_vectors, cpu_schedule, generated_program, largest_divisor,
-                            map_header, nv_param, signature, lanes_param, tile_registers)
+                            map_header, nv_param, signature, lanes_param, tile_registers,
+                            widens)
 from impls._kernel import Load, Update, reads_input, vector_loops
 from impls._common import layer_constants
 
@@ -160,6 +161,10 @@ class _Kernel:
     oh: str = ""
     kd: str = ""         # depth and height taps of a statement
     kh: str = ""
+    #: 16-bit storage: the operands read where they lie are widened to float32 (the
+    #: padded copy of the input, with ``inner``, is float32 already).
+    widen_x: bool = False
+    widen_y: bool = False
 
     @property
     def cw(self) -> int:
@@ -170,11 +175,16 @@ class _Kernel:
 
     def x_at(self, kw, c, ow="ow"):
         t, S, pads = self.t, self.L.S, self.pads
-        return (f"x[{t['b']}, ({self.od}) * {S} + {self.kd}{pads[0]}, ({self.oh}) * {S} + "
-                f"{self.kh}{pads[1]}, {ow} * {S} + {kw}{pads[2]}, {c}]")
+        return _widened(f"x[{t['b']}, ({self.od}) * {S} + {self.kd}{pads[0]}, ({self.oh}) * "
+                        f"{S} + {self.kh}{pads[1]}, {ow} * {S} + {kw}{pads[2]}, {c}]",
+                        self.widen_x)
 
     def dy_at(self, k, ow="ow"):
-        return f"y[{self.t['b']}, {self.od}, {self.oh}, {ow}, {k}]"
+        return _widened(f"y[{self.t['b']}, {self.od}, {self.oh}, {ow}, {k}]", self.widen_y)
+
+
+def _widened(read: str, widen: bool) -> str:
+    return f"dace.float32({read})" if widen else read
 
 
 def _source(L, dtype_name, tiles: FilterTiles):
@@ -214,13 +224,13 @@ def _tile_map(L, dtype_name, tiles: FilterTiles):
     if rows:
         # Lanes innermost: a tile's accumulators are loaded and stored as whole vectors.
         lines.append(f"    part = dace.define_local([{L.N}, {chunks}, {vblocks}, {L.KD}, "
-                     f"{L.KH}, {L.KW}, {bcast}, {cw}], dt)")
+                     f"{L.KH}, {L.KW}, {bcast}, {cw}], at)")
         header, t = map_header([("b", L.N), ("dc", chunks)], "    ")
         inner = False
     else:
         if chunks:
             lines.append(f"    part = dace.define_local([{L.N}, {chunks}, {L.K}, {L.KD}, "
-                         f"{L.KH}, {L.KW}, {L.C}], dt)")
+                         f"{L.KH}, {L.KW}, {L.C}], at)")
         dims = [("b", L.N), ("dc", chunks)] if chunks else []
         dims += [("kb", L.K // kbs), ("cb", L.C // cbs)]
         dims += [("wb", wblk)] if inner else [("kd", L.KD), ("kh", L.KH), ("wb", wblk)]
@@ -230,9 +240,11 @@ def _tile_map(L, dtype_name, tiles: FilterTiles):
     ind = "        " if header else "    "
     if header:
         lines.append(header)
-    k = _Kernel(L, tiles, inner, ch, kbs, cbs, wblk, vblocks, bcast, pads, t, ind)
+    half = widens(dtype_name)
+    k = _Kernel(L, tiles, inner, ch, kbs, cbs, wblk, vblocks, bcast, pads, t, ind,
+                widen_x=half and not inner, widen_y=half)
     taps = L.KD * L.KH if inner else 1
-    lines.append(f"{ind}acc = dace.define_local([{taps}, {tw * cb * nv}, {nb}], dt)")
+    lines.append(f"{ind}acc = dace.define_local([{taps}, {tw * cb * nv}, {nb}], at)")
     k.od = f"{t['dc']} * {ch} + t" + (f" * {planes} + tp" if planes > 1 else "")
     if rows:
         # The slice's partial starts at zero; then, per block of rows, every tile loads
@@ -413,7 +425,7 @@ def _sum_partials(L, chunks, cw=None, form=0, vblocks=None):
         src = f"{r['vb']}, {taps}, {r['k']}, {r['l']}"
     rind = "        " if red else "    "
     return ([red] if red else []) + [
-        f"{rind}tot = dace.define_local([1], dt)",
+        f"{rind}tot = dace.define_local([1], at)",
         f"{rind}tot[0] = 0",
         f"{rind}for b in range({L.N}):",
         f"{rind}    for dc in range({chunks}):",
@@ -432,7 +444,8 @@ def algorithm(layer, dtype, params):
     tiles = tile_sizes(layer, params)
     # With the taps inside each row the program reads the padded input.
     return generated_program(layer, _source(L, dtype.name, tiles), "bwd_filter_blocked",
-                             "x".join(str(int(v)) for v in tiles), in_place=not tiles.inner)
+                             "x".join(str(int(v)) for v in tiles), in_place=not tiles.inner,
+                             dtype=dtype)
 
 
 register(Implementation(
@@ -484,4 +497,5 @@ register(Implementation(
                   minimum=0, check=lambda v: None if v in (0, 1) else "must be 0 or 1")),
     anisotropic_pad=True,
     registers=registers,
+    precisions=ALL_PRECISIONS,
 ))

@@ -9,7 +9,7 @@ import torch
 
 from cases import Case
 from conftest import ENV, PYTHON, ROOT
-from convbench import end2end, netcheck, network, toolchain
+from convbench import end2end, netcheck, network, precision, registry, toolchain
 from convbench.errors import UsageError
 from convbench.layersets import load_layers
 from convbench.layouts import Pass
@@ -321,3 +321,43 @@ def test_gpu_run_sets_fp32_math_before_the_models(monkeypatch):
     with pytest.raises((RuntimeError, AssertionError)):  # no CUDA here: moving the model fails
         run._models()
     assert calls == [False] and run.summary["torch_gpu_math"] == {"allow_tf32": False}
+
+
+# -- the network in 16 bits ------------------------------------------------------------------------
+
+BF16 = precision.get_dtype("bfloat16")
+
+
+def test_choices_follow_the_precision(capsys):
+    """In bfloat16 every default builds for it; a float32-only choice is refused in one line."""
+    layers = network.conv_layers(network.MODELS["mlperf"], 32, 2)
+    choice = network.choose(layers, None, need_backward=True, device="cpu", dtype=BF16)
+    for per in choice.values():
+        for name in per.values():
+            assert not registry.get(name).unsupported_dtype(BF16, "cpu"), name
+    network.validate_choice(choice, layers, "cpu", BF16)
+    assert end2end.main(SMALL + ["--dtype", "bfloat16", "--impl", "directConvNDHWCdot"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "directConvNDHWCdot has no bfloat16 version" in err[0], err
+
+
+def _bf16_cases():
+    layers = network.conv_layers(network.MODELS["mlperf"], 32, 2)
+    return [Case(network.default_implementation(layer, p, "cpu", BF16), layer, "end2end",
+                 dtype="bfloat16")
+            for layer in layers for p in (Pass.FWD, Pass.BWD_DATA, Pass.BWD_FILTER)
+            if not (p == Pass.BWD_DATA and layer is layers[0])]
+
+
+@pytest.mark.full
+@pytest.mark.prebuild(*_bf16_cases())
+def test_bfloat16_training_step_checks(builds, cachedir, tmp_path):
+    """The network in bfloat16: every DaCe call within its 16-bit tolerance, and the
+    network's output and gradients within the bound that torch's bfloat16 network sets."""
+    proc = _run(SMALL + ["--dtype", "bfloat16", "--iters", "1", "--train", "--check",
+                         "--outdir", str(tmp_path), "--require-precompiled"], cachedir)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("end2end mlperf 32^3 b2 cpu bfloat16;") and "check passed" in last
+    meta = json.loads((tmp_path / "metadata.json").read_text())
+    assert meta["precision"]["label"] == "bfloat16" and meta["check"]["ok"]

@@ -230,7 +230,7 @@ def test_cli_refuses_with_one_line(args, message):
 SWEEP_IMPLS = ("directConvNCDHW", "implicitGemmNCDHW", "directConvNDHWCblocked",
                "directConvNCDHWBwdData", "implicitGemmBwdData", "directConvNDHWCblockedBwdData",
                "directConvNCDHWBwdFilter", "implicitGemmBwdFilter",
-               "implicitGemmsplitKBwdFilter")
+               "implicitGemmsplitKBwdFilter", "directConvNDHWCblockedBwdFilter")
 
 
 def _sweep_layers():
@@ -359,14 +359,20 @@ def test_dpbf16_plants_fail(plant, builds, reference, monkeypatch):
 
 @pytest.mark.parametrize("case", case_params(
     [Case("directConvNDHWCblocked", DP_LAYERS[0], "precision", dtype="float16"),
-     Case("directConvNDHWCblockedBwdData", DP_LAYERS[2], "precision", dtype="bfloat16")],
+     Case("directConvNDHWCblockedBwdData", DP_LAYERS[2], "precision", dtype="bfloat16"),
+     Case("directConvNDHWCblockedBwdFilter", DP_LAYERS[0], "precision", dtype="bfloat16")],
     [Case("directConvNDHWCblocked", DP_LAYERS[1], "precision", dtype="bfloat16",
           params=(("DOT", 0),)),
-     Case("directConvNDHWCblockedBwdData", DP_LAYERS[0], "precision", dtype="float16")]))
+     Case("directConvNDHWCblockedBwdData", DP_LAYERS[0], "precision", dtype="float16"),
+     Case("directConvNDHWCblockedBwdFilter", DP_LAYERS[1], "precision", dtype="float16",
+          params=(("TAPS", 1),)),
+     Case("directConvNDHWCblockedBwdFilter", DP_LAYERS[2], "precision", dtype="bfloat16",
+          params=(("ROWS", 4), ("SLICES", 2)))]))
 def test_blocked_kernels_widen_once(case, builds, reference, coverage):
     """The generic blocked kernels in 16 bits: the input widened into the float32 copy
     (padded or not), the filter packed in float32 (bfloat16 with DOT=0: the kernel that
-    CPUs without AVX512_BF16 run)."""
+    CPUs without AVX512_BF16 run); the filter gradient widening what it reads in place,
+    its partial sums in float32 (one rounding, at the store)."""
     verify_case(case, builds, reference, coverage)
 
 
