@@ -39,6 +39,15 @@ LANES = 16
 FEATURE = "avx512_bf16"
 
 
+def dot_param():
+    from convbench.registry import Param
+    return Param("DOT", 1, "bfloat16 on a CPU with AVX512_BF16: 1 the vdpbf16ps kernel "
+                           "(pairs of the reduction per instruction, impls/_dpbf16.py) where "
+                           "the layer allows it, 0 the generic kernel (operands widened to "
+                           "float32)", minimum=0,
+                 check=lambda v: None if v in (0, 1) else "must be 0 or 1")
+
+
 def refusal(layer, dtype_name) -> str:
     """Why the dot-product kernel does not apply to ``layer`` in ``dtype_name`` on this
     CPU ("" where it does)."""
@@ -111,11 +120,18 @@ def tile_code(L, tile, nv, Q):
     return "\n".join(lines)
 
 
-def pack_code(L, nv, Q):
+def pack_code(L, nv, Q, flip=False):
     """The C++ that packs ``w[K, KD, KH, KW, C]`` into ``wpk`` (pairs along ``KW x C``,
-    a zero after an odd run)."""
+    a zero after an odd run).  ``flip``: ``L`` is the transposed layer of a data
+    gradient (``transposed_layer``) and ``w`` the original filter ``[C, KD, KH, KW, K]``
+    in ``L``'s names, read flipped in space with its channels swapped."""
     cw = LANES * nv
     run = L.KW * L.C
+    if flip:  # w[c][KD-1-kd][KH-1-kh][KW-1-kw][k] with kw = r / C, c = r % C
+        read = (f"W[(((r % {L.C}) * {L.KD} + {L.KD - 1} - kd) * {L.KH} + {L.KH - 1} - kh)"
+                f" * {L.KW * L.K} + ({L.KW - 1} - r / {L.C}) * {L.K} + k]")
+    else:
+        read = f"W[((k * {L.KD} + kd) * {L.KH} + kh) * {run} + r]"
     return f"""
 const uint16_t* W = reinterpret_cast<const uint16_t*>(win);
 uint16_t* P = reinterpret_cast<uint16_t*>(wout);
@@ -128,7 +144,7 @@ for (int j = 0; j < {cw}; ++j)
 for (int e = 0; e < 2; ++e) {{
     const int r = 2 * q + e, k = kb * {cw} + j;
     P[((((kb * {L.KD} + kd) * {L.KH} + kh) * {Q} + q) * {cw} + j) * 2 + e] =
-        r < {run} ? W[((k * {L.KD} + kd) * {L.KH} + kh) * {run} + r] : (uint16_t)0;
+        r < {run} ? {read} : (uint16_t)0;
 }}
 """
 
@@ -150,23 +166,24 @@ def tile_of(layer, params):
             largest_divisor(layer.out_channels // LANES, params["NV"]))
 
 
-def dpbf16_sdfg(layer, L, dtype, tile, nv, name):
+def dpbf16_sdfg(layer, L, dtype, tile, nv, name, flip=False):
     """The SDFG of the kernel for ``layer`` (constants ``L``, NDHWC) in ``dtype``
     (bfloat16) with ``tile`` pixels x ``nv`` vectors (:func:`tile_of`), taking the
     unpadded input: pack the filter, pad the input (in bfloat16, where the layer is
-    padded), then one tasklet per tile."""
+    padded), then one tasklet per tile.  ``flip``: a data gradient's transposed layer,
+    whose filter is the original one (:func:`pack_code`)."""
     from impls._common import pad_sdfg
     cw = LANES * nv
     Q = (L.KW * L.C + 1) // 2
     bf = dtype.dace
     sdfg = dace.SDFG(name)
     sdfg.add_array("x", L.xp_shape, bf)
-    sdfg.add_array("w", L.w_shape, bf)
+    sdfg.add_array("w", (L.C, L.KD, L.KH, L.KW, L.K) if flip else L.w_shape, bf)
     sdfg.add_array("y", L.y_shape, bf)
     sdfg.add_array("wpk", (L.K // cw, L.KD, L.KH, Q, cw, 2), bf, transient=True)
     whole = lambda a: dace.Memlet.from_array(a, sdfg.arrays[a])
     pack = sdfg.add_state("pack_filter", is_start_block=True)
-    t = pack.add_tasklet("pack", {"win"}, {"wout"}, pack_code(L, nv, Q),
+    t = pack.add_tasklet("pack", {"win"}, {"wout"}, pack_code(L, nv, Q, flip),
                          language=dace.Language.CPP, code_global=GLOBAL)
     pack.add_edge(pack.add_read("w"), None, t, "win", whole("w"))
     pack.add_edge(t, "wout", pack.add_write("wpk"), None, whole("wpk"))

@@ -106,11 +106,7 @@ register(Implementation(
             group_param(),
             edge_param(),
             inplace_param(),
-            Param("DOT", 1, "bfloat16 on a CPU with AVX512_BF16: 1 the vdpbf16ps kernel "
-                            "(pairs of the reduction per instruction, impls/_dpbf16.py) "
-                            "where the layer allows it, 0 the generic kernel (operands "
-                            "widened to float32)", minimum=0,
-                  check=lambda v: None if v in (0, 1) else "must be 0 or 1")),
+            _dpbf16.dot_param()),
     anisotropic_pad=True,
     registers=registers_of(tile_sizes),
     precisions=ALL_PRECISIONS,

@@ -24,6 +24,7 @@ from impls._blocked import (blocked_source, channel_tiles_outer, cpu_schedule,
                             generated_program, kouter_param, micro_tile, nv_param,
                             channel_block, cblk_param, group_param, edge_param,
                             inplace_param, input_modes, lanes_param, registers_of)
+from impls import _dpbf16
 from impls._common import layer_constants
 from convbench.isa import fit_pixels
 
@@ -55,6 +56,11 @@ def tile_sizes(layer, params):
 def algorithm(layer, dtype, params):
     t = transposed_layer(layer)
     L = layer_constants(t, Layout.NDHWC)
+    if params["DOT"] and not _dpbf16.refusal(t, dtype.name):
+        (db, hb, wb), nv = _dpbf16.tile_of(t, params)
+        return swap_roles(_dpbf16.dpbf16_sdfg(
+            t, L, dtype, (db, hb, wb), nv, f"bwdd_dpbf16_{t.key()}_{db}x{hb}x{wb}x{nv}",
+            flip=True))
     db, hb, wb, nb, nv = tile_sizes(layer, params)
     k_outer = channel_tiles_outer(t, params["KOUTER"])
     pack = packed(layer, params["PACK"])
@@ -109,7 +115,8 @@ register(Implementation(
             cblk_param(),
             group_param(),
             edge_param(),
-            inplace_param()),
+            inplace_param(),
+            _dpbf16.dot_param()),
     supports=supports,
     constraints="stride 1, padding at most kernel - 1",
     anisotropic_pad=True,

@@ -321,26 +321,43 @@ DP_LAYERS = [
 ]
 
 
-def _dp_verify(layer, builds, reference, planted=""):
+#: Data gradients (stride 1) whose transposed layers have 16k output channels: reduction
+#: runs of 72 (even, padded) and 15 (odd, unpadded since pad = k - 1).
+DP_BWD_LAYERS = [
+    Layer("dp_bwd_c16_k24", 1, 16, 24, 6, 7, 9, 3, 3, 3, pad=1),
+    Layer("dp_bwd_c32_k5", 2, 32, 5, 5, 6, 7, 3, 3, 3, pad=2),
+]
+
+
+def _dp_verify(layer, builds, reference, planted="", impl="directConvNDHWCblocked",
+               pass_="fwd"):
     from convbench import registry
-    impl = registry.get("directConvNDHWCblocked")
-    assert _dpbf16.refusal(layer, "bfloat16") == ""
-    spec = toolchain.make_spec(impl, layer, "bfloat16", planted=planted)
-    return verify.verify_build(builds(spec), reference(layer, dtype="bfloat16"))[0]
+    from impls.direct_conv_ndhwc_blocked_bwd_data import transposed_layer
+    kernel = registry.get(impl)
+    assert _dpbf16.refusal(layer if pass_ == "fwd" else transposed_layer(layer), "bfloat16") == ""
+    spec = toolchain.make_spec(kernel, layer, "bfloat16", planted=planted)
+    return verify.verify_build(builds(spec), reference(layer, pass_=pass_, dtype="bfloat16"))[0]
+
+
+DP_CASES = ([(la, "directConvNDHWCblocked", "fwd") for la in DP_LAYERS]
+            + [(la, "directConvNDHWCblockedBwdData", "bwd_data") for la in DP_BWD_LAYERS])
 
 
 @needs_dpbf16
-@pytest.mark.parametrize("layer", [pytest.param(DP_LAYERS[0])]
-                         + [pytest.param(la, marks=pytest.mark.full) for la in DP_LAYERS[1:]],
-                         ids=lambda la: la.name)
-def test_dpbf16_kernel_verifies(layer, builds, reference):
-    result = _dp_verify(layer, builds, reference)
+@pytest.mark.parametrize("layer, impl, pass_",
+                         [pytest.param(*c, id=c[0].name, marks=() if n in (0, 3) else
+                                       pytest.mark.full) for n, c in enumerate(DP_CASES)])
+def test_dpbf16_kernel_verifies(layer, impl, pass_, builds, reference):
+    result = _dp_verify(layer, builds, reference, impl=impl, pass_=pass_)
     assert result.ok, result.summary()
 
 
 @needs_dpbf16
-@pytest.mark.parametrize("plant", ["tail_dropped", "pair_swapped"])
-def test_dpbf16_plants_fail(plant, builds, reference, monkeypatch):
+@pytest.mark.parametrize("plant, case", [("tail_dropped", DP_CASES[0]),
+                                         ("pair_swapped", DP_CASES[0]),
+                                         ("pair_swapped", DP_CASES[4])],
+                         ids=["tail_dropped", "pair_swapped", "pair_swapped_bwd_data"])
+def test_dpbf16_plants_fail(plant, case, builds, reference, monkeypatch):
     """The input pair broadcast with its halves swapped (so it meets the wrong filter
     value), or the odd run's last value left out: both fail."""
     original = _dpbf16.tile_code
@@ -353,7 +370,9 @@ def test_dpbf16_plants_fail(plant, builds, reference, monkeypatch):
             head, _, rest = code.partition("    {\n")  # the lone value's block
             return head + rest[rest.index("\n    }\n") + len("\n    }\n"):]
         monkeypatch.setattr(_dpbf16, "tile_code", no_tail)
-    result = _dp_verify(DP_LAYERS[0], builds, reference, planted=f"dpbf16_{plant}")
+    layer, impl, pass_ = case
+    result = _dp_verify(layer, builds, reference, planted=f"dpbf16_{plant}", impl=impl,
+                        pass_=pass_)
     assert not result.ok, result.summary()
 
 
