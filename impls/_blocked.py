@@ -319,13 +319,22 @@ def input_modes(L, pixel_tile_shape, params, dtype_name="float32"):
                   and reads_in_place(L, pixel_tile_shape, edge))
 
 
-def inplace_param():
+def switch(value) -> "str | None":
+    """The check of a 0/1 parameter."""
+    return None if value in (0, 1) else "must be 0 or 1"
+
+
+def switch_param(name: str, default: int, help_: str):
+    """A parameter that is 0 or 1."""
     from convbench.registry import Param
-    return Param("INPLACE", 1, "1: read the unpadded input where it lies when every tap of "
-                               "every tile reads inside it (tiles one pixel deep and high in "
-                               "padded dimensions, and EDGE bodies); 0: always copy it into "
-                               "a zero-padded buffer first", minimum=0,
-                 check=lambda v: None if v in (0, 1) else "must be 0 or 1")
+    return Param(name, default, help_, minimum=0, check=switch)
+
+
+def inplace_param():
+    return switch_param("INPLACE", 1, "1: read the unpadded input where it lies when every "
+                                      "tap of every tile reads inside it (tiles one pixel "
+                                      "deep and high in padded dimensions, and EDGE bodies); "
+                                      "0: always copy it into a zero-padded buffer first")
 
 
 def blocked_source(L, dtype_name, db, hb, wb, nb, k_outer, flip=False, nv=1, pack=True,

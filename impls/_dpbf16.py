@@ -32,7 +32,7 @@ import dace
 
 from convbench.isa import has_feature
 from convbench.registry import Layout
-from impls._blocked import largest_divisor, pixel_tile, tile_pixels
+from impls._blocked import largest_divisor, pixel_tile, switch_param, tile_pixels
 
 #: float32 lanes of the 512-bit accumulators (and 16-bit pairs per filter vector).
 LANES = 16
@@ -40,12 +40,10 @@ FEATURE = "avx512_bf16"
 
 
 def dot_param():
-    from convbench.registry import Param
-    return Param("DOT", 1, "bfloat16 on a CPU with AVX512_BF16: 1 the vdpbf16ps kernel "
-                           "(pairs of the reduction per instruction, impls/_dpbf16.py) where "
-                           "the layer allows it, 0 the generic kernel (operands widened to "
-                           "float32)", minimum=0,
-                 check=lambda v: None if v in (0, 1) else "must be 0 or 1")
+    return switch_param("DOT", 1, "bfloat16 on a CPU with AVX512_BF16: 1 the vdpbf16ps "
+                                  "kernel (pairs of the reduction per instruction, "
+                                  "impls/_dpbf16.py) where the layer allows it, 0 the generic "
+                                  "kernel (operands widened to float32)")
 
 
 def refusal(layer, dtype_name) -> str:

@@ -52,7 +52,7 @@ from typing import Dict, List, NamedTuple
 from convbench.registry import ALL_PRECISIONS, Implementation, Layout, Pass, Param, register
 from impls._blocked import (channel_vectors, cpu_schedule, generated_program, largest_divisor,
                             map_header, nv_param, signature, lanes_param, tile_registers,
-                            widens)
+                            switch, widens)
 from impls._kernel import Load, Update, reads_input, vector_loops
 from impls._common import layer_constants
 
@@ -472,10 +472,10 @@ register(Implementation(
                               "input channels (FORM 1, of C)"),
             nv_param(),
             Param("TAPW", 1, "1: the kernel's width taps share each dy load in one tile",
-                  minimum=0, check=lambda v: None if v in (0, 1) else "must be 0 or 1"),
+                  minimum=0, check=switch),
             Param("TAPS", 0, "1: the depth and height taps loop inside each output row "
                              "(its dy and x rows stay in cache), 0: they are map dimensions",
-                  minimum=0, check=lambda v: None if v in (0, 1) else "must be 0 or 1"),
+                  minimum=0, check=switch),
             Param("ROWS", 0, "0: each tile sweeps its slice whole; else blocks of ROWS "
                              "output rows (a divisor of the height), each swept by all "
                              "tiles in turn, the slice's partial kept in cache (TAPS unused)",
@@ -486,15 +486,15 @@ register(Implementation(
                                "planes)"),
             Param("KFIRST", 0, "1 (with ROWS): the vector-channel blocks loop outside the "
                                "row blocks, so that a large partial is swept in shares",
-                  minimum=0, check=lambda v: None if v in (0, 1) else "must be 0 or 1"),
+                  minimum=0, check=switch),
             Param("SPLIT", 1, "1: one vector loop per width tap in each output pixel, "
                               "so that only that tap's broadcasts are live at a time; 0: one "
                               "loop for the whole micro-tile",
-                  minimum=0, check=lambda v: None if v in (0, 1) else "must be 0 or 1"),
+                  minimum=0, check=switch),
             Param("FORM", 0, "0: vectors over the output channels (dL/dy), broadcasts of "
                              "x; 1: vectors over the input channels (x), broadcasts of "
                              "dL/dy, so that both operands' cache lines are used whole",
-                  minimum=0, check=lambda v: None if v in (0, 1) else "must be 0 or 1")),
+                  minimum=0, check=switch)),
     anisotropic_pad=True,
     registers=registers,
     precisions=ALL_PRECISIONS,
