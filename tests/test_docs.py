@@ -34,6 +34,24 @@ def test_the_status_table_is_the_results():
         "regenerate it: .venv/bin/convbench status --markdown"
 
 
+def test_status_counts_a_case_as_its_newest_run_found_it(tmp_path):
+    """A sweep run on its own (a subfolder) replaces the full tier's rows of the cases it
+    ran; the full tier's other rows, repeated cases among them, all count."""
+    import json
+    from convbench.commands import status
+    head = "implementation,pass,dtype,set,layer,geometry,batch,target,params,outcome,detail,seconds\n"
+    old = tmp_path / "verify" / "cpu"
+    (old / "sweep").mkdir(parents=True)
+    (old / "coverage.csv").write_text(head + "k,fwd,float16,s,l1,g,1,cpu,,failed,,1\n"
+                                      + "k,fwd,float16,s,l2,g,1,cpu,,verified,,1\n" * 2)
+    (old / "metadata.json").write_text(json.dumps({"date": "2026-11-01 00:00 UTC"}))
+    (old / "sweep" / "coverage.csv").write_text(head + "k,fwd,float16,s,l1,g,1,cpu,,verified,,1\n")
+    (old / "sweep" / "metadata.json").write_text(json.dumps({"date": "2026-11-02 00:00 UTC"}))
+    assert status.cpu_verification(tmp_path)[("k", "fwd", True)] == (3, 0)
+    (old / "sweep" / "metadata.json").write_text(json.dumps({"date": "2026-10-01 00:00 UTC"}))
+    assert status.cpu_verification(tmp_path)[("k", "fwd", True)] == (2, 1)
+
+
 @pytest.mark.parametrize("page", _pages(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_relative_links_resolve(page):
     """Every relative link of the page names a file or folder that exists."""

@@ -222,3 +222,18 @@ def test_script_writes_plots(tmp_path):
             path = tmp_path / "out" / name / png
             assert str(path) in written
             assert path.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_titles_name_the_precision(tmp_path):
+    """A 16-bit run's plots say so (and that it sums in float32); float32's say float32."""
+    from convbench.plots._style import run_title
+    from convbench.plots.reader import RunData
+    for precision, expected in ((None, None), ({"dtype": "float32", "label": "float32",
+                                                "accumulate": "float32"}, "float32"),
+                                ({"dtype": "bfloat16", "label": "bfloat16",
+                                  "accumulate": "float32"}, "bfloat16, sums in float32")):
+        meta = {"implementation": "k", "pass": "fwd", "batch": 2,
+                **({"precision": precision} if precision else {})}
+        run = RunData(tmp_path, meta, {}, {}, [], [], "k")
+        title = run_title(run, "Runtime")
+        assert (expected in title) if expected else "float" not in title, title

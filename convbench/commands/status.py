@@ -3,8 +3,9 @@
     convbench status              # the table, from results/ as committed
     convbench status --markdown   # the same as the Markdown table README.md embeds
 
-Columns: the CPU verification of the full test tier (``results/verify/cpu/coverage.csv``:
-cases verified / failed, float32 apart from float16 and bfloat16), and the latest GPU campaign (``results/gpu/<date>_<device>/
+Columns: the CPU verification of the full test tier (``results/verify/cpu/coverage.csv``,
+and the runs of single sweeps in its subfolders: cases verified / failed, float32 apart
+from float16 and bfloat16), and the latest GPU campaign (``results/gpu/<date>_<device>/
 summary.csv``: cases verified / run, and DaCe's time over the fastest vendor path, cuDNN
 or torch in either memory format, as best-worst over the verified cases).  Nothing is
 measured here: the table only reads result files, so it is as current as they are.
@@ -48,16 +49,46 @@ def latest_campaign(results: Path) -> Optional[Path]:
     return found[-1] if found else None
 
 
+#: What names one case in a coverage table.
+CASE_KEY = ("implementation", "pass", "dtype", "set", "layer", "batch", "target", "params")
+
+
+def coverage_runs(results: Path) -> List[Path]:
+    """The CPU coverage tables: the full tier's (``verify/cpu/coverage.csv``) and those of
+    separate runs in its subfolders (a sweep run on its own), oldest run first."""
+    root = results / "verify" / "cpu"
+    paths = [p for p in [root / "coverage.csv", *sorted(root.glob("*/coverage.csv"))]
+             if p.is_file()]
+
+    def date(path: Path) -> str:
+        meta = path.with_name("metadata.json")
+        return results_date(meta) if meta.is_file() else ""
+    return sorted(paths, key=date)
+
+
+def results_date(meta: Path) -> str:
+    import json
+    try:
+        return str(json.loads(meta.read_text()).get("date", ""))
+    except (OSError, ValueError):
+        return ""
+
+
 def cpu_verification(results: Path) -> Dict[Tuple[str, str, bool], Tuple[int, int]]:
     """(implementation, pass, 16-bit) -> (cases verified, cases failed) on the CPU, the
-    float32 cases apart from the float16 and bfloat16 ones."""
-    path = results / "verify" / "cpu" / "coverage.csv"
+    float32 cases apart from the float16 and bfloat16 ones; a case in several tables
+    counts as the newest of them found it."""
+    latest: Dict[Tuple[str, ...], List[Dict[str, str]]] = {}
+    for path in coverage_runs(results):
+        found: Dict[Tuple[str, ...], List[Dict[str, str]]] = defaultdict(list)
+        for row in _read(path):  # within one table, rows of the same case all count
+            found[tuple(row.get(k, "") for k in CASE_KEY)].append(row)
+        latest.update(found)
     counts: Dict[Tuple[str, str, bool], List[int]] = defaultdict(lambda: [0, 0])
-    if path.is_file():
-        for row in _read(path):
-            if row.get("target") == "cpu" and row.get("outcome") in ("verified", "failed"):
-                half = row.get("dtype", "float32") != "float32"
-                counts[(row["implementation"], row["pass"], half)][row["outcome"] == "failed"] += 1
+    for row in (row for rows in latest.values() for row in rows):
+        if row.get("target") == "cpu" and row.get("outcome") in ("verified", "failed"):
+            half = row.get("dtype", "float32") != "float32"
+            counts[(row["implementation"], row["pass"], half)][row["outcome"] == "failed"] += 1
     return {key: (v[0], v[1]) for key, v in counts.items()}
 
 
@@ -132,11 +163,14 @@ def _main(args, prog: str) -> int:
         print(format_markdown(header, rows, source), end="")
     else:
         print(tables.aligned(header, rows))
-        print(f"CPU: results/verify/cpu/coverage.csv; GPU: results/gpu/{source}/summary.csv")
+        print(f"CPU: results/verify/cpu/coverage.csv and */coverage.csv; GPU: "
+              f"results/gpu/{source}/summary.csv")
     return 0
 
 
 def format_markdown(header, rows, source: str) -> str:
     body = tables.markdown(header, [[f"`{r[0]}`"] + r[1:] for r in rows], "lllllrr")
-    return body + ("\n\nCPU: the full tier's [coverage](results/verify/cpu/coverage.md); "
+    return body + ("\n\nCPU: the full tier's [coverage](results/verify/cpu/coverage.md), and "
+                   "where a sweep ran on its own since, its table in a subfolder of "
+                   "`results/verify/cpu/` (the newest run of a case counts); "
                    f"GPU: [{source}](results/gpu/{source}/README.md).\n")

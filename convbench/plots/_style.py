@@ -54,7 +54,8 @@ def _batch_text(run: RunData) -> str:
 
 
 def run_title(run: RunData, what: str, width: int = 100) -> str:
-    """Two or three title lines: what, implementation and pass; device, layers, batch, timing."""
+    """Two or three title lines: what, implementation and pass; device, layers, precision,
+    batch, timing."""
     meta = run.metadata
     first = f"{what}: {run.implementation}"
     if meta.get("pass"):
@@ -75,6 +76,11 @@ def run_title(run: RunData, what: str, width: int = 100) -> str:
         parts.append(device)
     if meta.get("layer_set"):
         parts.append(f"layer set {meta['layer_set']}")
+    precision = meta.get("precision")
+    if isinstance(precision, dict) and precision.get("label"):
+        parts.append(precision["label"] + (f", sums in {precision['accumulate']}"
+                                           if precision.get("accumulate") not in
+                                           (None, precision.get("dtype")) else ""))
     parts.append(_batch_text(run))
     timing = meta.get("timing")
     if isinstance(timing, dict):
