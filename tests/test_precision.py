@@ -240,6 +240,9 @@ def _sweep_layers():
 
 SWEEP = [Case(name, layer, layer_set, dtype=dtype) for dtype in HALF
          for layer_set, layer in _sweep_layers() for name in SWEEP_IMPLS]
+#: The ALCF conv2d set in float32 too: the set in all three precisions and passes.
+SWEEP += [Case(name, layer, layer_set, dtype="float32") for layer_set, layer in _sweep_layers()
+          if layer_set == "alcf_conv2d" for name in SWEEP_IMPLS]
 
 
 @pytest.mark.parametrize("case", case_params([], SWEEP))
