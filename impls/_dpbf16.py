@@ -21,8 +21,9 @@ to bfloat16 to nearest even (``vcvtneps2bf16``).
 
 **Rounding.**  The products of bfloat16 numbers are exact in float32 and each lane adds
 them in float32, as the widening path does, so the same tolerance holds.  The
-instructions treat subnormal inputs as zero and flush subnormal results; that changes
-only results below 2^-126 in magnitude.
+instructions treat subnormal inputs as zero and flush subnormal results, so layers whose
+operands or results are subnormal (below 2^-126) are not computed exactly as the check
+assumes there.
 
 The tile map is an OpenMP loop like the other blocked kernels'
 (:func:`impls._blocked.cpu_schedule`).

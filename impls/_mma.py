@@ -93,7 +93,8 @@ def check_params(params) -> Optional[str]:
         (NW * WARP <= T.MAX_THREADS, f"{NW} warps = {NW * WARP} threads > {T.MAX_THREADS}"),
         (TM % WARP == 0 and TN % WARP == 0,
          f"block tile {TM} x {TN}: both sides must be multiples of {WARP} (staging)"),
-        (MMA_K % NW == 0, f"{NW} warps must divide the K step of {MMA_K} (staging)"),
+        (MMA_K % NW == 0, f"{NW} warps must divide the K step of {MMA_K} (staging; 8 is "
+                          "TF32's step, and the check does not know the precision)"),
     )
 
 

@@ -19,31 +19,15 @@ layers the contiguous packed stream is faster.  The tuner picks per layer.
 
 import math
 
-from convbench.registry import ALL_PRECISIONS, Implementation, Layer, Layout, Pass, Param, register
+from convbench.registry import ALL_PRECISIONS, Implementation, Layout, Pass, Param, register
 from impls._blocked import (blocked_source, channel_tiles_outer, cpu_schedule,
                             generated_program, kouter_param, micro_tile, nv_param,
                             channel_block, cblk_param, group_param, edge_param,
                             inplace_param, input_modes, lanes_param, registers_of)
 from impls import _dpbf16
 from impls._common import layer_constants
+from impls._transposed import supports, swap_roles, transposed_layer
 from convbench.isa import fit_pixels
-
-
-def transposed_layer(layer: Layer) -> Layer:
-    """The stride-1 forward convolution whose output is dL/dx of ``layer``."""
-    pd, ph, pw = layer.pads
-    return Layer(f"{layer.name}_bwd_data", layer.batch, layer.out_channels, layer.in_channels,
-                 layer.out_d, layer.out_h, layer.out_w, layer.k_d, layer.k_h, layer.k_w,
-                 stride=1, pad=0, pad_d=layer.k_d - 1 - pd, pad_h=layer.k_h - 1 - ph,
-                 pad_w=layer.k_w - 1 - pw)
-
-
-def supports(layer, params):
-    if layer.stride != 1:
-        return f"stride {layer.stride}: only stride 1 is a flipped forward convolution"
-    if any(p > k - 1 for p, k in zip(layer.pads, (layer.k_d, layer.k_h, layer.k_w))):
-        return "padding larger than kernel - 1"
-    return None
 
 
 def tile_sizes(layer, params):
@@ -82,14 +66,6 @@ def packed(layer, pack: int) -> bool:
     if pack != 2:
         return bool(pack)
     return math.prod(layer.filter_shape) < math.prod(layer.output_shape)
-
-
-def swap_roles(sdfg):
-    """The forward program reads its input as x and writes y; the harness passes dL/dy
-    as y and takes dL/dx from x."""
-    for old, new in (("x", "__dy"), ("y", "x"), ("__dy", "y")):
-        sdfg.replace(old, new)
-    return sdfg
 
 
 register(Implementation(

@@ -13,7 +13,7 @@ into the transposed layer's KTRSC order, so the kernel reads it as the forward o
 from convbench.registry import Implementation, Layout, Pass, register
 from impls._blocked import channel_tiles_outer, cpu_schedule, generated_program
 from impls._common import layer_constants
-from impls.direct_conv_ndhwc_blocked_bwd_data import supports, swap_roles, transposed_layer
+from impls._transposed import supports, swap_roles, transposed_layer
 from impls.direct_conv_ndhwc_dot import check_params_dot, dot_source, registers, tile_sizes
 from impls.direct_conv_ndhwc_dot import PARAMS
 

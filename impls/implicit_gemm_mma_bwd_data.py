@@ -14,8 +14,8 @@ import functools
 from convbench.registry import Layout, Pass, register
 from impls import _mma
 from impls import _tiling as T
-from impls.direct_conv_ndhwc_blocked_bwd_data import supports as flipped_supports
-from impls.direct_conv_ndhwc_blocked_bwd_data import swap_roles, transposed_layer
+from impls._transposed import supports as flipped_supports
+from impls._transposed import swap_roles, transposed_layer
 
 
 def algorithm(layer, dtype, params):

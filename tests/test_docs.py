@@ -50,6 +50,11 @@ def test_status_counts_a_case_as_its_newest_run_found_it(tmp_path):
     assert status.cpu_verification(tmp_path)[("k", "fwd", True)] == (3, 0)
     (old / "sweep" / "metadata.json").write_text(json.dumps({"date": "2026-10-01 00:00 UTC"}))
     assert status.cpu_verification(tmp_path)[("k", "fwd", True)] == (2, 1)
+    # a table without a dtype column (before the precisions) holds float32 cases
+    (old / "coverage.csv").write_text(head.replace("dtype,", "") + "k,fwd,s,l1,g,1,cpu,,failed,,1\n")
+    (old / "sweep" / "coverage.csv").write_text(head + "k,fwd,float32,s,l1,g,1,cpu,,verified,,1\n")
+    (old / "sweep" / "metadata.json").write_text(json.dumps({"date": "2026-11-02 00:00 UTC"}))
+    assert status.cpu_verification(tmp_path)[("k", "fwd", False)] == (1, 0)
 
 
 @pytest.mark.parametrize("page", _pages(), ids=lambda p: str(p.relative_to(ROOT)))

@@ -335,7 +335,7 @@ DP_BWD_LAYERS = [
 def _dp_verify(layer, builds, reference, planted="", impl="directConvNDHWCblocked",
                pass_="fwd"):
     from convbench import registry
-    from impls.direct_conv_ndhwc_blocked_bwd_data import transposed_layer
+    from impls._transposed import transposed_layer
     kernel = registry.get(impl)
     assert _dpbf16.refusal(layer if pass_ == "fwd" else transposed_layer(layer), "bfloat16") == ""
     spec = toolchain.make_spec(kernel, layer, "bfloat16", planted=planted)

@@ -377,7 +377,7 @@ def _reads_in_place(case) -> bool:
     from convbench.layouts import Layout
     from impls._blocked import input_modes
     from impls._common import layer_constants
-    from impls.direct_conv_ndhwc_blocked_bwd_data import transposed_layer
+    from impls._transposed import transposed_layer
     impl = case.implementation
     params = case.resolved_params()
     layer = transposed_layer(case.layer) if impl.name == BLOCKED_BWD_DATA else case.layer

@@ -53,6 +53,12 @@ def latest_campaign(results: Path) -> Optional[Path]:
 CASE_KEY = ("implementation", "pass", "dtype", "set", "layer", "batch", "target", "params")
 
 
+def case_key(row: Dict[str, str]) -> Tuple[str, ...]:
+    """The case a coverage row is of (tables older than the precisions have no ``dtype``
+    column: their rows are float32)."""
+    return tuple((row.get(k) or "float32") if k == "dtype" else row.get(k, "") for k in CASE_KEY)
+
+
 def coverage_runs(results: Path) -> List[Path]:
     """The CPU coverage tables: the full tier's (``verify/cpu/coverage.csv``) and those of
     separate runs in its subfolders (a sweep run on its own), oldest run first."""
@@ -82,7 +88,7 @@ def cpu_verification(results: Path) -> Dict[Tuple[str, str, bool], Tuple[int, in
     for path in coverage_runs(results):
         found: Dict[Tuple[str, ...], List[Dict[str, str]]] = defaultdict(list)
         for row in _read(path):  # within one table, rows of the same case all count
-            found[tuple(row.get(k, "") for k in CASE_KEY)].append(row)
+            found[case_key(row)].append(row)
         latest.update(found)
     counts: Dict[Tuple[str, str, bool], List[int]] = defaultdict(lambda: [0, 0])
     for row in (row for rows in latest.values() for row in rows):
