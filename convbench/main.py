@@ -45,6 +45,8 @@ SUBCOMMANDS = {
                     "how far the check's tolerance sits from correct and wrong results"),
     "bench-vs-network": ("convbench.commands.bench_vs_network", {},
                          "per-layer ratios of the CPU bench next to the network's"),
+    "winograd-error": ("convbench.commands.winograd_error", {},
+                       "float32 error of 3D Winograd against the direct sum"),
 }
 
 

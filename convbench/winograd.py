@@ -1,0 +1,113 @@
+"""Winograd minimal filtering F(m, r) for 3D convolution: the transforms from their
+interpolation points, and a float64/float32 reference of the 3D algorithm (numpy).
+
+This is the specification the Winograd kernels are checked against (issue 44), not a
+kernel.  For F(m, r) with ``n = m + r - 1``, a 1D correlation ``y[i] = sum_j d[i + j] g[j]``
+(``i < m``) of an input tile ``d`` of ``n`` values is ``y = A^T [(G g) * (B^T d)]``; in 3D each
+transform is applied along the three axes in turn, and the element-wise products are
+summed over the input channels before the output transform.
+
+The matrices come from the Cook-Toom construction over ``n - 1`` finite points and the
+point at infinity, with exact rational arithmetic: ``A^T[i, j] = p_j^i`` (the last column
+picks the top coefficient), ``G[j, :] = (p_j^0, .., p_j^(r-1)) / prod_{k != j} (p_j - p_k)``,
+and row ``j`` of ``B^T`` the coefficients of ``prod_{k != j} (x - p_k)`` (the last row those of
+``prod_k (x - p_k)``).  :func:`exactness` measures how far a set of matrices is from the
+correlation it claims to compute, so a wrong entry is caught.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import List, Sequence, Tuple
+
+import numpy as np
+
+#: The points of the transforms this project considers, per output tile size m (r = 3):
+#: 0, +-1 for F(2, 3); 0, +-1, +-1/2 for F(4, 3) (small points keep the transforms'
+#: entries, and so their rounding, small).
+POINTS = {2: (0, 1, -1), 4: (0, 1, -1, Fraction(1, 2), Fraction(-1, 2))}
+
+
+def _poly_mul(a: List[Fraction], b: List[Fraction]) -> List[Fraction]:
+    out = [Fraction(0)] * (len(a) + len(b) - 1)
+    for i, x in enumerate(a):
+        for j, y in enumerate(b):
+            out[i + j] += x * y
+    return out
+
+
+def transforms(m: int, r: int = 3, points: Sequence = ()) -> Tuple[np.ndarray, ...]:
+    """``(A^T, G, B^T)`` of F(m, r), shapes ``(m, n)``, ``(n, r)``, ``(n, n)``, from ``n - 1``
+    distinct finite ``points`` (default :data:`POINTS`)."""
+    n = m + r - 1
+    pts = [Fraction(p) for p in (points or POINTS[m])]
+    if len(pts) != n - 1 or len(set(pts)) != n - 1:
+        raise ValueError(f"F({m}, {r}) needs {n - 1} distinct finite points, got {pts}")
+    at = [[p ** i for p in pts] + [Fraction(int(i == m - 1))] for i in range(m)]
+    g = []
+    for j, p in enumerate(pts):
+        scale = Fraction(1)
+        for k, q in enumerate(pts):
+            if k != j:
+                scale *= p - q
+        g.append([p ** i / scale for i in range(r)])
+    g.append([Fraction(int(i == r - 1)) for i in range(r)])
+    bt = []
+    for j in range(n):
+        poly = [Fraction(1)]
+        for k, q in enumerate(pts):
+            if k != j:
+                poly = _poly_mul(poly, [-q, Fraction(1)])
+        bt.append(poly + [Fraction(0)] * (n - len(poly)))
+    return tuple(np.array([[float(v) for v in row] for row in mat]) for mat in (at, g, bt))
+
+
+def exactness(at: np.ndarray, g: np.ndarray, bt: np.ndarray, trials: int = 8,
+              seed: int = 0) -> float:
+    """The largest error, in float64 and relative to the result's scale, of ``A^T[(G g) *
+    (B^T d)]`` against the direct 1D correlation on random tiles: about 1e-16 for correct
+    matrices, order 1 for a wrong entry."""
+    m, n = at.shape
+    r = g.shape[1]
+    rng = np.random.default_rng(seed)
+    worst = 0.0
+    for _ in range(trials):
+        d, w = rng.standard_normal(n), rng.standard_normal(r)
+        y = at @ ((g @ w) * (bt @ d))
+        ref = np.array([d[i:i + r] @ w for i in range(m)])
+        worst = max(worst, float(np.max(np.abs(y - ref)) / np.max(np.abs(ref))))
+    return worst
+
+
+def _along_3_axes(mat: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """``mat`` applied along the last three axes of ``x``."""
+    for axis in (-3, -2, -1):
+        x = np.moveaxis(np.tensordot(x, mat, axes=([axis], [1])), -1, axis)
+    return x
+
+
+def conv3d(x: np.ndarray, w: np.ndarray, m: int = 2, points: Sequence = (),
+           dtype=np.float32) -> np.ndarray:
+    """The valid 3D correlation of ``x`` (N, C, D, H, W; padded already) with ``w`` (K, C,
+    3, 3, 3) by F(m^3, 3^3), every operation in ``dtype`` and the channel sum sequential
+    (as a kernel's accumulator would add them).  Output sizes must be multiples of ``m``."""
+    at, g, bt = (a.astype(dtype) for a in transforms(m, 3, points))
+    n = m + 2
+    N, C, D, H, W = x.shape
+    out = (D - 2, H - 2, W - 2)
+    if any(s % m for s in out):
+        raise ValueError(f"output {out} is not a multiple of the tile {m}")
+    tiles = [s // m for s in out]
+    u = _along_3_axes(g, w.astype(dtype)).astype(dtype)  # K, C, n, n, n
+    d = np.empty((N, C, *tiles, n, n, n), dtype)
+    for a in range(n):
+        for b in range(n):
+            for c in range(n):
+                d[..., a, b, c] = x[:, :, a:a + m * tiles[0]:m, b:b + m * tiles[1]:m,
+                                    c:c + m * tiles[2]:m]
+    v = _along_3_axes(bt, d).astype(dtype)  # N, C, tiles, n, n, n
+    acc = np.zeros((N, w.shape[0], *tiles, n, n, n), dtype)
+    for c in range(C):
+        acc += (v[:, c][:, None] * u[:, c][None, :, None, None, None]).astype(dtype)
+    y = _along_3_axes(at, acc).astype(dtype)  # N, K, tiles, m, m, m
+    return y.transpose(0, 1, 2, 5, 3, 6, 4, 7).reshape(N, w.shape[0], *out)
