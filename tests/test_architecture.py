@@ -38,11 +38,13 @@ def test_no_file_edits_sys_path():
 def test_impls_contract_forbids_every_harness_module_but_the_registry():
     """A new harness module is forbidden to impls/ as soon as it exists: the forbidden
     list must name every module of convbench except the registry, the DaCe library
-    environments (MKL, cuBLAS) that a program's library nodes use, and the CPU's vector
-    ISA that sizes the CPU kernels' tiles."""
+    environments (MKL, cuBLAS) that a program's library nodes use, the CPU's vector
+    ISA that sizes the CPU kernels' tiles, and the Winograd transforms (numpy only) that
+    the Winograd kernels will generate their code from."""
     forbidden = set(_lines(_contracts()["importlinter:contract:impls"]["forbidden_modules"]))
     modules = {f"convbench.{m.name}" for m in pkgutil.iter_modules(convbench.__path__)}
-    allowed = {"convbench.registry", "convbench.environments", "convbench.isa"}
+    allowed = {"convbench.registry", "convbench.environments", "convbench.isa",
+               "convbench.winograd"}
     assert allowed <= modules
     assert forbidden == modules - allowed
 
