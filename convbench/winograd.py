@@ -87,11 +87,13 @@ def _along_3_axes(mat: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 
 def conv3d(x: np.ndarray, w: np.ndarray, m: int = 2, points: Sequence = (),
-           dtype=np.float32) -> np.ndarray:
+           dtype=np.float32, matrices=None) -> np.ndarray:
     """The valid 3D correlation of ``x`` (N, C, D, H, W; padded already) with ``w`` (K, C,
     3, 3, 3) by F(m^3, 3^3), every operation in ``dtype`` and the channel sum sequential
-    (as a kernel's accumulator would add them).  Output sizes must be multiples of ``m``."""
-    at, g, bt = (a.astype(dtype) for a in transforms(m, 3, points))
+    (as a kernel's accumulator would add them).  Output sizes must be multiples of ``m``.
+    ``matrices``: ``(A^T, G, B^T)`` to use instead of :func:`transforms`' (a planted
+    error, or their absolute values for :func:`error_bound`)."""
+    at, g, bt = (a.astype(dtype) for a in (matrices or transforms(m, 3, points)))
     n = m + 2
     N, C, D, H, W = x.shape
     out = (D - 2, H - 2, W - 2)
@@ -111,3 +113,42 @@ def conv3d(x: np.ndarray, w: np.ndarray, m: int = 2, points: Sequence = (),
         acc += (v[:, c][:, None] * u[:, c][None, :, None, None, None]).astype(dtype)
     y = _along_3_axes(at, acc).astype(dtype)  # N, K, tiles, m, m, m
     return y.transpose(0, 1, 2, 5, 3, 6, 4, 7).reshape(N, w.shape[0], *out)
+
+
+def roundings_per_axis(mat: np.ndarray) -> int:
+    """Roundings on the way through one axis of a transform, at most: the additions of a
+    row's nonzero terms, plus two (the constant's own rounding and the product's) where a
+    coefficient is not a power of two (multiplying by one is exact)."""
+    nonzero = np.abs(mat[mat != 0])
+    exact = np.all(np.log2(nonzero) == np.round(np.log2(nonzero)))
+    return int(np.max(np.count_nonzero(mat, axis=1))) - 1 + (0 if exact else 2)
+
+
+def path_roundings(m: int, channels: int, points: Sequence = ()) -> int:
+    """The most roundings any term of an output element of F(m^3, 3^3) goes through in
+    :func:`conv3d`'s order: the filter and input transforms along three axes each, the
+    product, the channel sum (``channels - 1`` additions in sequence), and the output
+    transform along three axes."""
+    at, g, bt = transforms(m, 3, points)
+    return (3 * (roundings_per_axis(g) + roundings_per_axis(bt) + roundings_per_axis(at))
+            + 1 + (channels - 1))
+
+
+def error_bound(x: np.ndarray, w: np.ndarray, m: int = 2, points: Sequence = (),
+                unit_roundoff: float = 2.0 ** -24) -> np.ndarray:
+    """A rigorous bound on each output element's error of F(m^3, 3^3) in a precision of
+    unit roundoff ``u``, per output element: ``gamma_n Y_abs``, with ``n`` =
+    :func:`path_roundings` and ``gamma_n = n u / (1 - n u)``, and ``Y_abs`` the same algorithm in
+    float64 on ``|x|``, ``|w|`` and the transforms' absolute values.
+
+    Each term of the result is a product of input, filter and transform values carried
+    through at most ``n`` roundings, each a factor ``(1 + delta)`` with ``|delta| <= u``;
+    the product of ``n`` such factors lies within ``gamma_n`` of 1 (Higham, Lemma 3.1), so the
+    error is at most ``gamma_n`` times the sum of the terms' magnitudes, which is ``Y_abs``.
+    The order of the sums does not matter, only their depth.  A fused multiply-add
+    rounds once where this counts two."""
+    n = path_roundings(m, x.shape[1], points)
+    gamma = n * unit_roundoff / (1 - n * unit_roundoff)
+    absolute = tuple(np.abs(a) for a in transforms(m, 3, points))
+    return gamma * conv3d(np.abs(x).astype(np.float64), np.abs(w).astype(np.float64), m,
+                          dtype=np.float64, matrices=absolute)

@@ -53,3 +53,38 @@ def test_bad_points_and_sizes_are_refused(capsys):
     assert convbench_main(["winograd-error", "--m", "3"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--m: no points chosen for [3]" in err[0], err
+
+
+def _layer(C, seed=0):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((1, C, 6, 6, 6)).astype(np.float32),
+            rng.standard_normal((8, C, 3, 3, 3)).astype(np.float32))
+
+
+def _exact(x, w):
+    return torch.nn.functional.conv3d(torch.from_numpy(x).double(),
+                                      torch.from_numpy(w).double()).numpy()
+
+
+def test_path_roundings_of_f2():
+    """F(2, 3): G's entries are powers of two (two additions per row), B^T one addition,
+    A^T two: 3 (2 + 1 + 2) + the product + C - 1 channel additions."""
+    assert winograd.path_roundings(2, 16) == 15 + 16
+
+
+@pytest.mark.parametrize("m", sorted(winograd.POINTS))
+def test_float32_winograd_within_its_bound_and_a_dropped_channel_outside(m):
+    x, w = _layer(16)
+    bound = winograd.error_bound(x, w, m)
+    exact = _exact(x, w)
+    assert np.max(np.abs(winograd.conv3d(x, w, m) - exact) / bound) <= 1
+    dropped = winograd.conv3d(x[:, 1:], w[:, 1:], m)  # one channel of 16 left out
+    assert np.max(np.abs(dropped - exact) / bound) > 1
+
+
+def test_a_wrong_transform_entry_fails_the_bound():
+    x, w = _layer(16)
+    at, g, bt = (a.copy() for a in winograd.transforms(2))
+    g[1, 1] *= 1.01  # one filter-transform coefficient 1% off
+    wrong = winograd.conv3d(x, w, 2, matrices=(at, g, bt))
+    assert np.max(np.abs(wrong - _exact(x, w)) / winograd.error_bound(x, w, 2)) > 1

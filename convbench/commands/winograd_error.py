@@ -78,26 +78,34 @@ def _main(argv, prog: str) -> int:
         d_err = direct - exact
         for m in tiles:
             err = winograd.conv3d(x, w, m) - exact
+            bound = winograd.error_bound(x, w, m)
             rows.append({"m": m, "points": " ".join(str(p) for p in winograd.POINTS[m]),
                          "C": C, "K": K, "size": S,
                          "max_err_over_u_l2": float(np.max(np.abs(err) / scale)),
                          "direct_max_err_over_u_l2": float(np.max(np.abs(d_err) / scale)),
                          "rms_over_direct": float(np.sqrt(np.mean(err ** 2))
-                                                  / np.sqrt(np.mean(d_err ** 2)))})
+                                                  / np.sqrt(np.mean(d_err ** 2))),
+                         "roundings": winograd.path_roundings(m, C),
+                         "max_err_over_bound": float(np.max(np.abs(err) / bound))})
             r = rows[-1]
             print(f"F({m}^3, 3^3) C={C:<4} max err {r['max_err_over_u_l2']:8.1f} u||t||  "
                   f"(direct {r['direct_max_err_over_u_l2']:.1f}), RMS {r['rms_over_direct']:.2f}x "
-                  "the direct sum's", flush=True)
+                  f"the direct sum's; {r['max_err_over_bound']:.2g} of the rigorous bound",
+                  flush=True)
     columns = list(rows[0])
     (out / "winograd_error.csv").write_text("\n".join(
         [",".join(columns)] + [",".join(str(r[c]) for c in columns) for r in rows]) + "\n")
     (out / "winograd_error.md").write_text(
-        "Max error per element in units of u ||t||_2, and RMS error over the direct sum's "
-        "(float32, torch conv3d on the CPU).\n\n" + tables.markdown(
-            ["F", "points", "C", "K", "output", "Winograd max", "direct max", "RMS / direct"],
+        "Max error per element in units of u ||t||_2, RMS error over the direct sum's "
+        "(float32, torch conv3d on the CPU), and the worst element's error over the rigorous "
+        "bound gamma_n Y_abs (n roundings per term; convbench.winograd.error_bound).\n\n"
+        + tables.markdown(
+            ["F", "points", "C", "K", "output", "Winograd max", "direct max", "RMS / direct",
+             "n", "max err / bound"],
             [[f"F({r['m']}^3, 3^3)", r["points"], r["C"], r["K"], f"{r['size']}^3",
               f"{r['max_err_over_u_l2']:.1f}", f"{r['direct_max_err_over_u_l2']:.1f}",
-              f"{r['rms_over_direct']:.2f}"] for r in rows], "llrrrrrr") + "\n")
+              f"{r['rms_over_direct']:.2f}", r["roundings"], f"{r['max_err_over_bound']:.2g}"]
+             for r in rows], "llrrrrrrrr") + "\n")
     meta = run_metadata(PROJECT_ROOT, "cpu", None)
     meta.update(kind="winograd_error", seed=args.seed, tiles=tiles, channels=channels,
                 filters=K, size=S)
