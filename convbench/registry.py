@@ -135,6 +135,10 @@ class Implementation:
     default_for: Tuple[str, ...] = ()
     #: The values ``convbench tune`` tries by default, as ``"P=a,b;Q=c"`` (empty: not tuned).
     search_space: str = ""
+    #: ``error_bound(layer, inputs) -> tensor``: a per-element bound on the error of an
+    #: algorithm that does not sum the convolution's products directly (Winograd), which
+    #: its check uses instead of the direct sums' tolerance (inputs in logical layout).
+    error_bound: Optional[Callable[..., Any]] = None
     #: The precisions it builds for, by label (:mod:`convbench.precision`): a storage type
     #: (a 16-bit one means it widens each operand to float32 before multiplying and sums
     #: in float32), or one with its math mode, such as ``float32-tf32``.

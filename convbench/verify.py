@@ -360,7 +360,33 @@ def verify_build(build, truth: GroundTruth, device: str = "cpu",
     out = run_build(build, truth, device)
     if tamper is not None:
         out = tamper(out)
-    return check_output(out, truth, build.spec.dtype, device, cudnn_algo)
+    checks = check_output(out, truth, build.spec.dtype, device, cudnn_algo)
+    bound = build.spec.impl.error_bound
+    if bound is not None:  # its own bound replaces the direct sums' tolerance
+        checks[0] = compare_to_bound(out, truth, bound(truth.layer, truth.inputs))
+    return checks
+
+
+def compare_to_bound(out, truth: GroundTruth, bound, name: str = "torch-fp64") -> Check:
+    """Check ``out`` against the float64 ground truth with a per-element ``bound`` on the
+    error (an implementation's ``error_bound``): err/bound, exact matches passing."""
+    import torch
+    ref = truth.ref.detach().to("cpu", torch.float64)
+    o = out.detach().to("cpu", torch.float64)
+    bound = bound.to(torch.float64).reshape(ref.shape)
+    err = (o - ref).abs()
+    finite = torch.isfinite(o)
+    ratio = torch.where(err == 0, torch.zeros_like(err), err / bound)
+    ratio = torch.where(finite, ratio, torch.full_like(err, math.inf))
+    nonfinite = int((~finite).sum())
+    worst = float(ratio.max()) if ratio.numel() else 0.0
+    max_abs = float(err[finite].max()) if bool(finite.any()) else math.nan
+    max_ref = float(ref.abs().max()) if ref.numel() else 0.0
+    if nonfinite:
+        max_abs = math.nan
+    return Check(reference=name, ok=nonfinite == 0 and worst <= 1.0, max_abs=max_abs,
+                 max_rel=max_abs / max_ref if max_ref > 0 else max_abs, worst_ratio=worst,
+                 nonfinite=nonfinite, numel=o.numel())
 
 
 def check_output(out, truth: GroundTruth, rounding, device: str = "cpu",

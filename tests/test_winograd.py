@@ -66,6 +66,19 @@ def _exact(x, w):
                                       torch.from_numpy(w).double()).numpy()
 
 
+@pytest.mark.parametrize("m", sorted(winograd.POINTS))
+def test_bound_as_one_convolution_is_the_algorithm_on_absolute_values(m):
+    """error_bound computes Y_abs as one strided convolution; it equals the algorithm run
+    on |x|, |w| and the transforms' absolute values."""
+    rng = np.random.default_rng(5)
+    x, w = rng.standard_normal((2, 5, 2 * m + 2, m + 2, 3 * m + 2)), rng.standard_normal((3, 5, 3, 3, 3))
+    n, u = winograd.path_roundings(m, 5), 2.0 ** -24
+    absolute = tuple(np.abs(a) for a in winograd.transforms(m))
+    want = n * u / (1 - n * u) * winograd.conv3d(np.abs(x), np.abs(w), m, dtype=np.float64,
+                                                 matrices=absolute)
+    assert np.max(np.abs(winograd.error_bound(x, w, m) - want) / want) < 1e-12
+
+
 def test_path_roundings_of_f2():
     """F(2, 3): G's entries are powers of two (two additions per row), B^T one addition,
     A^T two: 3 (2 + 1 + 2) + the product + C - 1 channel additions."""
@@ -88,3 +101,43 @@ def test_a_wrong_transform_entry_fails_the_bound():
     g[1, 1] *= 1.01  # one filter-transform coefficient 1% off
     wrong = winograd.conv3d(x, w, 2, matrices=(at, g, bt))
     assert np.max(np.abs(wrong - _exact(x, w)) / winograd.error_bound(x, w, 2)) > 1
+
+
+# -- the kernel (winogradF2) ------------------------------------------------------------------
+
+from convbench import registry, toolchain, verify  # noqa: E402
+from convbench.layers import Layer  # noqa: E402
+from impls import _winograd  # noqa: E402
+
+#: Padded and not, odd channel counts, a tile block that does not fill 4 tiles.
+WINO_LAYERS = [Layer("wg_pad", 2, 5, 12, 6, 4, 10, 3, 3, 3, pad=1),
+               Layer("wg_valid", 1, 16, 64, 6, 8, 8, 3, 3, 3)]
+
+
+@pytest.mark.parametrize("layer", WINO_LAYERS, ids=lambda la: la.name)
+def test_winograd_kernel_verifies_against_its_bound(layer, builds, reference):
+    impl = registry.get("winogradF2")
+    result = verify.verify_build(builds(toolchain.make_spec(impl, layer)), reference(layer))[0]
+    assert result.ok, result.summary()
+
+
+def test_winograd_kernel_with_a_wrong_transform_fails(builds, reference, monkeypatch):
+    """A filter-transform coefficient 1% off in the generated code fails the check."""
+    at, g, bt = (a.copy() for a in winograd.transforms(2))
+    g[1, 1] *= 1.01
+    original = _winograd.global_code
+    monkeypatch.setattr(_winograd, "global_code", lambda matrices=None: original((at, g, bt)))
+    layer = WINO_LAYERS[0]
+    spec = toolchain.make_spec(registry.get("winogradF2"), layer, planted="wrong_transform")
+    result = verify.verify_build(builds(spec), reference(layer))[0]
+    assert not result.ok, result.summary()
+
+
+@pytest.mark.parametrize("layer, words", [
+    (Layer("s2", 1, 4, 8, 8, 8, 8, 3, 3, 3, stride=2, pad=1), "stride"),
+    (Layer("k5", 1, 4, 8, 8, 8, 8, 5, 5, 5), "kernel 5x5x5"),
+    (Layer("odd", 1, 4, 8, 7, 8, 8, 3, 3, 3), "even"),
+])
+def test_winograd_refuses_what_it_cannot_tile(layer, words):
+    reason = registry.get("winogradF2").unsupported_reason(layer, {"TB": 4})
+    assert reason and words in reason, reason
