@@ -30,10 +30,14 @@ def refusal(layer):
         return f"kernel {layer.k_d}x{layer.k_h}x{layer.k_w}: F(2^3, 3^3) needs 3x3x3"
     if any(s != 1 for s in layer.strides):
         return f"stride {layer.strides}: Winograd tiles need stride 1"
-    if any((o % M_OUT) for o in (layer.out_d, layer.out_h, layer.out_w)):
-        return (f"output {layer.out_d}x{layer.out_h}x{layer.out_w}: every output size must "
-                "be even (2x2x2 tiles)")
     return ""
+
+
+def tiles(size: int) -> int:
+    """Output tiles along a dimension of ``size`` outputs (the last one cut short where
+    ``size`` is odd: its input beyond the padded array reads as zero, its output beyond
+    ``size`` is not stored)."""
+    return -(-size // M_OUT)
 
 
 def _matrix(name, mat):
@@ -111,10 +115,15 @@ for (int t = 0; t < {tb}; ++t) {{
     const long tw = (long)twb * {tb} + t;
     for (int a = 0; a < 4; ++a)
     for (int b = 0; b < 4; ++b)
-    for (int e = 0; e < 4; ++e)
-        std::memcpy(patch + ((a * 4 + b) * 4 + e) * {C},
-                    xin + ((((long)n * {L.DP} + 2 * td + a) * {L.HP} + 2 * th + b) * {L.WP}
-                           + 2 * tw + e) * {C}, sizeof(float) * {C});
+    for (int e = 0; e < 4; ++e) {{
+        float* to = patch + ((a * 4 + b) * 4 + e) * {C};
+        const long d = 2 * td + a, h = 2 * th + b, w = 2 * tw + e;
+        if (d < {L.DP} && h < {L.HP} && w < {L.WP})
+            std::memcpy(to, xin + (((n * {L.DP} + d) * {L.HP} + h) * {L.WP} + w) * {C},
+                        sizeof(float) * {C});
+        else  // past the input: a cut-short tile of an odd output size
+            std::memset(to, 0, sizeof(float) * {C});
+    }}
     wg_3d<4, 4>(WG_BT, patch, out, tmp, {C});
     for (int p = 0; p < 64; ++p)
         std::memcpy(V + ((long)p * {tb} + t) * {C}, out + (long)p * {C}, sizeof(float) * {C});
@@ -143,6 +152,7 @@ for (int t = 0; t < {tb}; ++t) {{
     for (int i = 0; i < 2; ++i)
     for (int j = 0; j < 2; ++j)
     for (int l = 0; l < 2; ++l)
+        if (2 * td + i < {L.OD} && 2 * th + j < {L.OH} && 2 * tw + l < {L.OW})
         std::memcpy(yout + ((((long)n * {L.OD} + 2 * td + i) * {L.OH} + 2 * th + j) * {L.OW}
                             + 2 * tw + l) * {K},
                     out + ((i * 2 + j) * 2 + l) * {K}, sizeof(float) * {K});
@@ -159,7 +169,7 @@ def program(layer, L, tb_max=4, matrices=None):
     padded first where the layer is)."""
     from convbench.registry import Layout
     from impls._common import pad_sdfg
-    tw = L.OW // M_OUT
+    tw = tiles(L.OW)
     tb = largest_divisor(tw, tb_max)
     kb = 64 if L.K % 64 == 0 else L.K
     sdfg = dace.SDFG(f"winograd_f2_{layer.key()}_{tb}")
@@ -175,10 +185,10 @@ def program(layer, L, tb_max=4, matrices=None):
                           language=dace.Language.CPP, code_global=glob)
     first.add_edge(first.add_read("w"), None, t, "win", whole("w"))
     first.add_edge(t, "uout", first.add_write("U"), None, whole("U"))
-    tiles = sdfg.add_state_after(first, "tiles")
-    ranges = {"n": f"0:{L.N}", "td": f"0:{L.OD // M_OUT}", "th": f"0:{L.OH // M_OUT}",
+    blocks = sdfg.add_state_after(first, "tiles")
+    ranges = {"n": f"0:{L.N}", "td": f"0:{tiles(L.OD)}", "th": f"0:{tiles(L.OH)}",
               "twb": f"0:{tw // tb}"}
-    tiles.add_mapped_tasklet(
+    blocks.add_mapped_tasklet(
         "tile_block", ranges, {"xin": whole("x"), "uin": whole("U")}, tile_code(L, tb, kb),
         {"yout": whole("y")}, schedule=dace.ScheduleType.CPU_Multicore,
         language=dace.Language.CPP, external_edges=True)
