@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Dict, Iterable
+from typing import Dict, Iterable, List
 
 #: Vector ISAs, widest first, as /proc/cpuinfo names them.
 ISAS = ("avx512f", "avx2", "avx", "sse4_2", "asimd", "neon")
@@ -46,16 +46,21 @@ def widest_of(flags: Iterable[str]) -> str:
     return next((isa for isa in ISAS if isa in flags), "scalar")
 
 
+def cpu_flags() -> List[str]:
+    """This CPU's feature flags as ``/proc/cpuinfo`` names them (x86 ``flags``, Arm
+    ``Features``)."""
+    info = cpuinfo()
+    return (info.get("flags") or info.get("Features") or "").split()
+
+
 def widest_isa() -> str:
     """This CPU's widest vector ISA (``avx512f``, ``avx2``, ... or ``scalar``)."""
-    info = cpuinfo()
-    return widest_of((info.get("flags") or info.get("Features") or "").split())
+    return widest_of(cpu_flags())
 
 
 def has_feature(flag: str) -> bool:
     """Whether this CPU reports ``flag`` (``/proc/cpuinfo``'s name, e.g. ``avx512_bf16``)."""
-    info = cpuinfo()
-    return flag in (info.get("flags") or info.get("Features") or "").split()
+    return flag in cpu_flags()
 
 
 def vector_floats(isa: str = "") -> int:

@@ -19,6 +19,7 @@ CosmoFlow layers), never in a whole transformed tensor.  The transform matrices 
 import dace
 
 from convbench import winograd
+from impls._blocked import largest_divisor
 
 M_OUT, R = 2, 3
 N_IN = M_OUT + R - 1
@@ -158,10 +159,6 @@ for (int t = 0; t < {tb}; ++t) {{
                     out + ((i * 2 + j) * 2 + l) * {K}, sizeof(float) * {K});
 }}
 """
-
-
-def largest_divisor(n, limit):
-    return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)
 
 
 def program(layer, L, tb_max=4, matrices=None):
