@@ -165,9 +165,9 @@ class DaceConv:
         build(**args, **{out_role: out})
         result = from_layout(out, impl.layout, out_role)
         if recorder is not None and recorder.check:
-            from .verify import compare, truth_for
+            from .verify import check_result, truth_for
             reference = truth_for(self.layer, pass_, {r: inputs[r].float() for r in roles})
-            check = compare(result, reference, build.spec.dtype)
+            check = check_result(result, reference, build.spec)
             recorder.checks.append({
                 "layer": self.layer.name, "pass": str(pass_), "implementation": impl.name,
                 "ok": check.ok, "worst_ratio": check.worst_ratio, "max_abs": check.max_abs,

@@ -280,11 +280,18 @@ def compare(out, truth: GroundTruth, rounding, name: str = "torch-fp64",
         if bool(finite.any()):
             max_abs = max(max_abs, float(err[finite].max()))
         max_ref = max(max_ref, float(r.abs().max()))
+    return _check(name, worst, max_abs, max_ref, nonfinite, flat_out.numel())
+
+
+def _check(name: str, worst: float, max_abs: float, max_ref: float, nonfinite: int,
+           numel: int) -> Check:
+    """The :class:`Check` of a comparison: it passes when every element is finite and
+    within its tolerance (``worst`` err/tol at most 1)."""
     if nonfinite:
         max_abs = math.nan
     return Check(reference=name, ok=nonfinite == 0 and worst <= 1.0, max_abs=max_abs,
                  max_rel=max_abs / max_ref if max_ref > 0 else max_abs, worst_ratio=worst,
-                 nonfinite=nonfinite, numel=flat_out.numel())
+                 nonfinite=nonfinite, numel=numel)
 
 
 def program_arrays(impl, layer: Layer, inputs, device: str = "cpu", dtype=None,
@@ -361,9 +368,8 @@ def verify_build(build, truth: GroundTruth, device: str = "cpu",
     if tamper is not None:
         out = tamper(out)
     checks = check_output(out, truth, build.spec.dtype, device, cudnn_algo)
-    bound = build.spec.impl.error_bound
-    if bound is not None:  # its own bound replaces the direct sums' tolerance
-        checks[0] = compare_to_bound(out, truth, bound(truth.layer, truth.inputs))
+    if build.spec.impl.error_bound is not None:  # its own bound replaces the tolerance
+        checks[0] = check_result(out, truth, build.spec)
     return checks
 
 
@@ -378,15 +384,20 @@ def compare_to_bound(out, truth: GroundTruth, bound, name: str = "torch-fp64") -
     finite = torch.isfinite(o)
     ratio = torch.where(err == 0, torch.zeros_like(err), err / bound)
     ratio = torch.where(finite, ratio, torch.full_like(err, math.inf))
-    nonfinite = int((~finite).sum())
     worst = float(ratio.max()) if ratio.numel() else 0.0
     max_abs = float(err[finite].max()) if bool(finite.any()) else math.nan
     max_ref = float(ref.abs().max()) if ref.numel() else 0.0
-    if nonfinite:
-        max_abs = math.nan
-    return Check(reference=name, ok=nonfinite == 0 and worst <= 1.0, max_abs=max_abs,
-                 max_rel=max_abs / max_ref if max_ref > 0 else max_abs, worst_ratio=worst,
-                 nonfinite=nonfinite, numel=o.numel())
+    return _check(name, worst, max_abs, max_ref, int((~finite).sum()), o.numel())
+
+
+def check_result(out, truth: GroundTruth, spec) -> Check:
+    """The ground-truth check of an output of build ``spec`` (logical layout): against its
+    implementation's own error bound where it has one (Winograd), else with the direct
+    sums' tolerance in its precision (:func:`compare`)."""
+    bound = spec.impl.error_bound
+    if bound is not None:
+        return compare_to_bound(out, truth, bound(truth.layer, truth.inputs))
+    return compare(out, truth, spec.dtype)
 
 
 def check_output(out, truth: GroundTruth, rounding, device: str = "cpu",

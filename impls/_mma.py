@@ -286,23 +286,6 @@ def _storage_ctype(sdfg) -> str:
     raise ValueError(f"{sdfg.name}: no fragment array 'fa'")
 
 
-def _const_gather(sdfg):
-    """Make DaCe 1.0.2 cast the gather's input pointer (``xa``, into the flat view of the
-    input): it declares the pointer non-const inside the kernel, whose argument is
-    const, and initialises it without a cast unless the connector's type reads
-    differently.  ``::T`` is the same type as ``T`` in other words (``dace::float32`` is
-    ``float``)."""
-    import copy
-    for node, state in sdfg.all_nodes_recursive():
-        if isinstance(node, dace.nodes.Tasklet) and "xa" in node.in_connectors:
-            edge, = [e for e in state.in_edges(node) if e.dst_conn == "xa"]
-            same = copy.copy(state.parent.arrays[edge.data.data].dtype)
-            # a builtin type has no ``::`` spelling; DaCe names float32 ``dace::float32``
-            same.ctype = same.ctype_unaligned = ("dace::float32" if same.ctype == "float"
-                                                 else f"::{same.ctype}")
-            node.in_connectors["xa"] = dace.pointer(same)
-
-
 def implementation(**fields):
     """The registration of a tensor-core kernel on NDHWC: ``fields`` (name, summary, pass,
     algorithm, supports, constraints) and what every one shares (schedules, parameters,
@@ -337,6 +320,6 @@ def schedule(target: str):
             code = _gpu_mma(_storage_ctype(sdfg), params["fragsM"], params["fragsN"])
             for node in _mma_tasklets(sdfg):
                 node.code = dace.properties.CodeBlock(code, dace.Language.CPP)
-            _const_gather(sdfg)
+            T.const_inputs(sdfg, ("xa",))
 
     return apply

@@ -267,6 +267,25 @@ def _privatize(sdfg, name: str, thread_dims: int):
         raise ValueError(f"no per-thread array '{name}' in {sdfg.name}")
 
 
+def const_inputs(sdfg, connectors):
+    """Make DaCe 1.0.2 cast the pointers of tasklet ``connectors`` that read a whole input
+    array (a gather into the flat view of the input, say): on the GPU it declares such a
+    pointer non-const inside the kernel, whose argument is const, and initialises it
+    without a cast unless the connector's type reads differently.  ``::T`` is the same type
+    as ``T`` in other words (``dace::float32`` is ``float``)."""
+    import copy
+    for node, state in sdfg.all_nodes_recursive():
+        if not isinstance(node, dace.nodes.Tasklet):
+            continue
+        for conn in set(connectors) & set(node.in_connectors):
+            edge, = [e for e in state.in_edges(node) if e.dst_conn == conn]
+            same = copy.copy(state.parent.arrays[edge.data.data].dtype)
+            # a builtin type has no ``::`` spelling; DaCe names float32 ``dace::float32``
+            same.ctype = same.ctype_unaligned = ("dace::float32" if same.ctype == "float"
+                                                 else f"::{same.ctype}")
+            node.in_connectors[conn] = dace.pointer(same)
+
+
 def tiled_schedule(target: str, block: str = "blk_", threads: Sequence[str] = ("ti", "tj"),
                    sequential: Sequence[str] = (), shared: Sequence[str] = (),
                    private: Mapping[str, int] = None) -> Callable:

@@ -341,7 +341,8 @@ def test_blocked_bwd_filter_reads_only_the_input(rows, plant, builds, reference)
     (["--pass", "bwd_data", "--implementation", "implicitGemm"],
      "--pass bwd_data: implicitGemm computes fwd, not bwd_data (implementations of "
      "bwd_data: directConvNCDHWBwdData, directConvNDHWCblockedBwdData, "
-     "directConvNDHWCdotBwdData, implicitGemmBwdData, implicitGemmMMABwdData)"),
+     "directConvNDHWCdotBwdData, implicitGemmBwdData, implicitGemmMMABwdData, "
+     "winogradF2BwdData, winogradF2TiledBwdData)"),
     (["--pass", "fwd", "--implementation", "implicitGemmBwdFilter"],
      "--pass fwd: implicitGemmBwdFilter computes bwd_filter, not fwd"),
 ])

@@ -529,12 +529,13 @@ def test_bench_info_says_why_a_build_is_not_timed():
     assert meta["status"].startswith("skipped") and line == "120 ms, skipped (first call 9.0x torch's)"
     meta, line = info(record("error", "RuntimeError: boom"), call)
     assert meta["status"] == "error: RuntimeError: boom" and "not timed" in line
-    wrong = SimpleNamespace(ok=False, worst_ratio=31.0, summary=lambda: "err/tol 31")
+    wrong = SimpleNamespace(ok=False, worst_ratio=31.0, max_rel=1e-3, summary=lambda: "err/tol 31")
     meta, line = info(record("failed", checks=[wrong]), call)
     assert meta["status"] == "wrong" and line == "WRONG (err/tol 31), not timed"
-    right = SimpleNamespace(ok=True, worst_ratio=0.1, summary=lambda: "err/tol 0.1")
+    right = SimpleNamespace(ok=True, worst_ratio=0.1, max_rel=2e-7, summary=lambda: "err/tol 0.1")
     meta, line = info(record("passed", checks=[right]), call)
     assert line is None and meta["verified"] and meta["first_call_ms"] == 120.0
+    assert meta["max_rel_error"] == 2e-7  # the bench table's error column
 
 
 def test_tune_cpu_stores_the_winner(tmp_path, cachedir, monkeypatch, capsys):

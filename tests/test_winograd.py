@@ -115,22 +115,35 @@ WINO_LAYERS = [Layer("wg_pad", 2, 5, 12, 6, 4, 10, 3, 3, 3, pad=1),
                Layer("wg_odd", 2, 3, 8, 5, 6, 7, 3, 3, 3, pad=1)]   # output 5x6x7
 
 
+WINO_IMPLS = ("winogradF2", "winogradF2BwdData", "winogradF2Tiled", "winogradF2TiledBwdData")
+
+
+@pytest.mark.parametrize("name", WINO_IMPLS)
 @pytest.mark.parametrize("layer", WINO_LAYERS, ids=lambda la: la.name)
-def test_winograd_kernel_verifies_against_its_bound(layer, builds, reference):
-    impl = registry.get("winogradF2")
-    result = verify.verify_build(builds(toolchain.make_spec(impl, layer)), reference(layer))[0]
+def test_winograd_kernel_verifies_against_its_bound(name, layer, builds, reference):
+    impl = registry.get(name)
+    result = verify.verify_build(builds(toolchain.make_spec(impl, layer)),
+                                 reference(layer, pass_=impl.pass_))[0]
     assert result.ok, result.summary()
 
 
-def test_winograd_kernel_with_a_wrong_transform_fails(builds, reference, monkeypatch):
+@pytest.mark.parametrize("name", WINO_IMPLS)
+def test_winograd_kernel_with_a_wrong_transform_fails(name, builds, reference, monkeypatch):
     """A filter-transform coefficient 1% off in the generated code fails the check."""
-    at, g, bt = (a.copy() for a in winograd.transforms(2))
-    g[1, 1] *= 1.01
-    original = _winograd.global_code
-    monkeypatch.setattr(_winograd, "global_code", lambda matrices=None: original((at, g, bt)))
+    original = winograd.transforms
+
+    def wrong(m, r=3, points=()):
+        at, g, bt = (a.copy() for a in original(m, r, points))
+        g[1, 1] *= 1.01
+        return at, g, bt
+
+    impl = registry.get(name)
     layer = WINO_LAYERS[0]
-    spec = toolchain.make_spec(registry.get("winogradF2"), layer, planted="wrong_transform")
-    result = verify.verify_build(builds(spec), reference(layer))[0]
+    spec = toolchain.make_spec(impl, layer, planted="wrong_transform")
+    monkeypatch.setattr(winograd, "transforms", wrong)
+    build = builds(spec)
+    monkeypatch.setattr(winograd, "transforms", original)
+    result = verify.verify_build(build, reference(layer, pass_=impl.pass_))[0]
     assert not result.ok, result.summary()
 
 
@@ -139,5 +152,25 @@ def test_winograd_kernel_with_a_wrong_transform_fails(builds, reference, monkeyp
     (Layer("k5", 1, 4, 8, 8, 8, 8, 5, 5, 5), "kernel 5x5x5"),
 ])
 def test_winograd_refuses_what_it_cannot_tile(layer, words):
-    reason = registry.get("winogradF2").unsupported_reason(layer, {"TB": 4})
+    reason = registry.get("winogradF2").unsupported_reason(layer, {})
     assert reason and words in reason, reason
+
+
+def test_winograd_blocking_follows_the_layer():
+    """Few tiles and many channels: one block of every tile, the filter transformed in the
+    work items and the input once for all of them; many tiles: blocks that fit a
+    thread's cache and the filter transformed once before them."""
+    from convbench.registry import Layout
+    from impls._common import layer_constants
+    params = registry.get("winogradF2").resolve_params()
+    deep = layer_constants(Layer("deep", 2, 256, 512, 8, 8, 8, 3, 3, 3, pad=1), Layout.NDHWC)
+    b = _winograd.blocking(deep, params, threads=2)
+    assert (b.T, b.fuse, b.share) == (_winograd.tile_count(deep), True, True), b
+    assert b.KG == b.KB and 64 * 4 * b.CB * b.KB <= _winograd.FUSED_CHUNK_BYTES, b
+    wide = layer_constants(Layer("wide", 2, 32, 64, 64, 64, 64, 3, 3, 3, pad=1), Layout.NDHWC)
+    b = _winograd.blocking(wide, params, threads=2)
+    assert not b.fuse and not b.share and b.T >= _winograd.TARGET_TILES, b
+    assert 4 * 64 * b.T * (b.CB + b.KG) <= 2 * _winograd.SCRATCH_BYTES, b
+    # what is set is kept
+    b = _winograd.blocking(wide, dict(params, T=12, FUSE=1, NV=2), threads=2)
+    assert (b.T, b.fuse, b.NV) == (12, True, 2), b

@@ -67,8 +67,9 @@ BUDGET_WITH = {"tune": "core"}
 #: the best-ranked first (:func:`convbench.gpuspace.rank`), besides the defaults.  The
 #: plan must fit beside core in 25 device-minutes on the slowest GPU host recorded;
 #: ``implicitGemmNCDHW`` has a space (its resource table) but is not timed: the in-place
-#: variant has its structure without its set-up kernels.
-TUNE_PER_LAYER = {"implicitGemmNCDHWinplace": 3, "implicitGemmsplitK": 2}
+#: variant has its structure without its set-up kernels.  Two per layer each leaves core
+#: room for every implementation (the Winograd GPU programs joined it).
+TUNE_PER_LAYER = {"implicitGemmNCDHWinplace": 2, "implicitGemmsplitK": 2}
 #: Timing of a tune case: fewer samples than core (a ranking, not the reported figure;
 #: the winners are timed again by the next core campaign with the full count).
 TUNE_TIMING = {"iterations": 20, "warmup": 3}

@@ -302,6 +302,9 @@ class Bench:
                          extra={"set": run["set"]})
         generated = self.generated(med)
         best = min(generated, key=generated.get) if generated else None
+        # the measured error of the best and of the fastest direct sum (no bound of its own)
+        direct = {n: t for n, t in generated.items() if not _own_bound(n)}
+        best_direct = min(direct, key=direct.get) if direct else None
         speedups = [rd["median_ms"][best + WIDE] / rd["median_ms"][best] for rd in rounds
                     if best and best + WIDE in rd["median_ms"]] or [math.nan]
         row = {"wide_ms": med.get(f"{best}{WIDE}", math.nan) if self.wide else None,
@@ -312,6 +315,9 @@ class Bench:
                "torch_layout": torch_name, "best": best,
                "best_ms": generated.get(best, math.nan),
                "vendor": {n: med.get(n, math.nan) for n in VENDOR},
+               "error": info.get(best, {}).get("max_rel_error", math.nan),
+               "direct": best_direct,
+               "direct_error": info.get(best_direct, {}).get("max_rel_error", math.nan),
                "ratio": statistics.median(ratios), "ratio_min": min(ratios),
                "ratio_max": max(ratios), "rounds": rounds}
         print(f"  {label}: torch {row['torch']:.2f} ms ({torch_name[6:]}), best DaCe {best} "
@@ -343,11 +349,20 @@ class Bench:
             line = f"ERROR ({record.reason}), not timed"
         elif record.checks:
             check = record.checks[0]
-            info.update(verified=check.ok, err_over_tol=check.worst_ratio)
+            info.update(verified=check.ok, err_over_tol=check.worst_ratio,
+                        max_rel_error=check.max_rel)
             if not check.ok:
                 info["status"] = "wrong"
                 line = f"WRONG ({check.summary()}), not timed"
         return info, line
+
+
+def _own_bound(name: str) -> bool:
+    """Whether implementation ``name`` is checked against an error bound of its own (an
+    algorithm that does not sum the products directly: Winograd)."""
+    from .. import registry
+    impl = registry.all_implementations().get(name)
+    return impl is not None and impl.error_bound is not None
 
 
 def torch_has_fast(dtype: str) -> bool:
@@ -404,14 +419,17 @@ def _rounds_csv(rows) -> str:
 
 def _table(rows, peak, fma, rounds: int = 1, dtype: str = "float32") -> str:
     """The printed table; a 16-bit bench adds the best kernel's float32 build and the
-    speed-up of the 16-bit one over it (medians over the rounds)."""
+    speed-up of the 16-bit one over it (medians over the rounds).  GFLOP/s count the
+    direct sum's 2 C K taps per output (so an algorithm of fewer products, Winograd, can
+    pass the FMA peak).  The error columns: ``max |out - ref| / max |ref|`` against float64
+    of the best and of the fastest direct-sum kernel, on the bench's inputs."""
     wide = dtype != "float32"
     lines = ["| layer | geometry | torch ms (layout) | best DaCe-generated | ms | "
              f"ratio (median of {rounds}) | min-max | GFLOP/s | % of SGEMM peak | "
-             "% of FMA peak | im2colGemm (MKL) ms |"
+             "% of FMA peak | im2colGemm (MKL) ms | best's error | fastest direct sum's error |"
              + (f" same kernel, float32 ms | {dtype} speed-up (median of {rounds}) | min-max |"
                 if wide else ""),
-             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
              + ("---:|---:|---:|" if wide else "")]
     for r in rows:
         gflops = r["layer"].flops() / (r["best_ms"] * 1e-3) / 1e9 if r["best"] else math.nan
@@ -420,7 +438,9 @@ def _table(rows, peak, fma, rounds: int = 1, dtype: str = "float32") -> str:
                      f"({r['torch_layout'][6:]}) | {r['best']} | {r['best_ms']:.2f} | "
                      f"{r['ratio']:.2f} | {r['ratio_min']:.2f}-{r['ratio_max']:.2f} | "
                      f"{gflops:.1f} | {100 * gflops / peak:.0f}% | "
-                     f"{100 * gflops / fma:.0f}% | {vendor:.2f} |"
+                     f"{100 * gflops / fma:.0f}% | {vendor:.2f} | {r['error']:.1e} | "
+                     + (f"{r['direct_error']:.1e} ({r['direct']}) |"
+                        if r["direct"] and r["direct"] != r["best"] else "same |")
                      + (f" {r['wide_ms']:.2f} | {r['speedup']:.2f} | {r['speedup_range'][0]:.2f}-"
                         f"{r['speedup_range'][1]:.2f} |" if wide else ""))
     return "\n".join(lines)

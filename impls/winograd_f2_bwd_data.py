@@ -1,0 +1,24 @@
+"""``winogradF2BwdData``: dL/dx of a stride-1 3x3x3 layer with Winograd F(2^3, 3^3).
+
+dL/dx of a stride-1 layer is the forward convolution of dL/dy with the filter flipped in
+space and its channels swapped (:mod:`impls._transposed`), a 3x3x3 stride-1 convolution
+again, so ``winogradF2``'s kernel computes it.  The flip and the swap happen while the
+filter is transformed, which the kernel does anyway: the original filter's output
+channels are already its innermost dimension, the vector dimension of the transform."""
+
+from convbench.registry import Implementation, Layout, Pass, register
+from impls import _winograd
+from impls._blocked import cpu_schedule
+
+register(Implementation(
+    name="winogradF2BwdData",
+    summary="backward data with 3D Winograd F(2^3, 3^3) (stride 1): winogradF2's kernel on "
+            "dL/dy, the filter flipped and its channels swapped while it is transformed",
+    layout=Layout.NDHWC,
+    pass_=Pass.BWD_DATA,
+    schedules={"cpu": cpu_schedule},
+    params=_winograd.params(),
+    search_space=_winograd.SEARCH_SPACE,
+    registers=_winograd.registers,
+    **_winograd.pass_fields(Pass.BWD_DATA, _winograd.program),
+))

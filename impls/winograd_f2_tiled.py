@@ -1,0 +1,20 @@
+"""``winogradF2Tiled``: 3D Winograd F(2^3, 3^3) as a tiled GPU program (``_winograd_tiled.py``):
+the input transform of a block's tiles in shared memory, each thread's 64 products per
+tile and output channel summed in registers, its output transform.  Its CPU schedule
+runs the same blocks and threads (slowly), so the CPU check verifies what the GPU runs;
+``winogradF2`` is the CPU kernel."""
+
+from convbench.registry import Implementation, Layout, Pass, register
+from impls import _winograd, _winograd_tiled
+
+register(Implementation(
+    name="winogradF2Tiled",
+    summary="3D Winograd F(2^3, 3^3) tiled for the GPU: a block of TT tiles x TK output "
+            "channels, the input transform in shared memory, 64 sums per thread in "
+            "registers, its output transform (CPU: the same blocks, threads in sequence)",
+    layout=Layout.NDHWC,
+    pass_=Pass.FWD,
+    schedules={"cpu": _winograd_tiled.schedule("cpu"), "gpu": _winograd_tiled.schedule("gpu")},
+    params=_winograd_tiled.params(),
+    **_winograd.pass_fields(Pass.FWD, _winograd_tiled.program),
+))
