@@ -37,7 +37,7 @@ from typing import NamedTuple
 import dace
 
 from convbench import winograd
-from convbench.isa import vector_floats, vector_registers
+from convbench.isa import accumulator_budget, vector_floats, vector_registers
 from impls._blocked import largest_divisor
 
 R = 3
@@ -133,7 +133,9 @@ def blocking(L, params, m: int = M_OUT, threads: int = 0) -> Blocking:
     vl = vector_of(L.K)
     nv = largest_divisor(L.K // vl, params["NV"] or default_nv())
     kb = nv * vl
-    rt = params["RT"] or max(1, (vector_registers() - nv - 1) // nv)
+    # the accumulators, the NV filter vectors and a broadcast in the registers
+    rt = params["RT"] or max(1, min((vector_registers() - nv - 1) // nv,
+                                    accumulator_budget() // nv))
     count = tile_count(L, m)
     threads = threads or os.cpu_count() or 1
     if 4 * P * count * kb <= ITEM_BYTES:
@@ -173,7 +175,7 @@ def blocking(L, params, m: int = M_OUT, threads: int = 0) -> Blocking:
 
 def input_parts(b: Blocking) -> int:
     """Parts of a block's tiles in the shared input transform (``SHARE``): up to 8."""
-    return largest_divisor(b.T, 8)
+    return min(b.T, 8)
 
 
 def padded(floats: int) -> int:
@@ -476,12 +478,12 @@ static void wg_input_chunk(const float* x, float* Vs, long tb, long cb, long par
 static void wg_item(const float* x, const float* w, const float* U, const float* Vs, float* y,
                     long tb, long kg) {{
     static thread_local std::vector<float> scratch;
-    const long need = {P * VP} + {KG // KB * P * MP} + 2L * {P * wide} + {27 * UP if b.fuse else 0}
+    const long need = {0 if b.share else P * VP} + {KG // KB * P * MP} + 2L * {P * wide} + {27 * UP if b.fuse else 0}
                       + {P * UP if b.fuse else 0};
     if ((long)scratch.size() < need) scratch.resize(need);
-    float* Vbuf = scratch.data();                  // [P][T][CB]
+    float* Vbuf = scratch.data();                  // [P][T][CB] (SHARE: none)
     const float* V = Vbuf;
-    float* M = scratch.data() + {P * VP};          // [KG / KB][P][T][KB] (+ pad)
+    float* M = scratch.data() + {0 if b.share else P * VP};  // [KG / KB][P][T][KB] (+ pad)
     float* patch = M + {KG // KB * P * MP};               // [P][max(CB, KB)] each
     float* tmp = patch + {P * wide};
     float* g = tmp + {P * wide};                   // FUSE: [CB][27][KB] and [P][CB][KB]
@@ -534,8 +536,9 @@ static void wg_item(const float* x, const float* w, const float* U, const float*
 
 
 def program(layer, L, params, m: int = M_OUT, flip: bool = False, matrices=None, w_shape=None):
-    """The SDFG (see the module): the filter pass unless fused, then the parallel map over
-    work items, the input padded first where the layer is."""
+    """The SDFG (see the module): the filter pass unless fused, the shared input pass where
+    ``SHARE``, then the parallel map over work items.  The kernel reads the unpadded input
+    and treats the border itself."""
     from convbench.registry import Layout
     from convbench.registry import stored_shape
     b = blocking(L, params, m)
@@ -622,12 +625,20 @@ def params():
     )
 
 
-def registers(layer, params):
-    """Accumulator registers of the register block (for the tuner)."""
-    from convbench.registry import Layout
+def registers_of(pass_):
+    """``registers(layer, params)`` for the tuner: the register block's accumulators (for
+    the data gradient, on the transposed layer, whose output channels are ``layer``'s
+    input channels)."""
+    from convbench.registry import Layout, Pass
     from impls._common import layer_constants
-    b = blocking(layer_constants(layer, Layout.NDHWC), params)
-    return b.RT * b.NV * max(1, b.VL // vector_floats())
+    from impls._transposed import transposed_layer
+
+    def registers(layer, params):
+        t = layer if Pass(pass_) == Pass.FWD else transposed_layer(layer)
+        b = blocking(layer_constants(t, Layout.NDHWC), params)
+        return b.RT * b.NV
+
+    return registers
 
 
 def forward_bound(layer, x, w, m: int = M_OUT):

@@ -138,7 +138,7 @@ if (k < {L.K}) {{
     for (int p = 0; p < {P}; ++p) {{
         float s = cin[base + p];
         for (int cc = 0; cc < n; ++cc)
-            s += vv[(p * {TT} + ti) * {CC} + cc] * uu[(p * {L.C} + c0 + cc) * {L.K} + k];
+            s += vv[(p * {TT} + ti) * {CC} + cc] * uu[((long)p * {L.C} + c0 + cc) * {L.K} + k];
         cout[base + p] = s;
     }}
 }}
@@ -267,6 +267,21 @@ def schedule(target: str, transposed: bool = False):
             _tiling.const_inputs(sdfg, ("xa", "wa", "uu", "vv"))
 
     return apply
+
+
+#: The most threads of a CUDA block, and the shared memory a block gets without opting in.
+MAX_THREADS, MAX_SHARED_BYTES = 1024, 48 << 10
+
+
+def check_params(values) -> "str | None":
+    """Why a block of ``TT x TK`` threads with a ``64 x TT x CC`` shared input chunk cannot
+    launch (None where it can)."""
+    threads, shared = values["TT"] * values["TK"], 4 * P * values["TT"] * values["CC"]
+    if threads > MAX_THREADS:
+        return f"TT x TK = {threads} threads per block, more than {MAX_THREADS}"
+    if shared > MAX_SHARED_BYTES:
+        return f"the shared input chunk takes {shared} bytes, more than {MAX_SHARED_BYTES}"
+    return None
 
 
 def params():

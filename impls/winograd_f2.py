@@ -19,6 +19,6 @@ register(Implementation(
     schedules={"cpu": cpu_schedule},
     params=_winograd.params(),
     search_space=_winograd.SEARCH_SPACE,
-    registers=_winograd.registers,
+    registers=_winograd.registers_of(Pass.FWD),
     **_winograd.pass_fields(Pass.FWD, _winograd.program),
 ))

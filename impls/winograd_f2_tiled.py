@@ -16,5 +16,6 @@ register(Implementation(
     pass_=Pass.FWD,
     schedules={"cpu": _winograd_tiled.schedule("cpu"), "gpu": _winograd_tiled.schedule("gpu")},
     params=_winograd_tiled.params(),
+    check_params=_winograd_tiled.check_params,
     **_winograd.pass_fields(Pass.FWD, _winograd_tiled.program),
 ))

@@ -14,5 +14,6 @@ register(Implementation(
     schedules={"cpu": _winograd_tiled.schedule("cpu", transposed=True),
                "gpu": _winograd_tiled.schedule("gpu", transposed=True)},
     params=_winograd_tiled.params(),
+    check_params=_winograd_tiled.check_params,
     **_winograd.pass_fields(Pass.BWD_DATA, _winograd_tiled.program),
 ))

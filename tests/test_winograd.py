@@ -106,6 +106,7 @@ def test_a_wrong_transform_entry_fails_the_bound():
 # -- the kernel (winogradF2) ------------------------------------------------------------------
 
 from convbench import registry, toolchain, verify  # noqa: E402
+from convbench.errors import UsageError  # noqa: E402
 from convbench.layers import Layer  # noqa: E402
 from impls import _winograd  # noqa: E402
 
@@ -174,3 +175,33 @@ def test_winograd_blocking_follows_the_layer():
     # what is set is kept
     b = _winograd.blocking(wide, dict(params, T=12, FUSE=1, NV=2), threads=2)
     assert (b.T, b.fuse, b.NV) == (12, True, 2), b
+
+
+_LANES = __import__("convbench.isa", fromlist=["vector_floats"]).vector_floats()
+
+
+@pytest.mark.parametrize("name", ("winogradF2", "winogradF2BwdData"))
+@pytest.mark.parametrize("params", [
+    # several blocks, the last one part full; two input-channel chunks summed into M; two
+    # register blocks per item; U from the filter pass
+    {"T": 7, "CB": 16, "NV": 1, "KG": 2 * _LANES, "FUSE": 0, "SHARE": 0},
+    # the input transformed once for several blocks, split in parts of tiles
+    {"T": 5, "NV": 1, "FUSE": 0, "SHARE": 1},
+    # filter chunks transformed in the items, several of them
+    {"T": 9, "CB": 16, "NV": 1, "FUSE": 1, "SHARE": 0},
+], ids=("blocks-chunks", "shared", "fused-chunks"))
+def test_winograd_blocking_paths_verify(name, params, builds, reference):
+    """The paths that the default blocking takes only on large layers, on a small one."""
+    impl = registry.get(name)
+    layer = Layer("wg_paths", 2, 32, 4 * _LANES, 6, 6, 8, 3, 3, 3, pad=1)
+    spec = toolchain.make_spec(impl, layer, params=impl.resolve_params(params))
+    result = verify.verify_build(builds(spec), reference(layer, pass_=impl.pass_))[0]
+    assert result.ok, result.summary()
+
+
+def test_winograd_tiled_refuses_blocks_a_gpu_cannot_launch():
+    impl = registry.get("winogradF2Tiled")
+    with pytest.raises(UsageError, match="threads per block"):
+        impl.resolve_params({"TT": 64, "TK": 32})
+    with pytest.raises(UsageError, match="shared input chunk"):
+        impl.resolve_params({"TT": 16, "CC": 16})

@@ -440,7 +440,8 @@ def _table(rows, peak, fma, rounds: int = 1, dtype: str = "float32") -> str:
                      f"{gflops:.1f} | {100 * gflops / peak:.0f}% | "
                      f"{100 * gflops / fma:.0f}% | {vendor:.2f} | {r['error']:.1e} | "
                      + (f"{r['direct_error']:.1e} ({r['direct']}) |"
-                        if r["direct"] and r["direct"] != r["best"] else "same |")
+                        if r["direct"] and r["direct"] != r["best"]
+                        else "same |" if r["direct"] else "- |")
                      + (f" {r['wide_ms']:.2f} | {r['speedup']:.2f} | {r['speedup_range'][0]:.2f}-"
                         f"{r['speedup_range'][1]:.2f} |" if wide else ""))
     return "\n".join(lines)
