@@ -373,21 +373,33 @@ def verify_build(build, truth: GroundTruth, device: str = "cpu",
     return checks
 
 
-def compare_to_bound(out, truth: GroundTruth, bound, name: str = "torch-fp64") -> Check:
+def compare_to_bound(out, truth: GroundTruth, bound, name: str = "torch-fp64",
+                     chunk: int = 1 << 22) -> Check:
     """Check ``out`` against the float64 ground truth with a per-element ``bound`` on the
-    error (an implementation's ``error_bound``): err/bound, exact matches passing."""
+    error (an implementation's ``error_bound``): err/bound, exact matches passing.  Works
+    through ``chunk`` elements at a time, as :func:`compare` does."""
     import torch
-    ref = truth.ref.detach().to("cpu", torch.float64)
-    o = out.detach().to("cpu", torch.float64)
-    bound = bound.to(torch.float64).reshape(ref.shape)
-    err = (o - ref).abs()
-    finite = torch.isfinite(o)
-    ratio = torch.where(err == 0, torch.zeros_like(err), err / bound)
-    ratio = torch.where(finite, ratio, torch.full_like(err, math.inf))
-    worst = float(ratio.max()) if ratio.numel() else 0.0
-    max_abs = float(err[finite].max()) if bool(finite.any()) else math.nan
-    max_ref = float(ref.abs().max()) if ref.numel() else 0.0
-    return _check(name, worst, max_abs, max_ref, int((~finite).sum()), o.numel())
+    flat_ref = truth.ref.detach().reshape(-1)
+    flat_out = out.detach().reshape(-1)
+    flat_bound = bound.detach().reshape(-1)
+    if flat_out.numel() != flat_ref.numel() or flat_bound.numel() != flat_ref.numel():
+        raise ValueError(f"output {tuple(out.shape)} and bound {tuple(bound.shape)} do not "
+                         f"match the reference {tuple(truth.ref.shape)}")
+    nonfinite, max_abs, max_ref, worst = 0, 0.0, 0.0, 0.0
+    for start in range(0, flat_out.numel(), chunk):
+        piece = slice(start, start + chunk)
+        o = flat_out[piece].to("cpu", torch.float64)
+        r = flat_ref[piece].to("cpu", torch.float64)
+        err = (o - r).abs()
+        finite = torch.isfinite(o)
+        nonfinite += int((~finite).sum())
+        ratio = torch.where(err == 0, 0.0, err / flat_bound[piece].to(torch.float64))
+        ratio = torch.where(finite, ratio, math.inf)
+        worst = max(worst, float(ratio.max()))
+        if bool(finite.any()):
+            max_abs = max(max_abs, float(err[finite].max()))
+        max_ref = max(max_ref, float(r.abs().max()))
+    return _check(name, worst, max_abs, max_ref, nonfinite, flat_out.numel())
 
 
 def check_result(out, truth: GroundTruth, spec) -> Check:

@@ -324,3 +324,28 @@ def test_a_case_over_the_cpu_budget_is_deferred_and_counted(monkeypatch):
         verify_case(Case("implicitGemm", big, "odd"), no_build, None, cov)
     assert [r["outcome"] for r in cov.records] == ["deferred"]
     assert "| implicitGemm | fwd | 0 / 0 / 0 (1 deferred) |" in cov.table()
+
+
+def test_compare_to_bound_chunks_and_catches_one_element():
+    """An implementation's own bound (Winograd): one element over it fails, wherever the
+    chunks fall; exact zeros pass with a zero bound; a NaN fails."""
+    import math
+    from types import SimpleNamespace
+
+    import torch
+
+    from convbench.verify import compare_to_bound
+    ref = torch.linspace(-1, 1, 1000, dtype=torch.float64)
+    truth = SimpleNamespace(ref=ref)
+    bound = torch.full_like(ref, 1e-6)
+    bound[0] = 0.0  # exact there
+    out = ref.float().double()
+    assert compare_to_bound(out, truth, bound, chunk=7).ok
+    worse = out.clone()
+    worse[999] += 2e-6
+    check = compare_to_bound(worse, truth, bound, chunk=7)
+    assert not check.ok and math.isclose(check.worst_ratio, 2.0, rel_tol=1e-3), check.summary()
+    assert not compare_to_bound(worse, truth, bound, chunk=1 << 22).ok
+    nan = out.clone()
+    nan[500] = math.nan
+    assert compare_to_bound(nan, truth, bound, chunk=7).nonfinite == 1
