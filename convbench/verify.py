@@ -254,16 +254,8 @@ def compare(out, truth: GroundTruth, rounding, name: str = "torch-fp64",
     l2 = truth.random_inputs and ref is truth.ref
     flat_abs = truth.absref.reshape(-1)
     flat_l2 = truth.l2ref.reshape(-1) if l2 else None
-    nonfinite, max_abs, max_ref, worst = 0, 0.0, 0.0, 0.0
-    for start in range(0, flat_out.numel(), chunk):
-        piece = slice(start, start + chunk)
-        o = flat_out[piece].to(dev, torch.float64)
-        r = flat_ref[piece].to(dev, torch.float64)
-        err = (o - r).abs()
-        finite = torch.isfinite(o)
-        nonfinite += int((~finite).sum())
-        # err/tol, with exact matches passing even where the tolerance is 0 (all terms 0);
-        # non-finite outputs (unwritten NaN poison) get an infinite ratio.
+
+    def tolerance(piece, r):
         bound = flat_abs[piece].to(dev)
         if l2:  # min(||t||_2 + |s|, sum|t|): see the module docstring
             bound = torch.minimum(flat_l2[piece].to(dev) + r.abs(), bound)
@@ -274,24 +266,36 @@ def compare(out, truth: GroundTruth, rounding, name: str = "torch-fp64",
         if rounding.output or rounding.tiny:  # the final store to a coarser format
             tol = (tol * (1 + rounding.output)
                    + slack * (rounding.output * r.abs() + rounding.tiny))
-        ratio = torch.where(err == 0, 0.0, err / tol)
+        return tol
+
+    return _chunked_check(name, flat_out, flat_ref, dev, chunk, tolerance)
+
+
+def _chunked_check(name: str, flat_out, flat_ref, dev, chunk: int, tolerance) -> Check:
+    """The :class:`Check` of ``flat_out`` against ``flat_ref``, ``chunk`` elements at a time
+    in float64 on ``dev``, each element within ``tolerance(piece, ref_piece)``: err/tol,
+    exact matches passing even where the tolerance is 0, non-finite outputs (unwritten
+    NaN poison) failing with an infinite ratio."""
+    import torch
+    nonfinite, max_abs, max_ref, worst = 0, 0.0, 0.0, 0.0
+    for start in range(0, flat_out.numel(), chunk):
+        piece = slice(start, start + chunk)
+        o = flat_out[piece].to(dev, torch.float64)
+        r = flat_ref[piece].to(dev, torch.float64)
+        err = (o - r).abs()
+        finite = torch.isfinite(o)
+        nonfinite += int((~finite).sum())
+        ratio = torch.where(err == 0, 0.0, err / tolerance(piece, r))
         ratio = torch.where(finite, ratio, math.inf)
         worst = max(worst, float(ratio.max()))
         if bool(finite.any()):
             max_abs = max(max_abs, float(err[finite].max()))
         max_ref = max(max_ref, float(r.abs().max()))
-    return _check(name, worst, max_abs, max_ref, nonfinite, flat_out.numel())
-
-
-def _check(name: str, worst: float, max_abs: float, max_ref: float, nonfinite: int,
-           numel: int) -> Check:
-    """The :class:`Check` of a comparison: it passes when every element is finite and
-    within its tolerance (``worst`` err/tol at most 1)."""
     if nonfinite:
         max_abs = math.nan
     return Check(reference=name, ok=nonfinite == 0 and worst <= 1.0, max_abs=max_abs,
                  max_rel=max_abs / max_ref if max_ref > 0 else max_abs, worst_ratio=worst,
-                 nonfinite=nonfinite, numel=numel)
+                 nonfinite=nonfinite, numel=flat_out.numel())
 
 
 def program_arrays(impl, layer: Layer, inputs, device: str = "cpu", dtype=None,
@@ -385,21 +389,9 @@ def compare_to_bound(out, truth: GroundTruth, bound, name: str = "torch-fp64",
     if flat_out.numel() != flat_ref.numel() or flat_bound.numel() != flat_ref.numel():
         raise ValueError(f"output {tuple(out.shape)} and bound {tuple(bound.shape)} do not "
                          f"match the reference {tuple(truth.ref.shape)}")
-    nonfinite, max_abs, max_ref, worst = 0, 0.0, 0.0, 0.0
-    for start in range(0, flat_out.numel(), chunk):
-        piece = slice(start, start + chunk)
-        o = flat_out[piece].to("cpu", torch.float64)
-        r = flat_ref[piece].to("cpu", torch.float64)
-        err = (o - r).abs()
-        finite = torch.isfinite(o)
-        nonfinite += int((~finite).sum())
-        ratio = torch.where(err == 0, 0.0, err / flat_bound[piece].to(torch.float64))
-        ratio = torch.where(finite, ratio, math.inf)
-        worst = max(worst, float(ratio.max()))
-        if bool(finite.any()):
-            max_abs = max(max_abs, float(err[finite].max()))
-        max_ref = max(max_ref, float(r.abs().max()))
-    return _check(name, worst, max_abs, max_ref, nonfinite, flat_out.numel())
+    dev = out.device
+    return _chunked_check(name, flat_out, flat_ref, dev, chunk,
+                          lambda piece, r: flat_bound[piece].to(dev, torch.float64))
 
 
 def check_result(out, truth: GroundTruth, spec) -> Check:

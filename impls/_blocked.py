@@ -122,7 +122,7 @@ def kouter_param():
     from convbench.registry import Param
     return Param("KOUTER", 2, "loop order of the tiles: 1 channel tiles outermost, 0 pixel "
                               "tiles outermost, 2 by operand sizes", minimum=0,
-                 check=lambda v: None if v in (0, 1, 2) else "must be 0, 1 or 2")
+                 check=auto_switch)
 
 
 def map_header(dims, indent):
@@ -234,7 +234,7 @@ def edge_param(default=1):
                                   "of exactly min(PIX, WB, width) pixels (the last one "
                                   "shorter) instead of a divisor of the width; 0 every tile "
                                   "runs the taps of all its pixels", minimum=0,
-                 check=lambda v: None if v in (0, 1, 2) else "must be 0, 1 or 2")
+                 check=auto_switch)
 
 
 def edge_modes(params):
@@ -322,6 +322,11 @@ def input_modes(L, pixel_tile_shape, params, dtype_name="float32"):
 def switch(value) -> "str | None":
     """The check of a 0/1 parameter."""
     return None if value in (0, 1) else "must be 0 or 1"
+
+
+def auto_switch(value) -> "str | None":
+    """The check of a 0/1 parameter with 2 for "chosen per layer"."""
+    return None if value in (0, 1, 2) else "must be 0, 1 or 2"
 
 
 def switch_param(name: str, default: int, help_: str):

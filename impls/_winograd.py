@@ -16,7 +16,8 @@ work item is a block times a group of ``KG`` output channels:
    ``A^T``) into ``y``.
 
 ``V`` and ``M`` live in a thread's scratch buffer, sized by ``T``, ``CB`` and ``KG`` to
-stay in its cache, never as whole transformed tensors.
+stay in its cache; only with ``SHARE`` (one block of all tiles, the deep layers) is the
+block's ``V`` made once in a shared buffer, sized to stay in the last-level cache.
 
 The transformed filter ``U`` is stored in chunks ``[K / KB][C / CB][p][CB][KB]``, one
 contiguous stream per GEMM.  Either a pass before the items computes it once per call
@@ -38,7 +39,7 @@ import dace
 
 from convbench import winograd
 from convbench.isa import accumulator_budget, vector_floats, vector_registers
-from impls._blocked import largest_divisor
+from impls._blocked import auto_switch, largest_divisor
 
 R = 3
 #: The output tile edge of each shipped variant.
@@ -617,11 +618,11 @@ def params():
                           "of a tile block share it; 0: each item transforms its block's "
                           "input; 2: shared where there is one block, split among items by "
                           "output channels, and its transformed input fits SHARED_BYTES", minimum=0,
-              check=lambda v: None if v in (0, 1, 2) else "must be 0, 1 or 2"),
+              check=auto_switch),
         Param("FUSE", 2, "1: each work item transforms the filter chunks it uses; 0: one "
                          "pass transforms the whole filter first; 2: fused where there are "
                          "at most two tile blocks", minimum=0,
-              check=lambda v: None if v in (0, 1, 2) else "must be 0, 1 or 2"),
+              check=auto_switch),
     )
 
 

@@ -20,7 +20,7 @@ layers the contiguous packed stream is faster.  The tuner picks per layer.
 import math
 
 from convbench.registry import ALL_PRECISIONS, Implementation, Layout, Pass, Param, register
-from impls._blocked import (blocked_source, channel_tiles_outer, cpu_schedule,
+from impls._blocked import (auto_switch, blocked_source, channel_tiles_outer, cpu_schedule,
                             generated_program, kouter_param, micro_tile, nv_param,
                             channel_block, cblk_param, group_param, edge_param,
                             inplace_param, input_modes, lanes_param, registers_of)
@@ -86,7 +86,7 @@ register(Implementation(
             Param("PACK", 2, "1: copy the filter into tile order first; 0: read its "
                              "channel vectors in place (no copy, strided filter stream); 2: "
                              "copy it when it is smaller than dL/dy",
-                  minimum=0, check=lambda v: None if v in (0, 1, 2) else "must be 0, 1 or 2"),
+                  minimum=0, check=auto_switch),
             kouter_param(),
             cblk_param(),
             group_param(),
