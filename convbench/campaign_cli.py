@@ -31,7 +31,7 @@ def build_parser():
     p = ArgumentParser(prog=PROG, description="A GPU campaign in one command: pack what the "
                        "offline host lacks, run identity, ceilings, builds, cases, GPU tests, "
                        "roofline and table into a results folder, rehearse it on the CPU.")
-    p.add_argument("--dry-run", action="store_true",
+    p.add_argument("--dry-run", dest="top_dry_run", action="store_true",
                    help="print the plan of `run` (cases, builds, estimated host minutes per "
                    "phase and per call, the device-time budget) and exit")
     _run_flags(p, top=True)
@@ -69,7 +69,8 @@ def build_parser():
 def _run_flags(p, top: bool) -> None:
     """``run``'s flags; at the top level (``--dry-run --tier T``) only those the dry run
     passes on to ``run``, without defaults."""
-    p.add_argument("--tier", default=None if top else "smoke", choices=campaign.TIERS,
+    p.add_argument("--tier", dest="top_tier" if top else "tier", default=None,
+                   choices=campaign.TIERS,
                    help="smoke: one layer per implementation; core: every implementation on "
                    "representative layers plus the best-of set on all 12 CosmoFlow layers; "
                    "full: everything; tune: the GPU search spaces' best-ranked configurations "
@@ -77,10 +78,10 @@ def _run_flags(p, top: bool) -> None:
     space_help = ("the tune tier's resource verdicts (space.json; default "
                   "results/gpu/tune-space/, from `space`)")
     if top:
-        p.add_argument("--target", help=argparse.SUPPRESS)
-        p.add_argument("--space", metavar="DIR", help=space_help)
+        p.add_argument("--target", dest="top_target", help=argparse.SUPPRESS)
+        p.add_argument("--space", dest="top_space", metavar="DIR", help=space_help)
         return
-    p.add_argument("--target", default="gpu", metavar="gpu|cpu",
+    p.add_argument("--target", default=None, metavar="gpu|cpu",
                    help="gpu (default), or cpu: the rehearsal, with CPU builds and torch as "
                    "the reference, and three planted failures")
     p.add_argument("--out", metavar="DIR",
@@ -130,13 +131,32 @@ def main(argv: Optional[List[str]] = None, prog: str = PROG) -> int:
 def _main(argv) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    top = {"--dry-run": args.top_dry_run or None, "--tier": args.top_tier,
+           "--target": args.top_target, "--space": args.top_space}
+    given = [flag for flag, value in top.items() if value is not None]
     if args.command is None:
-        if not args.dry_run:
+        if not args.top_dry_run:
             raise UsageError("give a command: pack, run or unpack (or --dry-run --tier T)")
         # `--dry-run --tier core` at the top level: the plan of `run` with its defaults.
-        args = parser.parse_args(["run", "--dry-run", "--tier", args.tier or "smoke"] +
-                                 (["--target", args.target] if args.target else []) +
-                                 (["--space", args.space] if args.space else []))
+        args = parser.parse_args(["run", "--dry-run"] + [
+            part for flag in ("--tier", "--target", "--space") if top[flag]
+            for part in (flag, top[flag])])
+    elif given and args.command != "run":
+        raise UsageError(f"{', '.join(given)} before `{args.command}`: these are `run`'s "
+                         f"options (give them after the command)")
+    elif args.command == "run":
+        # before `run` they mean what they mean after it (a subcommand's defaults would
+        # otherwise replace them: `--dry-run --tier tune run` ran the smoke tier for real)
+        args.dry_run = args.dry_run or args.top_dry_run
+        for flag, dest in (("--tier", "tier"), ("--target", "target"), ("--space", "space")):
+            if top[flag] is not None and getattr(args, dest) not in (None, top[flag]):
+                raise UsageError(f"{flag} given twice, {top[flag]} before `run` and "
+                                 f"{getattr(args, dest)} after it")
+            if top[flag] is not None:
+                setattr(args, dest, top[flag])
+    if args.command == "run":
+        args.tier = args.tier or "smoke"
+        args.target = args.target or "gpu"
     if args.command == "pack":
         return pack(Path(args.wheels), args.tier, args.out)
     if args.command == "unpack":

@@ -267,6 +267,54 @@ def _privatize(sdfg, name: str, thread_dims: int):
         raise ValueError(f"no per-thread array '{name}' in {sdfg.name}")
 
 
+def kernel_faults(sdfg) -> list:
+    """What in a GPU schedule would run wrong or never finish, as sentences (empty: none).
+
+    * A device-level map inside a kernel: DaCe 1.0.2 launches it as extra grid blocks
+      behind a grid-wide barrier (``cub::GridBarrier``), which deadlocks once the grid has
+      more blocks than the GPU holds at once.
+    * A transient in global memory that only a kernel's inside uses: DaCe allocates it
+      once, outside the kernel, so every block of the grid shares it (a race that the
+      CPU schedule, which allocates it per iteration, cannot show).
+    """
+    faults = []
+    inside = {}  # transient name -> True while every access seen is inside a kernel
+
+    def walk(graph, around):  # around: the kernel map enclosing this nested SDFG, if any
+        for state in graph.states():
+            scope = state.scope_dict()
+            for node in state.nodes():
+                outer, kernel = scope[node], around
+                while outer is not None:
+                    if outer.map.schedule == S.GPU_Device:
+                        kernel = outer
+                    outer = scope[outer]
+                if isinstance(node, nodes.MapEntry) and kernel is not None and \
+                        node.map.schedule in (S.GPU_Device, S.GPU_Persistent):
+                    faults.append(f"map {', '.join(node.map.params)} is a "
+                                  f"{node.map.schedule.name} map inside kernel "
+                                  f"{', '.join(kernel.map.params)}")
+                elif isinstance(node, nodes.AccessNode):
+                    desc = graph.arrays[node.data]
+                    if desc.transient and desc.storage == ST.GPU_Global:
+                        key = (id(graph), node.data)
+                        inside[key] = (node.data, inside.get(key, (0, True))[1]
+                                       and kernel is not None)
+                elif isinstance(node, nodes.NestedSDFG):
+                    walk(node.sdfg, kernel)
+
+    walk(sdfg, None)
+    faults += [f"transient {name} is in global memory but used only inside a kernel: "
+               f"every block shares it" for name, only in sorted(inside.values()) if only]
+    return faults
+
+
+def check_kernels(sdfg) -> None:
+    faults = kernel_faults(sdfg)
+    if faults:
+        raise ValueError(f"GPU schedule of {sdfg.name}: " + "; ".join(faults))
+
+
 def const_inputs(sdfg, connectors):
     """Make DaCe 1.0.2 cast the pointers of tasklet ``connectors`` that read a whole input
     array (a gather into the flat view of the input, say): on the GPU it declares such a
@@ -303,7 +351,9 @@ def tiled_schedule(target: str, block: str = "blk_", threads: Sequence[str] = ("
         if gpu:
             for desc in sdfg.arrays.values():  # arguments, tables, views: device memory
                 desc.storage = ST.GPU_Global
-        top_level = {n for st in sdfg.states() for n in st.nodes()}
+        # maps at the outermost scope of the root SDFG's states: each its own kernel
+        top_level = {n for st in sdfg.states() for n, scope in st.scope_dict().items()
+                     if scope is None}
         for entry in _map_entries(sdfg):
             mp = entry.map
             if mp.params[0].startswith(block):
@@ -323,6 +373,10 @@ def tiled_schedule(target: str, block: str = "blk_", threads: Sequence[str] = ("
             else:  # a small register-tile map inside a thread: unrolled on the GPU
                 mp.schedule = S.Sequential
                 mp.unroll = gpu
+        for names, kind in ((shared, "staging buffer"), (private, "per-thread array")):
+            missing = set(names) - {name for _, name, _ in _transients(sdfg, names)}
+            if missing:  # e.g. renamed by simplify: it would stay in global memory
+                raise ValueError(f"no {kind} {', '.join(sorted(missing))} in {sdfg.name}")
         for _, _, desc in _transients(sdfg, shared):
             desc.storage = ST.GPU_Shared if gpu else ST.Register
             desc.lifetime = dace.AllocationLifetime.Scope
@@ -331,6 +385,7 @@ def tiled_schedule(target: str, block: str = "blk_", threads: Sequence[str] = ("
         if gpu:
             for name, dims in private.items():
                 _privatize(sdfg, name, dims)
+            check_kernels(sdfg)
 
     schedule.__doc__ = (f"{target.upper()} schedule of a tiled program: block map -> "
                         f"{'GPU_Device' if target == 'gpu' else 'CPU_Multicore'}, thread maps -> "

@@ -218,6 +218,13 @@ def program(layer, L, params, flip: bool = False, w_shape=None, matrices=None) -
                     out[0] = acc_in[0, 0, 0]
 
     sdfg = winograd_tiled.to_sdfg(simplify=True)
+    # simplify keeps the input tasklet's output temporary in place of ``Vs``: the schedule
+    # finds the staging buffer by its name
+    staged = {e.data.data for st in sdfg.states() for n in st.nodes()
+              if isinstance(n, dace.nodes.Tasklet) and "vs" in n.out_connectors
+              for e in st.out_edges(n)}
+    if staged != {"Vs"}:
+        sdfg.replace(staged.pop(), "Vs")
     codes = {"filter": filter_code(L, flip, matrices),
              "input": input_code(L, TT, TK, CC, matrices),
              "gemm": gemm_code(L, TT, TK, CC, gpu=False),

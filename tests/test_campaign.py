@@ -347,3 +347,34 @@ def test_index_keeps_the_text_written_by_hand(tmp_path):
     readme.write_text("# no marker\n")
     campaign.update_index(tmp_path)
     assert "no marker" not in readme.read_text()
+
+
+def test_a_busy_gpu_is_named_against_the_recorded_ceilings(tmp_path):
+    """A campaign whose SGEMM ceiling falls well under the same device's recorded ones says
+    so (an H200 read 0.46x after a hung kernel of a killed process); other devices and
+    this campaign's own folder do not count."""
+    import json
+    from convbench.campaign.phases import against_recorded
+    for name, device, peak in (("a", "H200", 51000.0), ("b", "H200", 51400.0),
+                               ("c", "H100", 10.0), ("now", "H200", 1.0)):
+        (tmp_path / name / "identity").mkdir(parents=True)
+        (tmp_path / name / "identity" / "versions.json").write_text(json.dumps({"device": device}))
+        (tmp_path / name / "ceilings.json").write_text(json.dumps({"peak_gflops": peak}))
+    busy = against_recorded({"peak_gflops": 23678.0}, "H200", tmp_path, exclude=tmp_path / "now")
+    assert busy["recorded_campaigns"] == 2 and busy["peak_vs_recorded"] == 0.462
+    assert "likely busy" in busy["warning"]
+    idle = against_recorded({"peak_gflops": 51200.0}, "H200", tmp_path, exclude=tmp_path / "now")
+    assert "warning" not in idle and idle["peak_vs_recorded"] == 1.0
+    assert against_recorded({"peak_gflops": 1.0}, "V100", tmp_path) == {}
+
+
+def test_run_flags_before_the_command_are_kept_or_refused(main):
+    """`--dry-run --tier tune run --target cpu` is a dry run of the tune tier (the
+    subcommand's defaults once replaced both, and a smoke campaign ran for real); a flag
+    given twice with two values, or before another command, is a usage error."""
+    result = main("--dry-run", "--tier", "tune", "run", "--target", "cpu")
+    assert result.returncode == 0, result.stderr
+    assert "run --tier tune" in result.stdout and "[cases]" not in result.stdout
+    assert_usage_error(main("--tier", "tune", "run", "--tier", "core", "--target", "cpu"),
+                       "--tier given twice", "tune", "core")
+    assert_usage_error(main("--dry-run", "unpack", "x.tar.gz"), "--dry-run before `unpack`")

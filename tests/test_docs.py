@@ -57,6 +57,37 @@ def test_status_counts_a_case_as_its_newest_run_found_it(tmp_path):
     assert status.cpu_verification(tmp_path)[("k", "fwd", False)] == (1, 0)
 
 
+def test_status_takes_each_gpu_implementation_from_its_newest_finished_campaign(tmp_path):
+    """Per implementation: the newest campaign that finished its cases, else the newest
+    that ran it (a call cut short still shows the fault it found); tune campaigns never;
+    and a 16-bit case's vendors never divide a float32 kernel's time."""
+    import json
+    from convbench.commands import status
+    head = ("id,impl,layer_set,layer,batch,group,planted,status,dace_ms,cudnn_ms,torch_ms,"
+            "cudnn_other_ms,torch_other_ms,gflop,detail\n")
+
+    def campaign(name, tier, finished, rows):
+        folder = tmp_path / "gpu" / name
+        folder.mkdir(parents=True)
+        (folder / "campaign.json").write_text(json.dumps({"options": {"tier": tier}}))
+        (folder / "state.json").write_text(json.dumps(
+            {"phases": {"cases": {"status": "done" if finished else "partial"}}}))
+        (folder / "summary.csv").write_text(head + "".join(
+            f"{impl}.s.l.b2{suffix},{impl},s,l,2,g,,{st},{dace},{vendor},{vendor},,,1,\n"
+            for impl, suffix, st, dace, vendor in rows))
+
+    campaign("2026-11-01_X", "core", True, [
+        ("implicitGemm", "", "verified", 2.0, 1.0), ("implicitGemmMMA", ".float16", "verified", 0.3, 0.1)])
+    campaign("2026-11-02_X", "core", False, [
+        ("implicitGemm", "", "verified", 9.0, 1.0), ("winogradF2Tiled", "", "timeout", "", "")])
+    campaign("2026-11-03_X_tune", "tune", True, [("implicitGemm", "", "verified", 1.5, 1.0)])
+    got = status.gpu_status(tmp_path)
+    assert got["implicitGemm"] == ((1, 1, [2.0]), "2026-11-01_X")
+    assert got["winogradF2Tiled"] == ((0, 1, []), "2026-11-02_X")
+    assert got["implicitGemmMMA"][0][2] == [pytest.approx(3.0)]
+    assert status.sources(got) == "2026-11-01_X; 2026-11-02_X (winogradF2Tiled)"
+
+
 @pytest.mark.parametrize("page", _pages(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_relative_links_resolve(page):
     """Every relative link of the page names a file or folder that exists."""

@@ -332,6 +332,7 @@ TILED_KERNELS = {
     "directConvNCDHWnobuffer": (False, 4), "directConvNCDHWtileIC": (False, 4),
     "directConvNCDHWmerged": (True, 8), "implicitGemmMMA": (True, 32),
     "implicitGemmMMABwdData": (True, 32),
+    "winogradF2Tiled": (True, 64), "winogradF2TiledBwdData": (True, 64),
 }
 
 
@@ -344,6 +345,44 @@ def _check_tiled_kernel(name, text):
     assert ("__shared__" in text) == staged, name
     assert f"float acc[{per_thread}]" in text, name
     assert "reduce_atomic" not in text and "atomicAdd" not in text, name
+    assert "GridBarrier" not in text, name  # a kernel inside a kernel (kernel_faults)
+
+
+@pytest.mark.parametrize("name", GPU_IMPLS)
+def test_gpu_schedules_have_no_kernel_faults(name, tmp_path):
+    """No GPU schedule nests a device-level map in a kernel (DaCe would launch it behind
+    a grid-wide barrier that deadlocks on a large grid: winogradF2Tiled hung an H200 so)
+    or leaves a kernel's own buffer in global memory, shared by every block.  Code
+    generation without nvcc, so the fast tier sees every GPU program."""
+    from impls._tiling import kernel_faults
+    impl = registry.get(name)
+    spec = toolchain.make_spec(impl, LAYER, target="gpu", dtype=impl.precisions[0])
+    with toolchain.dace_config("gpu", tmp_path):
+        sdfg = toolchain.make_sdfg(spec)
+    assert kernel_faults(sdfg) == []
+
+
+def test_kernel_faults_are_found(tmp_path):
+    """The two faults planted in a sound schedule, each named; and a staging buffer the
+    schedule cannot find by name (simplify renames temporaries) is an error, not a
+    buffer silently left in global memory."""
+    import dace
+    from impls import _tiling
+    spec = toolchain.make_spec(registry.get("winogradF2Tiled"), LAYER, target="gpu")
+    with toolchain.dace_config("gpu", tmp_path):
+        sdfg = toolchain.make_sdfg(spec)
+    for node, _ in sdfg.all_nodes_recursive():
+        if isinstance(node, dace.nodes.MapEntry) and node.map.params == ["c0"]:
+            node.map.schedule = dace.ScheduleType.GPU_Device
+    sdfg.arrays["Vs"].storage = dace.StorageType.GPU_Global
+    faults = _tiling.kernel_faults(sdfg)
+    assert len(faults) == 2, faults
+    assert "map c0 is a GPU_Device map inside kernel blk_" in faults[0]
+    assert "transient Vs is in global memory" in faults[1]
+    with pytest.raises(ValueError, match="GPU schedule of .*: map c0"):
+        _tiling.check_kernels(sdfg)
+    with pytest.raises(ValueError, match="no staging buffer Ws"):
+        _tiling.tiled_schedule("gpu", shared=("Ws",))(sdfg, LAYER, {})
 
 
 @pytest.mark.parametrize("target, added", [

@@ -8,7 +8,8 @@ import shutil
 import subprocess
 import sys
 import time
-from typing import Callable, Dict, List, Sequence
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
 from .folder import _not_measured
 from .plan import Case, ORIGINAL_BATCH
 from .report import best_per_layer
@@ -73,10 +74,46 @@ def measure_ceilings(folder: Folder, target: str) -> dict:
     out.update(ceilings.tensor_core_peaks() if target == "gpu" else
                {"tf32_gflops": None, "fp16_gflops": None,
                 "tensor_method": "not measured: tensor-core GEMM needs a GPU"})
+    if target == "gpu":
+        device = (folder.read_json("identity/versions.json", {}) or {}).get("device")
+        out.update(against_recorded(out, device, folder.root.parent, exclude=folder.root))
     folder.write_json("ceilings.json", out)
     if target == "gpu":
         import torch
         torch.cuda.empty_cache()  # the case workers need the memory, not this process
+    return out
+
+
+#: Below this share of a device's recorded SGEMM ceiling, the GPU is taken to be busy.
+IMPAIRED_SHARE = 0.8
+
+
+def against_recorded(ceilings: dict, device: Optional[str], results_dir: Path,
+                     exclude: Optional[Path] = None) -> dict:
+    """This campaign's SGEMM ceiling over the median of the campaigns in ``results_dir``
+    on the same device, and a warning below :data:`IMPAIRED_SHARE`.  A kernel that hung in
+    an earlier process can keep running on the GPU after its process is killed (an H200
+    read half its SGEMM rate so), and every time measured then is wrong."""
+    import statistics
+    recorded = []
+    for other in sorted(results_dir.glob("*/ceilings.json")):
+        if exclude is not None and other.parent.resolve() == Path(exclude).resolve():
+            continue
+        try:
+            same = json.loads((other.parent / "identity" / "versions.json").read_text())
+            peak = json.loads(other.read_text()).get("peak_gflops")
+        except (OSError, ValueError):
+            continue
+        if device and same.get("device") == device and peak:
+            recorded.append(float(peak))
+    if not recorded or not ceilings.get("peak_gflops"):
+        return {}
+    share = ceilings["peak_gflops"] / statistics.median(recorded)
+    out = {"peak_vs_recorded": round(share, 3), "recorded_campaigns": len(recorded)}
+    if share < IMPAIRED_SHARE:
+        out["warning"] = (f"SGEMM at {share:.2f}x of this device's recorded ceiling "
+                          f"({len(recorded)} campaign(s)): the GPU is likely busy (a hung "
+                          f"kernel of an earlier process?); times of this call are suspect")
     return out
 
 

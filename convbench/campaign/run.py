@@ -211,7 +211,8 @@ def run_campaign(o: Options, say: Callable[[str], None] = print) -> int:
         c = measure_ceilings(folder, o.target)
         return {"detail": f"SGEMM {c['peak_gflops']:.0f} GFLOP/s, copy {c['bandwidth_gbs']:.0f} GB/s"
                 + (f", TF32 {c['tf32_gflops']:.0f}, FP16 {c['fp16_gflops']:.0f} GFLOP/s"
-                   if c.get("tf32_gflops") else ", tensor cores: not measured")}
+                   if c.get("tf32_gflops") else ", tensor cores: not measured")
+                + (f"; WARNING: {c['warning']}" if c.get("warning") else "")}
 
     def cases_phase():
         left = run_cases(folder, cases, build_failures, opts, say, deadline,

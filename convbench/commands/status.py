@@ -43,10 +43,35 @@ def _read(path: Path) -> List[Dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def latest_campaign(results: Path) -> Optional[Path]:
-    """The newest GPU campaign folder with a summary (folders are named ``<date>_<device>``)."""
-    found = sorted(p.parent for p in (results / "gpu").glob("*/summary.csv"))
-    return found[-1] if found else None
+def campaigns(results: Path) -> List[Tuple[Path, bool]]:
+    """The GPU campaign folders with a summary, oldest first (folders are named
+    ``<date>_<device>``), each with whether its cases phase finished; tune campaigns left
+    out."""
+    import json
+    out = []
+    for folder in sorted(p.parent for p in (results / "gpu").glob("*/summary.csv")):
+        def read(name):
+            try:
+                return json.loads((folder / name).read_text())
+            except (OSError, ValueError):
+                return {}
+        if read("campaign.json").get("options", {}).get("tier") == "tune":
+            continue
+        cases = read("state.json").get("phases", {}).get("cases", {})
+        out.append((folder, cases.get("status") == "done"))
+    return out
+
+
+def gpu_status(results: Path) -> Dict[str, Tuple[Tuple[int, int, List[float]], str]]:
+    """implementation -> (:func:`gpu_cases`' counts, campaign name): the newest campaign
+    that ran it to the end of its cases, else the newest that ran it at all (a call cut
+    short covers a few layers, but a fault it found still shows)."""
+    chosen: Dict[str, Tuple[Tuple[int, int, List[float]], str, bool]] = {}
+    for folder, finished in campaigns(results):
+        for impl, counts in gpu_cases(folder).items():
+            if impl not in chosen or finished or not chosen[impl][2]:
+                chosen[impl] = (counts, folder.name, finished)
+    return {impl: (counts, name) for impl, (counts, name, _) in chosen.items()}
 
 
 #: What names one case in a coverage table.
@@ -107,10 +132,13 @@ def gpu_cases(campaign: Optional[Path]) -> Dict[str, Tuple[int, int, List[float]
     rows = [r for r in _read(campaign / "summary.csv") if not r.get("planted")]
     known = registry.all_implementations()
 
-    def problem(row):  # the vendors are timed once per layer, batch and pass
+    def problem(row):  # the vendors are timed once per layer, batch, pass and precision
         impl = known.get(row["impl"])
-        return (row["layer_set"], row["layer"], row["batch"],
-                str(impl.pass_) if impl else row["impl"])
+        if impl is None:
+            return row["layer_set"], row["layer"], row["batch"], row["impl"]
+        parts = row["id"].split(".")  # a precision other than float32 is one part of the id
+        precision = next((p for p in impl.precisions if p in parts), impl.precisions[0])
+        return row["layer_set"], row["layer"], row["batch"], str(impl.pass_), precision
     vendors: Dict[tuple, Dict[str, float]] = defaultdict(dict)
     for row in rows:
         timed = vendors[problem(row)]
@@ -131,8 +159,7 @@ def gpu_cases(campaign: Optional[Path]) -> Dict[str, Tuple[int, int, List[float]
 
 def table(results: Path) -> Tuple[List[str], List[List[str]], str]:
     from .. import registry
-    campaign = latest_campaign(results)
-    cpu, gpu = cpu_verification(results), gpu_cases(campaign)
+    cpu, gpu = cpu_verification(results), gpu_status(results)
     header = ["implementation", "pass", "targets", "CPU: verified / failed",
               "CPU 16-bit: verified / failed", "GPU: verified / run",
               "GPU: DaCe / fastest vendor"]
@@ -143,7 +170,7 @@ def table(results: Path) -> Tuple[List[str], List[List[str]], str]:
     for impl in impls:
         ok, bad = cpu.get((impl.name, str(impl.pass_), False), (0, 0))
         ok16, bad16 = cpu.get((impl.name, str(impl.pass_), True), (0, 0))
-        verified, run, ratios = gpu.get(impl.name, (0, 0, []))
+        (verified, run, ratios), _ = gpu.get(impl.name, ((0, 0, []), ""))
         ratio = (f"{min(ratios):.2f}x" if len(ratios) == 1 else
                  f"{min(ratios):.2f}-{max(ratios):.2f}x") if ratios else ""
         rows.append([impl.name, str(impl.pass_), ", ".join(impl.targets),
@@ -155,8 +182,19 @@ def table(results: Path) -> Tuple[List[str], List[List[str]], str]:
                          "not run" if len(impl.precisions) > 1 else "float32 only"),
                      f"{verified} / {run}" if run else ("not run" if "gpu" in impl.targets
                                                        else "CPU only"), ratio])
-    source = campaign.name if campaign is not None else "none"
-    return header, rows, source
+    return header, rows, sources(gpu)
+
+
+def sources(gpu) -> str:
+    """The campaigns the GPU columns come from: the most used, then any other with the
+    implementations taken from it."""
+    by: Dict[str, List[str]] = defaultdict(list)
+    for impl, (_, name) in sorted(gpu.items()):
+        by[name].append(impl)
+    if not by:
+        return "none"
+    order = sorted(by, key=lambda n: (-len(by[n]), n))
+    return "; ".join([order[0]] + [f"{n} ({', '.join(by[n])})" for n in order[1:]])
 
 
 def _main(args, prog: str) -> int:
@@ -170,7 +208,7 @@ def _main(args, prog: str) -> int:
     else:
         print(tables.aligned(header, rows))
         print(f"CPU: results/verify/cpu/coverage.csv and */coverage.csv; GPU: "
-              f"results/gpu/{source}/summary.csv")
+              f"the summary.csv of results/gpu/{source}")
     return 0
 
 
@@ -179,4 +217,14 @@ def format_markdown(header, rows, source: str) -> str:
     return body + ("\n\nCPU: the full tier's [coverage](results/verify/cpu/coverage.md), and "
                    "where a sweep ran on its own since, its table in a subfolder of "
                    "`results/verify/cpu/` (the newest run of a case counts); "
-                   f"GPU: [{source}](results/gpu/{source}/README.md).\n")
+                   f"GPU: {_links(source)}.\n")
+
+
+def _links(source: str) -> str:
+    if source == "none":
+        return "no campaign"
+    parts = []
+    for part in source.split("; "):
+        name, _, impls = part.partition(" (")
+        parts.append(f"[{name}](results/gpu/{name}/README.md)" + (f" ({impls}" if impls else ""))
+    return "; ".join(parts)
