@@ -135,9 +135,13 @@ class Implementation:
     default_for: Tuple[str, ...] = ()
     #: The values ``convbench tune`` tries by default, as ``"P=a,b;Q=c"`` (empty: not tuned).
     search_space: str = ""
-    #: ``error_bound(layer, inputs) -> tensor``: a per-element bound on the error of an
-    #: algorithm that does not sum the convolution's products directly (Winograd), which
-    #: its check uses instead of the direct sums' tolerance (inputs in logical layout).
+    #: ``error_bound(layer, inputs, tol_factor, random_inputs) -> tensor``: a per-element
+    #: bound on the error of an algorithm that does not sum the convolution's products
+    #: directly (Winograd), which its check uses instead of the direct sums' tolerance
+    #: (inputs in logical layout).  A bound may model its long sums as
+    #: :mod:`convbench.verify` does, with that module's safety factor ``tol_factor`` and,
+    #: where ``random_inputs`` (drawn by the harness, independent and symmetric about zero),
+    #: its l2 form.
     error_bound: Optional[Callable[..., Any]] = None
     #: The precisions it builds for, by label (:mod:`convbench.precision`): a storage type
     #: (a 16-bit one means it widens each operand to float32 before multiplying and sums

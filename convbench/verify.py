@@ -400,7 +400,8 @@ def check_result(out, truth: GroundTruth, spec) -> Check:
     sums' tolerance in its precision (:func:`compare`)."""
     bound = spec.impl.error_bound
     if bound is not None:
-        return compare_to_bound(out, truth, bound(truth.layer, truth.inputs))
+        return compare_to_bound(out, truth, bound(truth.layer, truth.inputs, TOL_FACTOR,
+                                                  random_inputs=truth.random_inputs))
     return compare(out, truth, spec.dtype)
 
 

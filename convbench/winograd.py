@@ -17,6 +17,7 @@ correlation it claims to compute, so a wrong entry is caught.
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 from typing import List, Sequence, Tuple
 
@@ -170,3 +171,93 @@ def error_bound(x, w, m: int = 2, points: Sequence = (),
     N, _, TD, TH, TW = y.shape
     y = y.reshape(N, m, m, m, K, TD, TH, TW).permute(0, 4, 5, 1, 6, 2, 7, 3)
     return (gamma * y.reshape(N, K, TD * m, TH * m, TW * m)).numpy()
+
+
+def filter_gradient_bound(x, dy, tol_factor: float, random_inputs: bool = False,
+                          unit_roundoff: float = 2.0 ** -24, chunk: int = 4):
+    """A bound on each element's error of the filter gradient by F(3^3, 2^3) (the kernel
+    ``winogradF2BwdFilter``): ``dw = G^T [sum_t (A dy_t) * (B^T x_t)]``, the sum over the
+    tiles ``t`` before ``G^T``.  ``x`` (N, C, D, H, W; padded, sizes two more than ``dy``'s)
+    and ``dy`` (N, K, OD, OH, OW; even sizes), torch or numpy; result (K, C, 3, 3, 3),
+    float64.
+
+    Per transform point, ``P_t = (A dy_t) (B^T x_t)`` are the sum's terms and ``M`` their
+    sum; ``S = sum_t (|A| |dy_t|) (|B^T| |x_t|)`` bounds ``sum_t |P_t|``.  The bound is
+    ``|G^T| [gamma_n S + tol_factor sqrt(T) u E]`` along three axes, where ``n`` counts the
+    roundings of a term outside the sum, worst case (dy's and x's transforms, the product,
+    ``G^T``), and the ``T``-term sum over the tiles gets :mod:`convbench.verify`'s model of
+    a long sum, with its safety factor ``tol_factor`` (``convbench.verify.TOL_FACTOR``):
+    ``E = min(||P||_2 + |M|, S)`` for ``random_inputs`` (the harness's: the
+    terms of different tiles are then independent with mean zero, since the tiles' dy
+    values are disjoint), else ``E = S``.  The worst case, ``(T - 1) u S``, would over
+    65,536 tiles let a gradient that misses 1% of them pass."""
+    import torch
+    at, g, bt = transforms(2, 3)
+    a, gt = at.T, g.T
+    n = 3 * (roundings_per_axis(a) + roundings_per_axis(bt) + roundings_per_axis(gt)) + 1
+    u = unit_roundoff
+    xs = torch.as_tensor(x).to(torch.float64)
+    ds = torch.as_tensor(dy).to(torch.float64)
+    N, K, OD, OH, OW = ds.shape
+    if any(s % 2 for s in (OD, OH, OW)) or tuple(xs.shape[2:]) != (OD + 2, OH + 2, OW + 2):
+        raise ValueError(f"x {tuple(xs.shape)} and dy {tuple(ds.shape)}: dy needs even sizes "
+                         "and x two more along each")
+    C = xs.shape[1]
+    A, BT, GT = (torch.from_numpy(mat) for mat in (a, bt, gt))
+    sums = {k: torch.zeros(64, K, C, dtype=torch.float64) for k in ("abs", "sq", "signed")}
+
+    def transformed(mat, t, channels):
+        return torch.einsum("pa,qb,rc,nxtuvabc->pqrnxtuv", mat, mat, mat, t).reshape(
+            64, N, channels, -1)
+
+    for d0 in range(0, OD // 2, chunk):  # slabs of tile planes: bounded memory
+        d1 = min(OD // 2, d0 + chunk)
+        xt = xs[:, :, 2 * d0:2 * d1 + 2].unfold(2, 4, 2).unfold(3, 4, 2).unfold(4, 4, 2)
+        dt = ds[:, :, 2 * d0:2 * d1].unfold(2, 2, 2).unfold(3, 2, 2).unfold(4, 2, 2)
+        sums["abs"] += torch.einsum("pnkt,pnxt->pkx", transformed(A.abs(), dt.abs(), K),
+                                    transformed(BT.abs(), xt.abs(), C))
+        if random_inputs:
+            dv, xv = transformed(A, dt, K), transformed(BT, xt, C)
+            sums["sq"] += torch.einsum("pnkt,pnxt->pkx", dv * dv, xv * xv)
+            sums["signed"] += torch.einsum("pnkt,pnxt->pkx", dv, xv)
+    tiles = N * (OD // 2) * (OH // 2) * (OW // 2)
+    s = sums["abs"]
+    e = torch.minimum(sums["sq"].sqrt() + sums["signed"].abs(), s) if random_inputs else s
+    gamma = n * u / (1 - n * u)
+    inner = (gamma * s + tol_factor * math.sqrt(tiles) * u * e).reshape(4, 4, 4, K, C)
+    return torch.einsum("ap,bq,er,pqrkx->kxabe", GT.abs(), GT.abs(), GT.abs(), inner).numpy()
+
+
+def adjoint_error_bound(dy, w, out_shape, pads, unit_roundoff: float = 2.0 ** -24):
+    """A bound on each element's error of dL/dx by the forward F(2^3, 3^3)'s adjoint (the
+    kernel ``winogradF2BwdDataAdjoint``): per forward tile, ``B [sum_k U_k (A dy_k)]`` added
+    into dL/dx where the 4^3 patches overlap.  ``dy`` (N, K, OD, OH, OW), ``w`` (K, C, 3, 3,
+    3), ``out_shape`` dL/dx's (D, H, W), ``pads`` the forward layer's; float64 (N, C, D, H,
+    W).
+
+    ``gamma_n Y_abs`` as for the forward (:func:`error_bound`): ``n`` counts the filter's,
+    dy's and the patch's transforms, the product, the ``K - 1`` additions over the output
+    channels and the 7 that add up to eight overlapping patches; ``Y_abs`` is the same
+    algorithm in float64 on absolute values, computed as one transposed convolution of
+    dy's tiles (8 K channels) with the composed kernel at stride 2."""
+    import torch
+    at, g, bt = transforms(2, 3)
+    a, b = at.T, bt.T
+    wa = torch.as_tensor(w).to(torch.float64).abs()
+    da = torch.as_tensor(dy).to(torch.float64).abs()
+    K, C = wa.shape[:2]
+    n = 3 * (roundings_per_axis(g) + roundings_per_axis(a) + roundings_per_axis(b)) + 1 \
+        + (K - 1) + 7
+    gamma = n * unit_roundoff / (1 - n * unit_roundoff)
+    G, A, B = (torch.from_numpy(np.abs(mat)) for mat in (g, a, b))
+    u = torch.einsum("ad,be,cf,kxdef->kxabc", G, G, G, wa)
+    # kern[k, o, c, q] = sum_p |B|[q, p] |U|[k, c, p] |A|[p, o] (o: a tile's pixel)
+    kern = torch.einsum("qa,rb,sc,kxabc,ai,bj,cl->kijlxqrs", B, B, B, u, A, A, A)
+    kern = kern.reshape(K * 8, C, 4, 4, 4)
+    N, _, OD, OH, OW = da.shape
+    da = torch.nn.functional.pad(da, (0, OW % 2, 0, OH % 2, 0, OD % 2))
+    TD, TH, TW = (-(-s // 2) for s in (OD, OH, OW))
+    tiles = da.reshape(N, K, TD, 2, TH, 2, TW, 2).permute(0, 1, 3, 5, 7, 2, 4, 6)
+    y = torch.nn.functional.conv_transpose3d(tiles.reshape(N, K * 8, TD, TH, TW), kern, stride=2)
+    (D, H, W), (pd, ph, pw) = out_shape, pads
+    return (gamma * y[:, :, pd:pd + D, ph:ph + H, pw:pw + W]).numpy()

@@ -63,10 +63,12 @@ class Blocking(NamedTuple):
     share: bool
 
 
-def refusal(layer, m: int = M_OUT):
-    """Why F(m^3, 3^3) does not compute ``layer`` ("" where it does)."""
+def refusal(layer, m: int = M_OUT, algorithm: str = ""):
+    """Why F(m^3, 3^3) (or ``algorithm``, by name) does not compute ``layer`` ("" where
+    it does)."""
     if (layer.k_d, layer.k_h, layer.k_w) != (R, R, R):
-        return f"kernel {layer.k_d}x{layer.k_h}x{layer.k_w}: F({m}^3, 3^3) needs 3x3x3"
+        return (f"kernel {layer.k_d}x{layer.k_h}x{layer.k_w}: {algorithm or f'F({m}^3, 3^3)'} "
+                "needs 3x3x3")
     if any(s != 1 for s in layer.strides):
         return f"stride {layer.strides}: Winograd tiles need stride 1"
     if any(d != 1 for d in layer.dilations):
@@ -184,6 +186,50 @@ def padded(floats: int) -> int:
     one cache line: strides of a multiple of 4 KiB would put the 64 points of a transform
     in one set of the L1 cache."""
     return floats + 16
+
+
+def vector_code(vl: int) -> str:
+    """The C++ every Winograd kernel starts with: the vector types of ``vl`` floats, the
+    in-register transposition and the transform passes."""
+    return "\n".join([f"typedef float wg_v __attribute__((vector_size({4 * vl})));",
+                      f"typedef float wg_vu __attribute__((vector_size({4 * vl}), aligned(4)));",
+                      f"static constexpr int VL = {vl};", transpose_code(vl), PASSES])
+
+
+def micro_code(name: str, nv: int, vl: int, row_b: int, step_b: int, step_v: int,
+               row_m: int) -> str:
+    """``name<RR>(b, v, m, n, add)``: the register-blocked GEMM step of every Winograd
+    kernel, ``m[r][NV VL] (+)= sum_{j < n} b[r row_b + j step_b] v[j step_v + .]`` for ``RR``
+    rows: ``RR x nv`` accumulator vectors, one broadcast of ``b`` per row and reduction
+    step, ``nv`` vectors of ``v`` per step.  ``add``: start from ``m`` instead of zeros.
+    Inlined where it is called, so a constant ``n`` or ``add`` folds there."""
+    return f"""
+template <int RR>
+static inline __attribute__((always_inline)) void {name}(
+        const float* __restrict b, const float* __restrict v, float* __restrict m, int n,
+        bool add) {{
+    wg_v acc[RR][{nv}];
+    #pragma GCC unroll 32
+    for (int r = 0; r < RR; ++r)
+        #pragma GCC unroll 8
+        for (int q = 0; q < {nv}; ++q)
+            acc[r][q] = add ? *(const wg_vu*)(m + (long)r * {row_m} + q * {vl}) : (wg_v){{}};
+    for (int j = 0; j < n; ++j) {{
+        wg_v w[{nv}];
+        #pragma GCC unroll 8
+        for (int q = 0; q < {nv}; ++q) w[q] = *(const wg_vu*)(v + (long)j * {step_v} + q * {vl});
+        #pragma GCC unroll 32
+        for (int r = 0; r < RR; ++r) {{
+            const wg_v s = (wg_v){{}} + b[(long)r * {row_b} + (long)j * {step_b}];
+            #pragma GCC unroll 8
+            for (int q = 0; q < {nv}; ++q) acc[r][q] += s * w[q];
+        }}
+    }}
+    #pragma GCC unroll 32
+    for (int r = 0; r < RR; ++r)
+        #pragma GCC unroll 8
+        for (int q = 0; q < {nv}; ++q) *(wg_vu*)(m + (long)r * {row_m} + q * {vl}) = acc[r][q];
+}}"""
 
 
 def _matrix(name, mat):
@@ -364,18 +410,14 @@ def global_code(L, b: Blocking, m: int = M_OUT, flip: bool = False, matrices=Non
     rem = T % RT
     micro_calls = f"""
             for (int t = 0; t + {RT} <= {T}; t += {RT})
-                wg_micro<{RT}>(Vp + (long)t * {CB}, up, Mp + (long)t * {KB}, add);"""
+                wg_micro<{RT}>(Vp + (long)t * {CB}, up, Mp + (long)t * {KB}, {CB}, add);"""
     if rem:
         micro_calls += f"""
-            wg_micro<{rem}>(Vp + (long)({T - rem}) * {CB}, up, Mp + (long)({T - rem}) * {KB}, add);"""
+            wg_micro<{rem}>(Vp + (long)({T - rem}) * {CB}, up, Mp + (long)({T - rem}) * {KB}, {CB}, add);"""
     return "\n".join([
         "#include <vector>", "#include <cstring>",
         _matrix("WG_AT", at), _matrix("WG_G", g), _matrix("WG_BT", bt),
-        f"typedef float wg_v __attribute__((vector_size({4 * VL})));",
-        f"typedef float wg_vu __attribute__((vector_size({4 * VL}), aligned(4)));",
-        f"static constexpr int VL = {VL};",
-        transpose_code(VL),
-        PASSES,
+        vector_code(VL),
         f"""
 // U chunk [p][CB][KB] of output channels k0.. and input channels c0.. (g: 27 x CB x KB)
 static void wg_filter(const float* __restrict w, float* __restrict u, long k0, long c0,
@@ -429,32 +471,7 @@ static void wg_input(const float* __restrict x, float* __restrict V, long tile0,
     }}
 }}
 
-// M[t][KB] (+)= sum_c V[t][c] u[c][KB] for RR tiles: RR x NV accumulator vectors
-template <int RR>
-static inline void wg_micro(const float* __restrict v, const float* __restrict u,
-                            float* __restrict m, bool add) {{
-    wg_v acc[RR][{NV}];
-    #pragma GCC unroll 32
-    for (int r = 0; r < RR; ++r)
-        #pragma GCC unroll 8
-        for (int q = 0; q < {NV}; ++q)
-            acc[r][q] = add ? *(const wg_vu*)(m + (long)r * {KB} + q * {VL}) : (wg_v){{}};
-    for (int c = 0; c < {CB}; ++c) {{
-        wg_v w[{NV}];
-        #pragma GCC unroll 8
-        for (int q = 0; q < {NV}; ++q) w[q] = *(const wg_vu*)(u + (long)c * {KB} + q * {VL});
-        #pragma GCC unroll 32
-        for (int r = 0; r < RR; ++r) {{
-            const wg_v s = (wg_v){{}} + v[(long)r * {CB} + c];
-            #pragma GCC unroll 8
-            for (int q = 0; q < {NV}; ++q) acc[r][q] += s * w[q];
-        }}
-    }}
-    #pragma GCC unroll 32
-    for (int r = 0; r < RR; ++r)
-        #pragma GCC unroll 8
-        for (int q = 0; q < {NV}; ++q) *(wg_vu*)(m + (long)r * {KB} + q * {VL}) = acc[r][q];
-}}
+{micro_code('wg_micro', NV, VL, row_b=CB, step_b=1, step_v=KB, row_m=KB)}
 
 // the transformed filter of the whole layer, chunk (kb, cb) of {K // KB} x {C // CB}
 static void wg_filter_chunk(const float* w, float* U, long kb, long cb) {{
@@ -586,13 +603,17 @@ def program(layer, L, params, m: int = M_OUT, flip: bool = False, matrices=None,
         schedule=dace.ScheduleType.CPU_Multicore, language=dace.Language.CPP,
         external_edges=True)
     sdfg.append_global_code(code)
-    # every connector is a pointer to its whole array, also where the array has one
-    # element (DaCe would pass that one as a value)
+    return pointer_connectors(sdfg)
+
+
+def pointer_connectors(sdfg):
+    """Every tasklet connector a pointer to its whole float32 array, also where the array
+    has one element (DaCe would pass that one as a value)."""
     for node, _ in sdfg.all_nodes_recursive():
         if isinstance(node, dace.nodes.Tasklet):
             for conns in (node.in_connectors, node.out_connectors):
                 for name in conns:
-                    conns[name] = dace.pointer(f32)
+                    conns[name] = dace.pointer(dace.float32)
     return sdfg
 
 
@@ -681,7 +702,7 @@ def _forward_fields(program) -> dict:
     def supports(layer, params=None):
         return refusal(layer) or None
 
-    def error_bound(layer, inputs):
+    def error_bound(layer, inputs, tol_factor=None, random_inputs=False):  # short sums
         return forward_bound(layer, inputs["x"], inputs["w"])
 
     return dict(algorithm=algorithm, supports=supports, error_bound=error_bound,
@@ -703,7 +724,7 @@ def _data_gradient_fields(program) -> dict:
     def supports(layer, params=None):
         return flipped_supports(layer, params) or refusal(layer) or None
 
-    def error_bound(layer, inputs):
+    def error_bound(layer, inputs, tol_factor=None, random_inputs=False):  # short sums
         w = inputs["w"].flip(2, 3, 4).transpose(0, 1)
         return forward_bound(transposed_layer(layer), inputs["y"], w)
 

@@ -116,7 +116,8 @@ WINO_LAYERS = [Layer("wg_pad", 2, 5, 12, 6, 4, 10, 3, 3, 3, pad=1),
                Layer("wg_odd", 2, 3, 8, 5, 6, 7, 3, 3, 3, pad=1)]   # output 5x6x7
 
 
-WINO_IMPLS = ("winogradF2", "winogradF2BwdData", "winogradF2Tiled", "winogradF2TiledBwdData")
+WINO_IMPLS = ("winogradF2", "winogradF2BwdData", "winogradF2Tiled", "winogradF2TiledBwdData",
+              "winogradF2BwdFilter", "winogradF2BwdDataAdjoint")
 
 
 @pytest.mark.parametrize("name", WINO_IMPLS)
@@ -197,6 +198,93 @@ def test_winograd_blocking_paths_verify(name, params, builds, reference):
     spec = toolchain.make_spec(impl, layer, params=impl.resolve_params(params))
     result = verify.verify_build(builds(spec), reference(layer, pass_=impl.pass_))[0]
     assert result.ok, result.summary()
+
+
+@pytest.mark.parametrize("params", [{"TB": 5, "CB": 16, "RK": 5}, {"TB": 7, "NV": 1, "RK": 3}],
+                         ids=("blocks-items-rows", "narrow"))
+def test_winograd_filter_gradient_blocking_paths_verify(params, builds, reference):
+    """Several tile blocks (the last part full), two input-channel items per plane, and a
+    register block that does not divide the output channels."""
+    impl = registry.get("winogradF2BwdFilter")
+    layer = Layer("wgf_paths", 2, 32, 24, 6, 7, 8, 3, 3, 3, pad=1)
+    spec = toolchain.make_spec(impl, layer, params=impl.resolve_params(params))
+    result = verify.verify_build(builds(spec), reference(layer, pass_=impl.pass_))[0]
+    assert result.ok, result.summary()
+
+
+@pytest.mark.parametrize("params, pad", [({"T": 5, "CG": 16, "RT": 3}, 1), ({"T": 7, "NV": 1}, 0)],
+                         ids=("blocks-items-rows", "unpadded"))
+def test_winograd_adjoint_blocking_paths_verify(params, pad, builds, reference):
+    """The adjoint data gradient: several tile blocks (the last one part full), two
+    channel items, tiles left over by the register block; and an unpadded layer, whose
+    patches reach dL/dx's border."""
+    impl = registry.get("winogradF2BwdDataAdjoint")
+    layer = Layer("wga_paths", 2, 32, 24, 6, 7, 8, 3, 3, 3, pad=pad)
+    spec = toolchain.make_spec(impl, layer, params=impl.resolve_params(params))
+    result = verify.verify_build(builds(spec), reference(layer, pass_=impl.pass_))[0]
+    assert result.ok, result.summary()
+
+
+@pytest.mark.parametrize("name", ("winogradF2BwdFilter", "winogradF2BwdDataAdjoint"))
+def test_new_winograd_kernels_take_padding_per_dimension(name, builds, reference):
+    """Different padding per dimension, 3 along one (the transposed form refuses more
+    than 2), and a depth of odd output."""
+    impl = registry.get(name)
+    layer = Layer("wg_aniso", 1, 16, 24, 7, 7, 5, 3, 3, 3, pad_d=0, pad_h=1, pad_w=3)
+    result = verify.verify_build(builds(toolchain.make_spec(impl, layer)),
+                                 reference(layer, pass_=impl.pass_))[0]
+    assert result.ok, result.summary()
+
+
+def test_adjoint_bound_is_the_algorithm_on_absolute_values():
+    """``adjoint_error_bound``'s Y_abs, one transposed convolution, equals the adjoint run
+    tile by tile on absolute values (odd output, padding per dimension)."""
+    import torch
+    rng = np.random.default_rng(5)
+    N, K, C, (D, H, W), pads = 1, 3, 2, (5, 6, 4), (1, 0, 2)
+    out = [s + 2 * p - 2 for s, p in zip((D, H, W), pads)]
+    dy, w = rng.standard_normal((N, K, *out)), rng.standard_normal((K, C, 3, 3, 3))
+    at, g, bt = (np.abs(a) for a in winograd.transforms(2))
+    u = np.einsum("ad,be,cf,kxdef->kxabc", g, g, g, np.abs(w))
+    want = np.zeros((N, C, D + 16, H + 16, W + 16))
+    for td in range(-(-out[0] // 2)):
+        for th in range(-(-out[1] // 2)):
+            for tw in range(-(-out[2] // 2)):
+                tile = np.zeros((N, K, 2, 2, 2))
+                piece = np.abs(dy[:, :, 2 * td:2 * td + 2, 2 * th:2 * th + 2, 2 * tw:2 * tw + 2])
+                tile[:, :, :piece.shape[2], :piece.shape[3], :piece.shape[4]] = piece
+                v = np.einsum("ai,bj,cl,nkijl->nkabc", at.T, at.T, at.T, tile)
+                m = np.einsum("kxabc,nkabc->nxabc", u, v)
+                patch = np.einsum("qa,rb,sc,nxabc->nxqrs", bt.T, bt.T, bt.T, m)
+                want[:, :, 2 * td + 4:2 * td + 8, 2 * th + 4:2 * th + 8, 2 * tw + 4:2 * tw + 8] += patch
+    want = want[:, :, 4 + pads[0]:4 + pads[0] + D, 4 + pads[1]:4 + pads[1] + H,
+                4 + pads[2]:4 + pads[2] + W]
+    got = winograd.adjoint_error_bound(torch.from_numpy(dy), torch.from_numpy(w), (D, H, W), pads)
+    n = 3 * (2 + 1 + 2) + 1 + (K - 1) + 7
+    gamma = n * 2.0 ** -24 / (1 - n * 2.0 ** -24)
+    assert np.max(np.abs(got / gamma - want) / want) < 1e-12
+
+
+def test_filter_gradient_bound_has_power_on_long_sums():
+    """The filter gradient's bound over 4,096 tiles of random inputs: a result that misses
+    1% of them (one tile in a hundred, whole) fails it by far, where the worst case of the
+    sum, (T - 1) u sum|terms|, would let it pass; without the random inputs' model it is
+    looser, and still catches it here."""
+    import torch
+    g = torch.Generator().manual_seed(3)
+    x = torch.rand((1, 4, 34, 34, 34), generator=g, dtype=torch.float64) * 2 - 1
+    dy = torch.rand((1, 8, 32, 32, 32), generator=g, dtype=torch.float64) * 2 - 1
+    exact = torch.nn.grad.conv3d_weight(x, (8, 4, 3, 3, 3), dy)
+    from convbench.verify import TOL_FACTOR
+    bound = torch.from_numpy(winograd.filter_gradient_bound(x, dy, TOL_FACTOR, random_inputs=True))
+    assert torch.all((exact - exact.float().double()).abs() < bound)  # one rounding passes
+    keep = torch.ones(16, 16, 16, dtype=torch.float64)
+    keep.view(-1)[torch.randperm(4096, generator=g)[:41]] = 0  # 1% of the tiles dropped
+    mask = keep.repeat_interleave(2, 0).repeat_interleave(2, 1).repeat_interleave(2, 2)
+    missing = torch.nn.grad.conv3d_weight(x, (8, 4, 3, 3, 3), dy * mask)
+    assert ((missing - exact).abs() / bound).max() > 50
+    loose = torch.from_numpy(winograd.filter_gradient_bound(x, dy, TOL_FACTOR))
+    assert torch.all(loose >= bound) and ((missing - exact).abs() / loose).max() > 2
 
 
 def test_winograd_tiled_refuses_blocks_a_gpu_cannot_launch():
