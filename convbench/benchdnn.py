@@ -13,12 +13,14 @@ The rules that fill what a descriptor leaves out are benchdnn's: batch 2, stride
 missing output size is computed (padding 0 if that is missing too), a missing padding is
 computed from a given output size; dimensions not given at all copy the next larger one
 (``id16`` alone is a cube), and a problem without depth is 2D (depth 1 here).  What the
-layer model cannot express is refused with the line and the reason: an output size that
-symmetric padding does not give (benchdnn's right padding differs from its left).
+layer model cannot express is refused with the line and the reason.  An output size that
+symmetric padding does not give sets the padding at the back, bottom or right to what it
+needs, as benchdnn derives its right padding; one that no padding gives is refused.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Dict, List, Optional
 
@@ -102,21 +104,27 @@ def descriptor_layer(fields: Dict[str, object]) -> Layer:
         i, k, s, dl = g["i"], g["k"], g.get("s", 1), g.get("d", 0) + 1
         if s <= 0:
             raise ValueError(f"s{d} must be positive")
+        end = None
         if "o" in g and g["o"]:
             p = g["p"] if "p" in g else ((g["o"] - 1) * s - i + (k - 1) * dl + 1) // 2
-            if p < 0 or _out(i, k, s, p, dl) != g["o"]:
+            if p >= 0 and _out(i, k, s, p, dl) != g["o"]:
+                # benchdnn's right padding: what the given output size needs
+                end = (g["o"] - 1) * s + (k - 1) * dl + 1 - i - p
+            if p < 0 or (end is not None and end < 0):
                 raise ValueError(f"o{d}{g['o']} is not what i{d}{i} k{d}{k} s{d}{s} "
-                                 f"d{d}{dl - 1} give with a symmetric padding (p{d}{max(p, 0)} "
-                                 f"gives {_out(i, k, s, max(p, 0), dl)}): asymmetric "
-                                 "padding is not in the layer model")
+                                 f"d{d}{dl - 1} give with any padding of p{d}{max(p, 0)} at "
+                                 f"the front (without padding: "
+                                 f"{(i - (k - 1) * dl - 1) // s + 1})")
         else:
             p = g.get("p", 0)
-        values[d] = (i, k, s, p, dl)
-    (di, dk, ds, dp, dd), (hi, hk, hs, hp, hd), (wi, wk, ws, wp, wd) = (
+        values[d] = (i, k, s, p, dl, end)
+    (di, dk, ds, dp, dd, de), (hi, hk, hs, hp, hd, he), (wi, wk, ws, wp, wd, we) = (
         values[d] for d in order)
-    return Layer.from_triples(str(f["name"]), int(f.get("mb", 2)), int(f["ic"]), int(f["oc"]),
-                              (di, hi, wi), (dk, hk, wk), (ds, hs, ws), (dp, hp, wp),
-                              (dd, hd, wd), int(f.get("g", 1)))
+    layer = Layer.from_triples(str(f["name"]), int(f.get("mb", 2)), int(f["ic"]), int(f["oc"]),
+                               (di, hi, wi), (dk, hk, wk), (ds, hs, ws), (dp, hp, wp),
+                               (dd, hd, wd), int(f.get("g", 1)))
+    ends = {f"pad_{d}_end": e for d, e in zip("dhw", (de, he, we)) if e is not None}
+    return dataclasses.replace(layer, **ends) if ends else layer
 
 
 def parse_descriptors(text: str, path="<string>") -> List[Layer]:

@@ -442,8 +442,8 @@ class Experiment:
         device_inputs = {r: t.to(torch_device(self.device)) for r, t in inputs.items()}
         calls = {"dace": lambda: self.call(build, inputs, **(opts.dace_call or {}))}
         own = Layout(impl.layout)
-        refs = [r for r in self.reference_backends if opts.references is True or (
-            opts.references and r.name in opts.references)]
+        refs = [r for r in self.reference_backends if (opts.references is True or (
+            opts.references and r.name in opts.references)) and r.layer_problem(layer) is None]
         for layout in opts.layouts or [own]:
             for ref in refs:  # torch, torch-ndhwc, cudnn-ncdhw, ...
                 name = ref.name if Layout(layout) == own else \

@@ -19,10 +19,17 @@ CANONICAL_HEADER = ("layer", "batch", "in_channels", "out_channels", "in_d", "in
 #: Optional columns of the canonical format: per-dimension padding and stride overriding
 #: ``pad`` and ``stride`` (an empty cell means ``pad``, ``stride``), dilation (all
 #: dimensions, then per dimension), groups, and ``transposed`` (1: the row is a transposed
-#: convolution as torch's ``ConvTranspose3d`` takes it, with ``output_pad``).
+#: convolution as torch's ``ConvTranspose3d`` takes it, with ``output_pad``), and the
+#: padding at the back, bottom and right where it differs from the front (``pad_d_end`` ...;
+#: empty: as at the front).  The ``pad`` cell may also say ``same`` or ``valid``.
 OPTIONAL_COLUMNS = ("pad_d", "pad_h", "pad_w", "stride_d", "stride_h", "stride_w", "dilation",
                     "dilation_d", "dilation_h", "dilation_w", "groups", "transposed",
-                    "output_pad", "output_pad_d", "output_pad_h", "output_pad_w")
+                    "output_pad", "output_pad_d", "output_pad_h", "output_pad_w",
+                    "pad_d_end", "pad_h_end", "pad_w_end")
+#: The ``pad`` cell's words: ``valid`` (no padding) and ``same`` (the output of a stride-1
+#: layer as large as its input; with a stride, ``ceil(input / stride)``, as TensorFlow and
+#: ONNX's ``SAME_UPPER`` have it), the odd one of an even total at the end, as torch pads.
+PAD_WORDS = ("same", "valid")
 #: Lines of a layer CSV that start with this (after blanks) are comments.
 COMMENT = "#"
 LEGACY_HEADER = ("InChannel", "InputDepth", "InputHeight", "InputWidth", "KernelDepth",
@@ -36,7 +43,8 @@ LEGACY_BATCH = 1
 
 #: What a layer may need beyond the basic model (one stride, one padding, no dilation, no
 #: groups), as :meth:`Layer.features` names it; an implementation lists those it handles.
-FEATURES = ("anisotropic padding", "anisotropic stride", "dilation", "groups")
+FEATURES = ("anisotropic padding", "anisotropic stride", "dilation", "groups",
+            "asymmetric padding")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +85,11 @@ class Layer:
     dilation_w: Optional[int] = None
     groups: int = 1
     transposed: bool = False
+    #: Padding at the back, bottom and right where it differs from the front, top and left
+    #: (None: the same): ``padding='same'`` with an even kernel, ONNX's per-side ``pads``.
+    pad_d_end: Optional[int] = None
+    pad_h_end: Optional[int] = None
+    pad_w_end: Optional[int] = None
 
     def __post_init__(self):
         problem = self.problem()
@@ -94,29 +107,45 @@ class Layer:
         if not _is_int(self.pad) or self.pad < 0:
             return "pad", f"must be a non-negative integer, got {self.pad!r}"
         for dim in ("d", "h", "w"):
-            for field, least in (("pad", 0), ("stride", 1), ("dilation", 1)):
-                value = getattr(self, f"{field}_{dim}")
+            for field, least in (("pad", 0), ("stride", 1), ("dilation", 1), ("pad_end", 0)):
+                name = f"pad_{dim}_end" if field == "pad_end" else f"{field}_{dim}"
+                value = getattr(self, name)
                 if value is not None and (not _is_int(value) or value < least):
                     kind = "non-negative" if least == 0 else "positive"
-                    return f"{field}_{dim}", f"must be a {kind} integer, got {value!r}"
+                    return name, f"must be a {kind} integer, got {value!r}"
+        if self.transposed and self.asymmetric:
+            return "pad", ("a transposed convolution padded differently at its two ends is "
+                           "not in the layer model")
         for field, count in (("in_channels", self.in_channels),
                              ("out_channels", self.out_channels)):
             if count % self.groups:
                 return "groups", (f"{field}={count} is not a multiple of groups="
                                   f"{self.groups}")
-        for dim, p, dl in zip(("d", "h", "w"), self.pads, self.dilations):
+        for dim, p, pe, dl in zip(("d", "h", "w"), self.pads, self.pads_end, self.dilations):
             size, k = getattr(self, f"in_{dim}"), getattr(self, f"k_{dim}")
             span = dl * (k - 1) + 1
-            if span > size + 2 * p:
+            if span > size + p + pe:
                 what = f"kernel size {k}" if dl == 1 else f"dilated kernel ({k} taps, span {span})"
+                padded = f"2*{p}" if p == pe else f"{p} + {pe}"
                 return (f"k_{dim}", f"{what} is larger than the padded input "
-                        f"({size} + 2*{p} = {size + 2 * p})")
+                        f"({size} + {padded} = {size + p + pe})")
         return None
 
     @property
     def pads(self) -> Tuple[int, int, int]:
         """Padding of depth, height and width."""
         return tuple(self.pad if p is None else p for p in (self.pad_d, self.pad_h, self.pad_w))
+
+    @property
+    def pads_end(self) -> Tuple[int, int, int]:
+        """Padding at the back, bottom and right (:attr:`pads` where not set)."""
+        return tuple(f if e is None else e
+                     for f, e in zip(self.pads, (self.pad_d_end, self.pad_h_end, self.pad_w_end)))
+
+    @property
+    def asymmetric(self) -> bool:
+        """True if some dimension is padded differently at its two ends."""
+        return self.pads_end != self.pads
 
     @property
     def strides(self) -> Tuple[int, int, int]:
@@ -140,7 +169,8 @@ class Layer:
         needs = {"anisotropic padding": self.anisotropic,
                  "anisotropic stride": len(set(self.strides)) > 1,
                  "dilation": any(d != 1 for d in self.dilations),
-                 "groups": self.groups != 1}
+                 "groups": self.groups != 1,
+                 "asymmetric padding": self.asymmetric}
         return tuple(f for f in FEATURES if needs[f])
 
     def feature_text(self, feature: str) -> str:
@@ -148,14 +178,16 @@ class Layer:
         return {"anisotropic padding": "pads d,h,w by " + ",".join(map(str, self.pads)),
                 "anisotropic stride": "strides d,h,w by " + ",".join(map(str, self.strides)),
                 "dilation": "dilation " + ",".join(map(str, self.dilations)),
-                "groups": f"{self.groups} groups"}[feature]
+                "groups": f"{self.groups} groups",
+                "asymmetric padding": "pads d,h,w by " + ",".join(
+                    f"{p}+{e}" for p, e in zip(self.pads, self.pads_end)) + " (front+back)"}[feature]
 
     # -- derived sizes ----------------------------------------------------------------------
     def _out(self, axis):
         size = (self.in_d, self.in_h, self.in_w)[axis]
         k = (self.k_d, self.k_h, self.k_w)[axis]
         span = self.dilations[axis] * (k - 1) + 1
-        return (size + 2 * self.pads[axis] - span) // self.strides[axis] + 1
+        return (size + self.pads[axis] + self.pads_end[axis] - span) // self.strides[axis] + 1
 
     @property
     def out_d(self):
@@ -262,6 +294,8 @@ class Layer:
             values[field] = common
             for dim, v in zip("dhw", base):
                 values[f"{field}_{dim}"] = None if v == common else v
+        for dim, front, end in zip("dhw", self.pads, self.pads_end):
+            values[f"pad_{dim}_end"] = None if end == front else end
         return dataclasses.replace(self, **values)
 
     def describe(self) -> str:
@@ -270,13 +304,20 @@ class Layer:
             return f"{a}^3" if a == b == c else f"{a}x{b}x{c}"
         text = (f"{self.in_channels}->{self.out_channels} @{dims(self.in_d, self.in_h, self.in_w)}"
                 f" k{dims(self.k_d, self.k_h, self.k_w)} s{_triple(self.strides, ',')}"
-                f" p{self._pad_text(',')}") + "".join(" " + e for e in self._extras(","))
+                f" p{self._pad_text(',')}"
+                + (f"/{self._pad_end_text(',')}" if self.asymmetric else "")) \
+            + "".join(" " + e for e in self._extras(","))
         if self.transposed:
             text += " (transposed: fwd is bwd_data)"
         return text + f" b{self.batch}"
 
     def _pad_text(self, sep: str) -> str:
-        return str(self.pad) if not self.anisotropic else sep.join(map(str, self.pads))
+        return str(self.pads[0]) if not self.anisotropic else sep.join(map(str, self.pads))
+
+    def _pad_end_text(self, sep: str) -> str:
+        """The padding at the ends, where it differs from the front (else "")."""
+        return "" if not self.asymmetric else (
+            str(self.pads_end[0]) if len(set(self.pads_end)) == 1 else sep.join(map(str, self.pads_end)))
 
     def key(self) -> str:
         """Geometry (name excluded) as a stable string, for build names and caches.  The
@@ -285,6 +326,8 @@ class Layer:
         key = (f"b{self.batch}_c{self.in_channels}_k{self.out_channels}_i{self.in_d}x{self.in_h}x"
                f"{self.in_w}_f{self.k_d}x{self.k_h}x{self.k_w}_s{_triple(self.strides, 'x')}"
                f"_p{self._pad_text('x')}")
+        if self.asymmetric:  # only then: the keys of symmetric layers stay as they were
+            key += f"_pe{self._pad_end_text('x')}"
         return key + "".join("_" + e for e in self._extras("x"))
 
     def _extras(self, sep: str) -> List[str]:
@@ -379,11 +422,17 @@ def parse_layers(text: str, path="<string>") -> List[Layer]:
             if not name:
                 raise LayerFileError(path, lineno, "empty layer name", field="layer")
             values = {"name": name}
+            pad_word = cells["pad"].strip().lower()
             for f in CANONICAL_HEADER[1:]:
+                if f == "pad" and pad_word in PAD_WORDS:
+                    values[f] = 0
+                    continue
                 values[f] = _int_field(path, lineno, f, cells[f])
             for f in OPTIONAL_COLUMNS:
                 if f in cells and cells[f].strip():
                     values[f] = _int_field(path, lineno, f, cells[f])
+            if pad_word in PAD_WORDS:
+                _apply_pad_word(path, lineno, values, pad_word)
             layer = _canonical_layer(path, lineno, values)
         if layer.name in seen:
             raise LayerFileError(path, lineno, f"duplicated layer name '{layer.name}' (first on "
@@ -391,6 +440,45 @@ def parse_layers(text: str, path="<string>") -> List[Layer]:
         seen[layer.name] = lineno
         layers.append(layer)
     return layers
+
+
+def same_padding(size: int, k: int, stride: int = 1, dilation: int = 1) -> Tuple[int, int]:
+    """``(front, back)`` padding of ``'same'`` along one dimension: the output is
+    ``ceil(size / stride)``, and an odd total puts the extra one at the back."""
+    span = dilation * (k - 1) + 1
+    total = max((-(-size // stride) - 1) * stride + span - size, 0)
+    return total // 2, total - total // 2
+
+
+def _apply_pad_word(path, lineno, values: dict, word: str) -> None:
+    """Per-dimension padding of a row whose ``pad`` cell says ``same`` or ``valid``."""
+    given = [f for f in values if f.startswith("pad_")]
+    if given:
+        raise LayerFileError(path, lineno, f"'{word}' sets every dimension's padding, so "
+                             f"{given[0]} cannot be given too", field="pad")
+    if word == "valid":
+        return
+    if values.get("transposed"):
+        raise LayerFileError(path, lineno, "'same' is a convolution's padding, not a "
+                             "transposed convolution's", field="pad")
+    for d in "dhw":
+        for f in ("in", "k"):  # checked by the layer itself, but 'same' needs them first
+            if values[f"{f}_{d}"] <= 0:
+                raise LayerFileError(path, lineno, f"must be a positive integer, got "
+                                     f"{values[f'{f}_{d}']}", field=f"{f}_{d}")
+        stride = values.get(f"stride_{d}", values["stride"])
+        dilation = values.get(f"dilation_{d}", values.get("dilation", 1))
+        if stride <= 0 or dilation <= 0:
+            continue  # the layer's own check names the field
+        values[f"pad_{d}"], values[f"pad_{d}_end"] = same_padding(
+            values[f"in_{d}"], values[f"k_{d}"], stride, dilation)
+    fronts = [values.get(f"pad_{d}", 0) for d in "dhw"]
+    if len(set(fronts)) == 1:  # one padding for all: the form the other rows have
+        values["pad"] = fronts[0]
+        for d in "dhw":
+            values.pop(f"pad_{d}", None)
+            if values.get(f"pad_{d}_end") == fronts[0]:
+                values.pop(f"pad_{d}_end")
 
 
 def _canonical_layer(path, lineno, values: dict) -> Layer:
@@ -447,6 +535,9 @@ def format_csv(layers: Sequence[Layer], comments: Sequence[str] = ()) -> str:
                     row[f"{field}_{d}"] = v
         if layer.groups != 1:
             row["groups"] = layer.groups
+        for d, front, end in zip("dhw", layer.pads, layer.pads_end):
+            if end != front:
+                row[f"pad_{d}_end"] = end
         rows.append(row)
     header = list(CANONICAL_HEADER) + [
         c for c in OPTIONAL_COLUMNS if any(r.get(c) not in (None, "") for r in rows)]

@@ -46,6 +46,10 @@ class Reference:
         """None if this reference can run on ``device``, else why not."""
         return None
 
+    def layer_problem(self, layer: Layer) -> Optional[str]:
+        """None if this reference computes ``layer``, else why not."""
+        return None
+
     def prepare(self, layer: Layer, pass_: Pass, layout: Layout, device: str,
                 inputs: Dict[str, "object"], options: ReferenceOptions) -> Callable[[], object]:
         """A no-argument callable computing the pass on ``inputs`` (logical layout, already
@@ -74,6 +78,8 @@ def torch_pass(layer: Layer, pass_: Pass, inputs):
     from torch.nn import grad
     s, p, d, g = layer.strides, layer.pads, layer.dilations, layer.groups
     pass_ = Pass(pass_)
+    if layer.asymmetric:  # torch pads alike at both ends: pad x itself, convolve unpadded
+        return _asymmetric_pass(layer, pass_, inputs)
     if pass_ == Pass.FWD:
         return F.conv3d(inputs["x"], inputs["w"], stride=s, padding=p, dilation=d, groups=g)
     if pass_ == Pass.BWD_DATA:
@@ -83,6 +89,27 @@ def torch_pass(layer: Layer, pass_: Pass, inputs):
                                       dilation=d)
         return grad.conv3d_input(layer.input_shape, inputs["w"], inputs["y"], s, p, d, g)
     return grad.conv3d_weight(inputs["x"], layer.filter_shape, inputs["y"], s, p, d, g)
+
+
+def _asymmetric_pass(layer: Layer, pass_: Pass, inputs):
+    """:func:`torch_pass` of a layer padded differently at the two ends of a dimension:
+    the forward convolves the explicitly padded input without padding, the data gradient
+    is that of the padded input cropped back to x, the filter gradient that of the padded
+    input."""
+    import torch.nn.functional as F
+    from torch.nn import grad
+    s, d, g = layer.strides, layer.dilations, layer.groups
+    (pd, ph, pw), (ed, eh, ew) = layer.pads, layer.pads_end
+    widths = (pw, ew, ph, eh, pd, ed)  # F.pad's order: last dimension first
+    if pass_ == Pass.BWD_DATA:
+        n, c, D, H, W = layer.input_shape
+        padded = (n, c, D + pd + ed, H + ph + eh, W + pw + ew)
+        full = grad.conv3d_input(padded, inputs["w"], inputs["y"], s, 0, d, g)
+        return full[:, :, pd:pd + D, ph:ph + H, pw:pw + W]
+    xp = F.pad(inputs["x"], widths)
+    if pass_ == Pass.FWD:
+        return F.conv3d(xp, inputs["w"], stride=s, padding=0, dilation=d, groups=g)
+    return grad.conv3d_weight(xp, layer.filter_shape, inputs["y"], s, 0, d, g)
 
 
 def torch_gpu_math(allow_tf32: bool = False) -> Dict[str, bool]:
@@ -137,6 +164,11 @@ class CudnnReference(Reference):
 
     name = "cudnn"
     check_name = "cudnn-fp32"
+
+    def layer_problem(self, layer):
+        if layer.asymmetric:  # its descriptors take one padding per dimension
+            return "cuDNN pads both ends of a dimension alike"
+        return None
 
     def problem(self, device):
         if device != "gpu":

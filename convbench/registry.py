@@ -125,7 +125,8 @@ class Implementation:
     anisotropic_pad: bool = False
     #: What the implementation handles beyond the basic model (names from
     #: ``layers.FEATURES``: "anisotropic padding", "anisotropic stride", "dilation",
-    #: "groups"); layers that need anything else are refused with the reason.
+    #: "groups", "asymmetric padding"); layers that need anything else are refused with the
+    #: reason.
     handles: Tuple[str, ...] = ()
     #: ``registers(layer, params) -> int``: the vector registers one micro-tile's
     #: accumulators take on this CPU (register-blocked CPU kernels).  The tuner leaves out

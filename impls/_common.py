@@ -64,9 +64,9 @@ class LayerSizes:
 
 def layer_constants(layer: Layer, layout: Layout) -> LayerSizes:
     """The :class:`LayerSizes` of ``layer``, with the stored shapes for ``layout``."""
-    pd, ph, pw = layer.pads
-    padded = (layer.batch, layer.in_channels, layer.in_d + 2 * pd, layer.in_h + 2 * ph,
-              layer.in_w + 2 * pw)
+    (pd, ph, pw), (ed, eh, ew) = layer.pads, layer.pads_end
+    padded = (layer.batch, layer.in_channels, layer.in_d + pd + ed, layer.in_h + ph + eh,
+              layer.in_w + pw + ew)
     return LayerSizes(
         N=layer.batch, C=layer.in_channels, K=layer.out_channels, D=layer.in_d, H=layer.in_h,
         W=layer.in_w, KD=layer.k_d, KH=layer.k_h, KW=layer.k_w, S=layer.stride, P=layer.pad,
@@ -98,7 +98,7 @@ def pad_sdfg(sdfg, layer: Layer, layout: Layout, halo: bool = False, storage=Non
     while the program's ``x`` is float32, so the copy widens each input value once per
     call, padded or not, and the kernel reads floats.
     """
-    if not any(layer.pads) and storage is None:
+    if not any(layer.pads + layer.pads_end) and storage is None:
         return sdfg
     padded = sdfg.arrays["x"]
     sdfg.replace("x", "xp")
@@ -109,7 +109,7 @@ def pad_sdfg(sdfg, layer: Layer, layout: Layout, halo: bool = False, storage=Non
     idx = [f"i{d}" for d in range(5)]
     zero = sdfg.add_state_before(sdfg.start_state, "pad_zero")
     boxes = (halo_slabs(padded.shape, shape, spatial, layer.pads) if halo
-             else [[f"0:{s}" for s in padded.shape]]) if any(layer.pads) else []
+             else [[f"0:{s}" for s in padded.shape]]) if any(layer.pads + layer.pads_end) else []
     for n, ranges in enumerate(boxes):
         zero.add_mapped_tasklet(
             f"pad_zero_{n}", dict(zip(idx, ranges)), {}, "out = 0",
@@ -126,14 +126,15 @@ def pad_sdfg(sdfg, layer: Layer, layout: Layout, halo: bool = False, storage=Non
 
 def halo_slabs(padded_shape, shape, spatial, pads):
     """The border of a padded array as disjoint boxes (``"lo:hi"`` per dimension): per
-    padded spatial dimension in turn, the slab below and the slab above the interior,
+    padded spatial dimension in turn, the slab below and the slab above the interior
+    (``pads``: the front padding; the back's is what the padded size leaves),
     spanning the interior of the dimensions before it and all of those after it.
     Together with the interior they cover the array exactly once."""
     slabs = []
     for n, (dim, pad) in enumerate(zip(spatial, pads)):
-        if pad == 0:
-            continue
         for lo, hi in ((0, pad), (pad + shape[dim], padded_shape[dim])):
+            if hi <= lo:  # no padding at this end (the other may have some)
+                continue
             ranges = []
             for d, size in enumerate(padded_shape):
                 if d == dim:

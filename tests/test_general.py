@@ -212,13 +212,15 @@ def test_bad_new_fields_are_one_line_errors(capsys, write_csv, row, words):
     ("g1ic32oc64_id64od32kd2sd2dd0pd0_ih64oh32kh2sh2dh0ph0_iw32ow16kw2sw2dw0pw0_n\"vnet:conv1\"",
      "32->64 @64x64x32 k2^3 s2 p0 b2"),
     ("ic4oc4_id10ih13iw50_kd3kh3kw3_sd1sh2sw2", "4->4 @10x13x50 k3^3 s1,2,2 p0 b2"),
+    # an output size that symmetric padding does not give: benchdnn's right padding
+    ("ic2oc2id8od5kd3sd2", "2->2 @8^3 k3^3 s2 p1/2 b2"),
 ])
 def test_benchdnn_descriptors(text, expected):
     assert descriptor_layer(parse_descriptor(text)).describe() == expected
 
 
 @pytest.mark.parametrize("text, words", [
-    ("ic2oc2id8od5kd3sd2", "asymmetric padding is not in the layer model"),
+    ("ic2oc2id8od2kd3pd1", "od2 is not what id8 kd3 sd1 dd0 give with any padding of pd1"),
     ("ic2id8kd3", "oc is missing"),
     ("ic2oc2id8kd3xy4", "cannot read 'xy4'"),
     ("ic2oc2id8id9kd3", "id is given twice"),

@@ -120,3 +120,100 @@ def test_select_layers():
     for first, last in [(7, None), (-1, None), (3, 3), (3, 2), (0, 8)]:
         with pytest.raises(UsageError):
             select_layers(layers, first, last)
+
+
+# -- padding that differs between the two ends of a dimension (issue 45) -------------------
+
+ASYM_CSV = """layer,batch,in_channels,out_channels,in_d,in_h,in_w,k_d,k_h,k_w,stride,pad,dilation,groups,pad_w_end,stride_d
+same_even,2,4,6,6,5,7,2,2,4,1,same,,,,
+explicit,1,3,4,6,5,7,3,3,3,1,1,,,2,
+same_stride2,1,3,4,8,7,6,3,3,2,2,same,,,,
+same_dil,1,2,4,7,6,5,2,2,2,1,same,3,,,
+same_groups,2,4,6,5,6,7,2,3,2,1,same,,2,,
+valid,1,2,3,6,5,4,3,3,3,1,valid,,,,
+"""
+
+
+def test_same_valid_and_end_padding_columns():
+    """``same`` pads to ceil(input / stride) outputs with an odd total's extra one at the
+    back; ``valid`` pads nothing; ``pad_*_end`` sets the back alone.  A layer padded alike at
+    both ends keeps its key; the file round-trips."""
+    from convbench.layers import format_csv
+    layers = {x.name: x for x in parse_layers(ASYM_CSV)}
+    assert (layers["same_even"].pads, layers["same_even"].pads_end) == ((0, 0, 1), (1, 1, 2))
+    assert layers["same_even"].output_shape[2:] == (6, 5, 7)
+    assert layers["same_stride2"].output_shape[2:] == (4, 4, 3)
+    assert (layers["same_dil"].pads, layers["same_dil"].pads_end) == ((1,) * 3, (2,) * 3)  # span 4
+    assert layers["explicit"].key().endswith("_p1_pe1x1x2")
+    assert layers["valid"].key() == "b1_c2_k3_i6x5x4_f3x3x3_s1_p0"
+    assert Layer("s", 1, 2, 3, 6, 6, 6, 3, 3, 3, pad=1).key() == "b1_c2_k3_i6x6x6_f3x3x3_s1_p1"
+    assert "asymmetric padding" in layers["explicit"].features()
+    assert "asymmetric padding" not in layers["valid"].features()
+    again = parse_layers(format_csv(list(layers.values())))
+    assert [x.normalized() for x in again] == [x.normalized() for x in layers.values()]
+
+
+@pytest.mark.parametrize("row, field, words", [
+    ("a,1,2,3,6,6,6,2,2,2,1,same,1", "pad", "'same' sets every dimension's padding"),
+    ("a,1,2,3,6,6,6,2,2,2,1,-1,", "pad", "non-negative"),
+])
+def test_bad_padding_cells(row, field, words):
+    text = "layer,batch,in_channels,out_channels,in_d,in_h,in_w,k_d,k_h,k_w,stride,pad,pad_d\n"
+    with pytest.raises(LayerFileError) as err:
+        parse_layers(text + row + "\n", path="f.csv")
+    assert "f.csv:2" in str(err.value) and words in str(err.value), str(err.value)
+
+
+def test_asymmetric_references_agree():
+    """torch's forward of a ``same`` layer is torch's own ``padding='same'``; the three
+    passes of every asymmetric layer are adjoint to each other (<fwd(x), dy> = <x,
+    bwd_data(dy)> = <w, bwd_filter(x, dy)>), so the explicit padding and the crop agree."""
+    import torch
+    from convbench.layouts import Pass
+    from convbench.references import CudnnReference, torch_pass
+    g = torch.Generator().manual_seed(0)
+    for layer in parse_layers(ASYM_CSV):
+        x = torch.rand(layer.input_shape, generator=g, dtype=torch.float64) - 0.5
+        w = torch.rand(layer.filter_shape, generator=g, dtype=torch.float64) - 0.5
+        y = torch_pass(layer, Pass.FWD, {"x": x, "w": w})
+        assert tuple(y.shape) == layer.output_shape, layer.name
+        if layer.name == "same_even":
+            want = torch.nn.functional.conv3d(x, w, padding="same")
+            assert torch.allclose(y, want, rtol=0, atol=1e-12)
+        dy = torch.rand(y.shape, generator=g, dtype=torch.float64) - 0.5
+        dx = torch_pass(layer, Pass.BWD_DATA, {"y": dy, "w": w})
+        dw = torch_pass(layer, Pass.BWD_FILTER, {"x": x, "y": dy})
+        forward = float((y * dy).sum())
+        assert abs(float((x * dx).sum()) - forward) < 1e-9 * abs(forward) + 1e-12, layer.name
+        assert abs(float((w * dw).sum()) - forward) < 1e-9 * abs(forward) + 1e-12, layer.name
+        assert (CudnnReference().layer_problem(layer) is None) == (not layer.asymmetric)
+
+
+GENERAL = ("directConvNCDHW", "directConvNCDHWBwdData", "directConvNCDHWBwdFilter",
+           "implicitGemm", "implicitGemmBwdData", "implicitGemmBwdFilter",
+           "implicitGemmsplitKBwdFilter")
+
+
+@pytest.mark.parametrize("name", GENERAL)
+def test_general_implementations_verify_asymmetric_padding(name, builds, reference, request):
+    """The direct and implicit-GEMM implementations, all three passes, on a layer padded
+    differently at the ends, strided per dimension and grouped (their padded copy of the
+    input is larger at the back); the full tier runs every row of the set above."""
+    from convbench import registry, toolchain, verify
+    impl = registry.get(name)
+    layers = parse_layers(ASYM_CSV)
+    for layer in (layers if request.config.getoption("--full") else [layers[0]]):
+        result = verify.verify_build(builds(toolchain.make_spec(impl, layer)),
+                                     reference(layer, pass_=impl.pass_))[0]
+        assert result.ok, (layer.name, result.summary())
+
+
+def test_others_refuse_asymmetric_padding_with_the_reason():
+    from convbench import registry
+    layer = parse_layers(ASYM_CSV)[1]
+    for name, impl in registry.all_implementations().items():
+        reason = impl.unsupported_reason(layer, {})
+        if name in GENERAL:
+            assert reason is None, (name, reason)
+        elif "asymmetric padding" not in impl.handles:
+            assert reason and "asymmetric padding" in reason and "1+2" in reason, (name, reason)
