@@ -127,30 +127,45 @@ def descriptor_layer(fields: Dict[str, object]) -> Layer:
     return dataclasses.replace(layer, **ends) if ends else layer
 
 
-def parse_descriptors(text: str, path="<string>") -> List[Layer]:
+def parse_descriptors(text: str, path="<string>", skipped: Optional[list] = None) -> List[Layer]:
     """The layers of a benchdnn descriptor file (one per line; ``#`` comments and blank
-    lines skipped); problems are :class:`LayerFileError` with the line."""
+    lines skipped); problems are :class:`LayerFileError` with the line.  ``skipped``: a
+    list that collects the error of each line the model cannot hold instead of raising
+    the first (as :func:`convbench.layers.parse_layers`)."""
     layers: List[Layer] = []
     seen: Dict[str, int] = {}
     for lineno, raw in enumerate(text.lstrip("\ufeff").splitlines(), 1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
-        if line.startswith("--"):
-            raise LayerFileError(path, lineno, f"benchdnn option {line.split()[0]!r}: only "
-                                 "problem descriptors are read (one per line)")
         try:
-            layer = descriptor_layer(parse_descriptor(line, default_name=f"layer{len(layers)}"))
-        except ValueError as err:
-            message = str(err)
-            if message.startswith("layer "):  # Layer's own check: drop its name prefix
-                message = message.split(": ", 1)[-1]
-            raise LayerFileError(path, lineno, message) from None
-        if layer.name in seen:
-            raise LayerFileError(path, lineno, f"duplicated layer name '{layer.name}' (first on "
-                                 f"line {seen[layer.name]})")
+            layer = _line_layer(path, lineno, line, len(layers), seen)
+        except LayerFileError as err:
+            if skipped is None:
+                raise
+            skipped.append(err)
+            continue
         seen[layer.name] = lineno
         layers.append(layer)
     if not layers:
+        if skipped:
+            raise skipped[0]
         raise LayerFileError(path, None, "no descriptors (only comments or blank lines)")
     return layers
+
+
+def _line_layer(path, lineno, line, index, seen) -> Layer:
+    if line.startswith("--"):
+        raise LayerFileError(path, lineno, f"benchdnn option {line.split()[0]!r}: only "
+                             "problem descriptors are read (one per line)")
+    try:
+        layer = descriptor_layer(parse_descriptor(line, default_name=f"layer{index}"))
+    except ValueError as err:
+        message = str(err)
+        if message.startswith("layer "):  # Layer's own check: drop its name prefix
+            message = message.split(": ", 1)[-1]
+        raise LayerFileError(path, lineno, message) from None
+    if layer.name in seen:
+        raise LayerFileError(path, lineno, f"duplicated layer name '{layer.name}' (first on "
+                             f"line {seen[layer.name]})")
+    return layer

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import List, Optional
 
 from . import flags
@@ -27,7 +28,7 @@ def build_parser(prog: str = PROG, mode: Optional[str] = None) -> argparse.Argum
                    help="list the implementations (of --pass, if given) and exit")
     p.add_argument("--markdown", action="store_true",
                    help="with --list: one Markdown table (docs/implementations.md holds it)")
-    flags.add_layer_flags(p)
+    flags.add_layer_flags(p, skip_invalid=True)
     flags.add_device_flag(p)
     flags.add_param_flag(p)
     flags.add_seed_flag(p)
@@ -101,7 +102,10 @@ def resolve_pass(text, flag: str = "--pass"):
 def select_layers(args):
     """The layers that ``add_layer_flags``' flags select, with ``--batch`` applied."""
     from .layersets import load_layers, select_layers as select
-    layers = select(load_layers(args.paramscsv), args.currlayer, args.lastlayer)
+    skipped = [] if getattr(args, "skip_invalid", False) else None
+    layers = select(load_layers(args.paramscsv, skipped), args.currlayer, args.lastlayer)
+    for err in skipped or ():
+        print(f"skipped: {err}", file=sys.stderr)
     return [layer.with_batch(args.batch) for layer in layers] if args.batch else layers
 
 

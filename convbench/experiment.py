@@ -443,7 +443,8 @@ class Experiment:
         calls = {"dace": lambda: self.call(build, inputs, **(opts.dace_call or {}))}
         own = Layout(impl.layout)
         refs = [r for r in self.reference_backends if (opts.references is True or (
-            opts.references and r.name in opts.references)) and r.layer_problem(layer) is None]
+            opts.references and r.name in opts.references))
+                and getattr(r, "layer_problem", lambda _layer: None)(layer) is None]
         for layout in opts.layouts or [own]:
             for ref in refs:  # torch, torch-ndhwc, cudnn-ncdhw, ...
                 name = ref.name if Layout(layout) == own else \

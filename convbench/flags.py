@@ -37,8 +37,10 @@ def implementation_names(values: Optional[Sequence[str]]) -> Optional[List[str]]
 
 
 def add_layer_flags(p, default_set: Optional[str] = "cosmoflow", many: bool = False,
-                    batch_default: Optional[int] = None, select: bool = True) -> None:
-    """``--paramscsv`` (``many``: repeatable), ``--currlayer``/``--lastlayer``, ``--batch``."""
+                    batch_default: Optional[int] = None, select: bool = True,
+                    skip_invalid: bool = False) -> None:
+    """``--paramscsv`` (``many``: repeatable), ``--currlayer``/``--lastlayer``, ``--batch``,
+    and (``skip_invalid``) ``--skip-invalid``."""
     p.add_argument("--paramscsv", action="append" if many else "store",
                    default=None if many else default_set, metavar="SET",
                    help="layer set: a name in convparams/ or a CSV path"
@@ -51,6 +53,10 @@ def add_layer_flags(p, default_set: Optional[str] = "cosmoflow", many: bool = Fa
     p.add_argument("--batch", type=int, default=batch_default, metavar="N",
                    help="batch size" + (f" (default {batch_default})" if batch_default
                                         else ", overriding the CSV"))
+    if skip_invalid:
+        p.add_argument("--skip-invalid", action="store_true",
+                       help="run the lines of the layer file the layer model can hold and "
+                       "list the others (default: the first bad line is an error)")
 
 
 def add_device_flag(p, default: str = "auto") -> None:

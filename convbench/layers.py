@@ -376,9 +376,11 @@ def _check_layer(path, lineno, values: dict, column_of=None, sizes: bool = True)
     return Layer(**values) if sizes else probe
 
 
-def parse_layers(text: str, path="<string>") -> List[Layer]:
+def parse_layers(text: str, path="<string>", skipped: Optional[list] = None) -> List[Layer]:
     """Parse a layer-set CSV (canonical or legacy header) held in ``text``.  A UTF-8
-    byte-order mark, CRLF line ends, blank lines and comment lines (``#``) are allowed."""
+    byte-order mark, CRLF line ends, blank lines and comment lines (``#``) are allowed.
+    ``skipped``: a list that collects the :class:`LayerFileError` of each row the model
+    cannot hold, instead of raising the first (a file whose rows all fail still raises)."""
     lines = text.lstrip("\ufeff").splitlines()
     # Line numbers are 1-based; skip blank and comment lines but keep numbering.
     numbered = [(i + 1, row) for i, line in enumerate(lines)
@@ -412,34 +414,48 @@ def parse_layers(text: str, path="<string>") -> List[Layer]:
     layers: List[Layer] = []
     seen = {}
     for lineno, row in body:
-        if len(row) != len(header):
-            raise LayerFileError(path, lineno, f"expected {len(header)} fields, got {len(row)}")
-        cells = dict(zip(header, row))
-        if legacy:
-            layer = _legacy_layer(path, lineno, cells, index=len(layers))
-        else:
-            name = cells["layer"].strip()
-            if not name:
-                raise LayerFileError(path, lineno, "empty layer name", field="layer")
-            values = {"name": name}
-            pad_word = cells["pad"].strip().lower()
-            for f in CANONICAL_HEADER[1:]:
-                if f == "pad" and pad_word in PAD_WORDS:
-                    values[f] = 0
-                    continue
-                values[f] = _int_field(path, lineno, f, cells[f])
-            for f in OPTIONAL_COLUMNS:
-                if f in cells and cells[f].strip():
-                    values[f] = _int_field(path, lineno, f, cells[f])
-            if pad_word in PAD_WORDS:
-                _apply_pad_word(path, lineno, values, pad_word)
-            layer = _canonical_layer(path, lineno, values)
-        if layer.name in seen:
-            raise LayerFileError(path, lineno, f"duplicated layer name '{layer.name}' (first on "
-                                 f"line {seen[layer.name]})", field="layer")
+        try:
+            layer = _row_layer(path, lineno, row, header, legacy, len(layers), seen)
+        except LayerFileError as err:
+            if skipped is None:
+                raise
+            skipped.append(err)
+            continue
         seen[layer.name] = lineno
         layers.append(layer)
+    if not layers and skipped:
+        raise skipped[0]
     return layers
+
+
+def _row_layer(path, lineno, row, header, legacy, index, seen) -> Layer:
+    """The layer of one data row of a layer CSV (LayerFileError where it has none)."""
+    if len(row) != len(header):
+        raise LayerFileError(path, lineno, f"expected {len(header)} fields, got {len(row)}")
+    cells = dict(zip(header, row))
+    if legacy:
+        layer = _legacy_layer(path, lineno, cells, index=index)
+    else:
+        name = cells["layer"].strip()
+        if not name:
+            raise LayerFileError(path, lineno, "empty layer name", field="layer")
+        values = {"name": name}
+        pad_word = cells["pad"].strip().lower()
+        for f in CANONICAL_HEADER[1:]:
+            if f == "pad" and pad_word in PAD_WORDS:
+                values[f] = 0
+                continue
+            values[f] = _int_field(path, lineno, f, cells[f])
+        for f in OPTIONAL_COLUMNS:
+            if f in cells and cells[f].strip():
+                values[f] = _int_field(path, lineno, f, cells[f])
+        if pad_word in PAD_WORDS:
+            _apply_pad_word(path, lineno, values, pad_word)
+        layer = _canonical_layer(path, lineno, values)
+    if layer.name in seen:
+        raise LayerFileError(path, lineno, f"duplicated layer name '{layer.name}' (first on "
+                             f"line {seen[layer.name]})", field="layer")
+    return layer
 
 
 def same_padding(size: int, k: int, stride: int = 1, dilation: int = 1) -> Tuple[int, int]:

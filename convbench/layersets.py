@@ -41,17 +41,19 @@ def available_layer_sets() -> List[str]:
     return sorted(p.stem for suffix in SET_SUFFIXES for p in CONVPARAMS_DIR.glob("*" + suffix))
 
 
-def load_layers(spec: str) -> List[Layer]:
+def load_layers(spec: str, skipped: Optional[list] = None) -> List[Layer]:
     """Read a layer set by name or path: a layer CSV, or a file of benchdnn problem
-    descriptors (told apart by their first line that is not a comment)."""
+    descriptors (told apart by their first line that is not a comment).  ``skipped``: a
+    list that collects the error of each line the model cannot hold instead of raising
+    the first."""
     path = resolve_layer_set(spec)
     try:
         text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as err:
         raise LayerFileError(path, None, f"cannot read: {err}") from None
     if looks_like_descriptors(text):
-        return parse_descriptors(text, path=_display_path(path))
-    return parse_layers(text, path=_display_path(path))
+        return parse_descriptors(text, path=_display_path(path), skipped=skipped)
+    return parse_layers(text, path=_display_path(path), skipped=skipped)
 
 
 def _display_path(path: Path) -> str:

@@ -34,7 +34,8 @@ SUBCOMMANDS = {
     "stress": ("convbench.commands.stress", {}, "one very large layer, DaCe against torch"),
     "plot": ("convbench.commands.plot", {}, "redraw the plots of result folders"),
     "layers": ("convbench.commands.layers", {},
-               "show a layer set, convert it to CSV, or take a torch model's Conv3d layers"),
+               "show a layer set, convert it to CSV, or take a torch or ONNX model's 3D "
+               "convolutions"),
     "campaign": ("convbench.campaign_cli", {},
                  "the GPU campaign: pack, run, unpack (docs/gpu-campaign.md)"),
     "validate-timing": ("convbench.commands.validate_timing", {},

@@ -217,3 +217,218 @@ def test_others_refuse_asymmetric_padding_with_the_reason():
             assert reason is None, (name, reason)
         elif "asymmetric padding" not in impl.handles:
             assert reason and "asymmetric padding" in reason and "1+2" in reason, (name, reason)
+
+
+def test_a_torch_same_padding_with_an_even_kernel_is_taken():
+    """``padding='same'`` with even kernels (one dilated): one more at the back, and the
+    torch reference computes what the module does."""
+    import torch
+    from convbench.commands.layers import module_layer
+    from convbench.layouts import Pass
+    from convbench.references import torch_pass
+    module = torch.nn.Conv3d(2, 3, (2, 3, 4), padding="same", dilation=(3, 1, 1)).double()
+    layer = module_layer("m", module, (1, 2, 7, 6, 6))
+    assert (layer.pads, layer.pads_end) == ((1, 1, 1), (2, 1, 2))
+    x = torch.rand(1, 2, 7, 6, 6, dtype=torch.float64)
+    want = torch.nn.functional.conv3d(x, module.weight, padding="same", dilation=(3, 1, 1))
+    assert torch.allclose(torch_pass(layer, Pass.FWD, {"x": x, "w": module.weight}), want,
+                          rtol=0, atol=1e-12)
+
+
+# -- ONNX models as a layer source (issue 45) --------------------------------------------------
+
+def _onnx_model(path, batch="N", with_2d=True, convs=True):
+    """A small 3D U-Net-like model: a padded Conv with different pads at its ends, a
+    strided SAME_UPPER Conv, a ConvTranspose back up; beside it a 2D Conv on a second
+    input (skipped: not a 3D layer)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+
+    def weight(name, shape):
+        return numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+
+    nodes, inits = [], []
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 2, 8, 8, 8])]
+    if convs:
+        inits += [weight("w1", (4, 2, 3, 3, 3)), weight("w2", (6, 4, 2, 2, 2)),
+                  weight("w3", (6, 4, 2, 2, 2))]
+        nodes += [helper.make_node("Conv", ["x", "w1"], ["a"], name="enc1",
+                                   pads=[1, 1, 1, 1, 1, 2]),
+                  helper.make_node("Relu", ["a"], ["b"]),
+                  helper.make_node("Conv", ["b", "w2"], ["c"], name="down", strides=[2, 2, 2],
+                                   auto_pad="SAME_UPPER"),
+                  helper.make_node("ConvTranspose", ["c", "w3"], ["y"], name="up",
+                                   strides=[2, 2, 2])]
+    else:
+        nodes.append(helper.make_node("Relu", ["x"], ["y"]))
+    y_shape = [batch, 4, 8, 8, 10] if convs else [batch, 2, 8, 8, 8]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)]
+    if with_2d:
+        inputs.append(helper.make_tensor_value_info("x2", TensorProto.FLOAT, [1, 2, 8, 8]))
+        inits.append(weight("w4", (3, 2, 3, 3)))
+        nodes.append(helper.make_node("Conv", ["x2", "w4"], ["y2"], name="flat"))
+        outputs.append(helper.make_tensor_value_info("y2", TensorProto.FLOAT, [1, 3, 6, 6]))
+    graph = helper.make_graph(nodes, "unet", inputs, outputs, inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_onnx_layers_take_every_3d_convolution(tmp_path):
+    from convbench.onnx_layers import onnx_layers
+    path = _onnx_model(tmp_path / "m.onnx", batch=2)
+    layers, skipped = onnx_layers(path)
+    by = {x.name: x for x in layers}
+    assert sorted(by) == ["down", "enc1", "up"]
+    assert (by["enc1"].pads, by["enc1"].pads_end) == ((1, 1, 1), (1, 1, 2))
+    assert by["enc1"].output_shape == (2, 4, 8, 8, 9)
+    assert by["down"].output_shape[2:] == (4, 4, 5) and by["down"].asymmetric  # SAME_UPPER
+    assert by["up"].transposed and by["up"].input_shape[2:] == (8, 8, 10)
+    assert [name for name, _ in skipped] == ["flat"] and "2D" in skipped[0][1]
+
+
+def test_onnx_layers_need_a_shape_where_the_model_has_none(tmp_path):
+    """A dynamic batch: every node is skipped with the reason, until --input-shape fixes
+    it; then the written file verifies with profile_conv3d.py."""
+    from convbench import cli
+    from convbench.commands import layers as layers_cmd
+    path = _onnx_model(tmp_path / "m.onnx", with_2d=False)
+    with pytest.raises(UsageError, match="no convolution node is a 3D layer .*dynamic"):
+        layers_cmd._main(["--from-onnx", str(path)], "convbench layers")
+    out = tmp_path / "m.csv"
+    assert layers_cmd._main(["--from-onnx", str(path), "--input-shape", "1,2,8,8,8",
+                             "--out", str(out)], "convbench layers") == 0
+    assert [x.name for x in load_layers(str(out))] == ["enc1", "down", "up"]
+    assert cli.main(["--implementation", "implicitGemm", "--paramscsv", str(out),
+                     "--verify"]) == 0
+
+
+@pytest.mark.parametrize("make, words", [
+    ("text", "is not an ONNX model"),
+    ("relu", "no 3D convolution found"),
+    ("missing", "no file"),
+])
+def test_bad_onnx_input_is_one_line(tmp_path, make, words):
+    import subprocess
+    import sys
+    path = tmp_path / "m.onnx"
+    if make == "text":
+        path.write_text("not a model\n")
+    elif make == "relu":
+        _onnx_model(path, batch=1, with_2d=False, convs=False)
+    proc = subprocess.run([sys.executable, "-m", "convbench.main", "layers", "--from-onnx",
+                           str(path)], capture_output=True, text=True)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and words in lines[0], proc.stderr
+
+
+def test_a_torch_exported_3d_unet_verifies(tmp_path):
+    """A small 3D U-Net, exported to ONNX by torch: its six convolutions (a SAME_UPPER
+    one with an even kernel, a transposed one) come out of --from-onnx, and profile_conv3d
+    verifies them."""
+    import torch
+    from convbench import cli
+    from convbench.commands import layers as layers_cmd
+    nn = torch.nn
+
+    class UNet3D(nn.Module):
+        def __init__(self, c=2, f=4):
+            super().__init__()
+            self.enc1 = nn.Conv3d(c, f, 3, padding=1)
+            self.down = nn.Conv3d(f, 2 * f, 2, stride=2)
+            self.mid = nn.Conv3d(2 * f, 2 * f, 3, padding="same")
+            self.up = nn.ConvTranspose3d(2 * f, f, 2, stride=2)
+            self.dec = nn.Conv3d(2 * f, f, (2, 3, 4), padding="same")
+            self.head = nn.Conv3d(f, 1, 1)
+
+        def forward(self, x):
+            a = torch.relu(self.enc1(x))
+            b = torch.relu(self.mid(torch.relu(self.down(a))))
+            return self.head(torch.relu(self.dec(torch.cat([a, self.up(b)], 1))))
+
+    model = tmp_path / "unet.onnx"
+    try:
+        torch.onnx.export(UNet3D().eval(), (torch.rand(1, 2, 8, 8, 8),), str(model),
+                          dynamo=False, input_names=["x"], dynamic_axes={"x": {0: "N"}})
+    except Exception as err:  # noqa: BLE001 - an exporter this torch lacks
+        pytest.skip(f"torch cannot export to ONNX here: {type(err).__name__}")
+    out = tmp_path / "unet.csv"
+    assert layers_cmd._main(["--from-onnx", str(model), "--input-shape", "1,2,8,8,8",
+                             "--out", str(out)], "convbench layers") == 0
+    layers = load_layers(str(out))
+    assert len(layers) == 6 and sum(x.transposed for x in layers) == 1
+    dec = next(x for x in layers if "dec" in x.name)
+    assert (dec.pads, dec.pads_end) == ((0, 1, 1), (1, 1, 2))
+    assert cli.main(["--implementation", "implicitGemm", "--paramscsv", str(out),
+                     "--verify"]) == 0
+
+
+#: torch_conv3d_samples' rows as torch's test suite calls conv3d (kwargs of F.conv3d).
+TORCH_SAMPLES = {"same_k1": {"padding": "same"}, "stride2": {"stride": 2},
+                 "dilation2": {"dilation": 2}, "valid": {"padding": "valid"},
+                 "same_even": {"padding": "same"},
+                 "same_even_dilation2": {"padding": "same", "dilation": 2},
+                 "same_dilation3": {"padding": "same", "dilation": 3},
+                 "groups3": {"groups": 3}, "groups3_stride2": {"stride": 2, "groups": 3}}
+
+
+def test_torch_conv3d_samples_are_what_torch_computes():
+    import torch
+    from convbench.layouts import Pass
+    from convbench.references import torch_pass
+    layers = load_layers("torch_conv3d_samples")
+    assert sorted(x.name for x in layers) == sorted(TORCH_SAMPLES)
+    assert any(x.asymmetric for x in layers)
+    for layer in layers:
+        x = torch.rand(layer.input_shape, dtype=torch.float64)
+        w = torch.rand(layer.filter_shape, dtype=torch.float64)
+        want = torch.nn.functional.conv3d(x, w, **TORCH_SAMPLES[layer.name])
+        assert torch.allclose(torch_pass(layer, Pass.FWD, {"x": x, "w": w}), want,
+                              rtol=0, atol=1e-12), layer.name
+
+
+@pytest.mark.parametrize("name", GENERAL)
+def test_torch_conv3d_samples_verify(name, builds, reference, request):
+    """The fast tier: one general implementation per pass on every sample; the full tier:
+    all of them."""
+    from convbench import registry, toolchain, verify
+    if not request.config.getoption("--full") and name not in (
+            "directConvNCDHW", "implicitGemmBwdData", "implicitGemmBwdFilter"):
+        pytest.skip("the full tier runs the other general implementations")
+    impl = registry.get(name)
+    for layer in load_layers("torch_conv3d_samples"):
+        result = verify.verify_build(builds(toolchain.make_spec(impl, layer)),
+                                     reference(layer, pass_=impl.pass_))[0]
+        assert result.ok, (layer.name, result.summary())
+
+
+MIXED_CSV = """layer,batch,in_channels,out_channels,in_d,in_h,in_w,k_d,k_h,k_w,stride,pad
+good,1,2,3,6,6,6,3,3,3,1,1
+too_large,1,2,3,6,6,6,9,3,3,1,0
+good2,1,2,3,5,6,7,2,2,2,1,same
+not_int,1,2,x,6,6,6,3,3,3,1,1
+"""
+
+
+def test_skip_invalid_runs_the_valid_lines_and_lists_the_others(tmp_path, capsys):
+    from convbench import cli
+    from convbench.benchdnn import parse_descriptors
+    with pytest.raises(LayerFileError, match=":3: field 'k_d'"):
+        parse_layers(MIXED_CSV, path="m.csv")
+    skipped = []
+    assert [x.name for x in parse_layers(MIXED_CSV, path="m.csv", skipped=skipped)] == \
+        ["good", "good2"]
+    assert [(e.line, e.field) for e in skipped] == [(3, "k_d"), (5, "out_channels")]
+    with pytest.raises(LayerFileError, match=":2:"):  # nothing valid: the first error
+        parse_layers(MIXED_CSV.splitlines()[0] + "\n" + MIXED_CSV.splitlines()[2] + "\n" +
+                     MIXED_CSV.splitlines()[4] + "\n", path="m.csv", skipped=[])
+    skipped = []
+    layers = parse_descriptors("ic2oc2id8kd3\nic2oc2id8od2kd3pd1\n", path="s", skipped=skipped)
+    assert len(layers) == 1 and [e.line for e in skipped] == [2]
+    path = tmp_path / "m.csv"
+    path.write_text(MIXED_CSV)
+    rc = cli.main(["--implementation", "implicitGemm", "--paramscsv", str(path), "--verify",
+                   "--skip-invalid"])
+    err = capsys.readouterr().err
+    assert rc == 0 and err.count("skipped: ") == 2 and ":5: field 'out_channels'" in err, err

@@ -3,18 +3,21 @@
     convbench layers --paramscsv onednn_shapes_3d             # a table of the set
     convbench layers --paramscsv onednn_shapes_3d --out my.csv  # the set as a layer CSV
     convbench layers --from-torch mypkg.models:make_net --input-shape 1,3,16,112,112 --out net.csv
+    convbench layers --from-onnx unet3d.onnx [--input-shape 1,1,64,64,64] --out unet.csv
 
 ``--from-torch MODULE:FACTORY`` imports ``MODULE`` (a ``.py`` file, or a module in the
 current folder or on the Python path), calls ``FACTORY()`` for a ``torch.nn.Module``, and runs one forward pass on zeros of
 ``--input-shape`` (batch first) with a forward hook on every ``Conv3d`` and
 ``ConvTranspose3d``: each call becomes a layer with the shape it saw, its stride, padding,
 dilation and groups, named by the module's path in the model (``#2`` for a second call).
-What the layer model cannot express (a padding mode other than zeros, a ``"same"``
-padding that is not symmetric) is refused with the module's name.
+What the layer model cannot express (a padding mode other than zeros) is refused with the
+module's name; ``padding="same"`` with an even (dilated) kernel pads one more at the back,
+as torch does.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import sys
@@ -37,8 +40,12 @@ def build_parser(prog: str = PROG):
     src.add_argument("--from-torch", default=None, metavar="MODULE:FACTORY",
                      help="take the Conv3d/ConvTranspose3d layers of the model FACTORY() "
                      "returns, traced on --input-shape")
+    src.add_argument("--from-onnx", default=None, metavar="MODEL.onnx",
+                     help="take the 3D Conv/ConvTranspose nodes of an ONNX model, shapes "
+                     "by ONNX shape inference")
     p.add_argument("--input-shape", default=None, metavar="N,C,D,H,W",
-                   help="the model's input shape for --from-torch (batch first)")
+                   help="the model's input shape: for --from-torch, and for --from-onnx "
+                   "where the model's input has dynamic dimensions (batch first)")
     p.add_argument("--batch", type=int, default=None, metavar="N",
                    help="batch size, overriding the set's")
     flags.add_out_flag(p, "print a table instead")
@@ -60,9 +67,20 @@ def _main(argv, prog: str) -> int:
         shape = parse_shape(args.input_shape)
         layers = from_torch(load_factory(args.from_torch), shape)
         source = f"--from-torch {args.from_torch} --input-shape {args.input_shape}"
+    elif args.from_onnx:
+        from ..onnx_layers import onnx_layers
+        shape = parse_shape(args.input_shape) if args.input_shape else None
+        layers, skipped = onnx_layers(args.from_onnx, shape)
+        source = f"--from-onnx {args.from_onnx}" + (
+            f" --input-shape {args.input_shape}" if args.input_shape else "")
+        for name, why in skipped:
+            print(f"skipped {name}: {why}", file=sys.stderr)
+        if not layers and skipped:
+            raise UsageError(f"{source}: no convolution node is a 3D layer ({len(skipped)} "
+                             f"skipped; the first, {skipped[0][0]}: {skipped[0][1]})")
     else:
         if args.input_shape:
-            raise UsageError("--input-shape goes with --from-torch")
+            raise UsageError("--input-shape goes with --from-torch or --from-onnx")
         from ..layersets import load_layers
         spec = args.paramscsv or "cosmoflow"
         layers = load_layers(spec)
@@ -184,22 +202,23 @@ def module_layer(name: str, module, input_shape) -> Layer:
         raise ValueError(f"padding_mode {module.padding_mode!r}: only zero padding is in the "
                          "layer model")
     k, s, d = tuple(module.kernel_size), tuple(module.stride), tuple(module.dilation)
-    pad = module.padding
+    pad, end = module.padding, None
     if isinstance(pad, str):  # "same" or "valid" (Conv3d only)
         if pad == "valid":
             pad = (0, 0, 0)
-        else:
+        else:  # torch pads an odd total's extra one at the back
             spans = [dl * (kk - 1) for kk, dl in zip(k, d)]
-            if any(span % 2 for span in spans):
-                raise ValueError("padding='same' with an even dilated kernel pads one side "
-                                 "more: asymmetric padding is not in the layer model")
             pad = tuple(span // 2 for span in spans)
+            end = tuple(span - span // 2 for span in spans)
     n, c, di, hi, wi = input_shape
     if isinstance(module, torch.nn.ConvTranspose3d):
         return Layer.transposed_of(name, n, c, module.out_channels, (di, hi, wi), k, s,
                                    tuple(pad), d, module.groups, tuple(module.output_padding))
-    return Layer.from_triples(name, n, c, module.out_channels, (di, hi, wi), k, s, tuple(pad),
-                              d, module.groups)
+    layer = Layer.from_triples(name, n, c, module.out_channels, (di, hi, wi), k, s, tuple(pad),
+                               d, module.groups)
+    if end is not None and end != tuple(pad):
+        layer = dataclasses.replace(layer, **{f"pad_{dim}_end": e for dim, e in zip("dhw", end)})
+    return layer
 
 
 if __name__ == "__main__":
