@@ -670,9 +670,9 @@ def forward_bound(layer, x, w, m: int = M_OUT):
     past the input: the bound pads as many zero planes and crops."""
     import numpy as np
     import torch
-    pd, ph, pw = layer.pads
+    (pd, ph, pw), (ed, eh, ew) = layer.pads, layer.pads_end
     od, oh, ow = (-layer.out_d % m, -layer.out_h % m, -layer.out_w % m)
-    xp = torch.nn.functional.pad(x.double(), (pw, pw + ow, ph, ph + oh, pd, pd + od))
+    xp = torch.nn.functional.pad(x.double(), (pw, ew + ow, ph, eh + oh, pd, ed + od))
     bound = winograd.error_bound(xp.numpy(), w.double().numpy(), m)
     bound = bound[:, :, :layer.out_d, :layer.out_h, :layer.out_w]
     return torch.from_numpy(np.ascontiguousarray(bound))
@@ -705,8 +705,10 @@ def _forward_fields(program) -> dict:
     def error_bound(layer, inputs, tol_factor=None, random_inputs=False):  # short sums
         return forward_bound(layer, inputs["x"], inputs["w"])
 
+    # the kernel reads zeros outside the input and tiles the output it is given, so
+    # the padding at the back only sets the output size
     return dict(algorithm=algorithm, supports=supports, error_bound=error_bound,
-                constraints=CONSTRAINTS)
+                constraints=CONSTRAINTS, handles=("asymmetric padding",))
 
 
 def _data_gradient_fields(program) -> dict:

@@ -293,3 +293,19 @@ def test_winograd_tiled_refuses_blocks_a_gpu_cannot_launch():
         impl.resolve_params({"TT": 64, "TK": 32})
     with pytest.raises(UsageError, match="shared input chunk"):
         impl.resolve_params({"TT": 16, "CC": 16})
+
+
+@pytest.mark.parametrize("name", ("winogradF2", "winogradF2Tiled", "winogradF2BwdFilter",
+                                  "winogradF2BwdDataAdjoint"))
+def test_winograd_kernels_take_padding_that_differs_at_the_ends(name, builds, reference):
+    """The kernels read zeros outside the input and tile the output they are given, so a
+    padding that differs at the two ends of a dimension only sets the output size; the
+    transposed form refuses it with the reason."""
+    impl = registry.get(name)
+    layer = Layer("wg_ends", 2, 8, 12, 7, 6, 5, 3, 3, 3, pad=0, pad_d=1, pad_d_end=0,
+                  pad_h_end=2, pad_w_end=3)
+    result = verify.verify_build(builds(toolchain.make_spec(impl, layer)),
+                                 reference(layer, pass_=impl.pass_))[0]
+    assert result.ok, result.summary()
+    reason = registry.get("winogradF2BwdData").unsupported_reason(layer, {})
+    assert reason and "asymmetric padding" in reason
