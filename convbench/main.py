@@ -33,6 +33,8 @@ SUBCOMMANDS = {
                 "CosmoFlow networks with DaCe convolutions: check, train, time"),
     "stress": ("convbench.commands.stress", {}, "one very large layer, DaCe against torch"),
     "plot": ("convbench.commands.plot", {}, "redraw the plots of result folders"),
+    "compare": ("convbench.commands.compare", {},
+                "two runs side by side: per layer the ratio, and whether it is beyond noise"),
     "layers": ("convbench.commands.layers", {},
                "show a layer set, convert it to CSV, or take a torch or ONNX model's 3D "
                "convolutions"),
