@@ -207,12 +207,14 @@ _BUILDER = textwrap.dedent("""
 
 
 def test_concurrent_builders_share_one_build(tmp_path):
-    """Two processes ask for the same missing build at the same moment: one compiles it,
-    the other waits for the lock and loads the result; the entry stays valid."""
+    """Four processes, released together, ask for the same missing build: one compiles it
+    (in the entry's own build folder, never one that another process uses), the others
+    wait for the lock and load the finished result; none loads a half-written entry, and
+    the cache holds one valid entry."""
     procs = [subprocess.Popen([PYTHON, "-c", _BUILDER, str(tmp_path / "cache")],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT)
-             for _ in range(2)]
+             for _ in range(4)]
     try:
         for p in procs:  # both have imported everything and made the spec
             assert p.stdout.readline().strip() == "ready", p.stderr.read()
@@ -227,10 +229,11 @@ def test_concurrent_builders_share_one_build(tmp_path):
         assert p.returncode == 0, err
     runs = sorted((json.loads(out.strip().splitlines()[-1]) for out, _ in outs),
                   key=lambda r: r["origin"])
-    assert [r["origin"] for r in runs] == ["built", "loaded"]  # the second waited, then loaded
-    builder, loader = runs
-    # They overlapped: the loader asked before the builder was done, and got its build after.
-    assert loader["start"] < builder["end"] <= loader["end"], runs
+    assert [r["origin"] for r in runs] == ["built"] + ["loaded"] * 3  # the others waited
+    builder, loaders = runs[0], runs[1:]
+    # They overlapped: each loader asked before the builder was done, and got its build after.
+    for loader in loaders:
+        assert loader["start"] < builder["end"] <= loader["end"], runs
     c = BuildCache(tmp_path / "cache")
     assert c.inspect(spec()).valid
     assert list(c.entries()) == [c.entry(spec())]
