@@ -663,6 +663,16 @@ def registers_of(pass_):
     return registers
 
 
+def tile_padded(layer, x, m: int = M_OUT):
+    """``(x padded, extra)``: ``x`` (NCDHW) in float64 with the layer's padding at both
+    ends, and ``extra`` = the zero planes past a cut-short last tile of ``m`` outputs
+    (which the kernels read as zeros) added at the back of each dimension."""
+    import torch
+    (pd, ph, pw), (ed, eh, ew) = layer.pads, layer.pads_end
+    od, oh, ow = extra = (-layer.out_d % m, -layer.out_h % m, -layer.out_w % m)
+    return torch.nn.functional.pad(x.double(), (pw, ew + ow, ph, eh + oh, pd, ed + od)), extra
+
+
 def forward_bound(layer, x, w, m: int = M_OUT):
     """The bound of :func:`convbench.winograd.error_bound` for the forward ``layer`` on
     ``x`` (unpadded, NCDHW) and ``w`` (K, C, 3, 3, 3), as a float64 tensor shaped like the
@@ -670,9 +680,7 @@ def forward_bound(layer, x, w, m: int = M_OUT):
     past the input: the bound pads as many zero planes and crops."""
     import numpy as np
     import torch
-    (pd, ph, pw), (ed, eh, ew) = layer.pads, layer.pads_end
-    od, oh, ow = (-layer.out_d % m, -layer.out_h % m, -layer.out_w % m)
-    xp = torch.nn.functional.pad(x.double(), (pw, ew + ow, ph, eh + oh, pd, ed + od))
+    xp, _ = tile_padded(layer, x, m)
     bound = winograd.error_bound(xp.numpy(), w.double().numpy(), m)
     bound = bound[:, :, :layer.out_d, :layer.out_h, :layer.out_w]
     return torch.from_numpy(np.ascontiguousarray(bound))

@@ -30,7 +30,7 @@ from convbench import winograd
 from convbench.isa import accumulator_budget, vector_registers
 from impls._blocked import largest_divisor
 from impls._winograd import (R, _matrix, micro_code, padded, pointer_connectors, tile_count,
-                             tiles, vector_code, vector_of)
+                             tile_padded, tiles, vector_code, vector_of)
 
 M_OUT = 2
 N_IN = M_OUT + R - 1
@@ -258,10 +258,6 @@ def bound(layer, x, dy, tol_factor: float, random_inputs: bool = False):
     """:func:`convbench.winograd.filter_gradient_bound` for ``layer`` on ``x`` (NCDHW,
     unpadded) and ``dy`` (NCDHW), shaped like dL/dw (K, C, 3, 3, 3)."""
     import torch
-    (pd, ph, pw), (ed, eh, ew) = layer.pads, layer.pads_end
-    m = M_OUT
-    od, oh, ow = (-layer.out_d % m, -layer.out_h % m, -layer.out_w % m)
-    # past a cut-short last tile the kernel reads zeros: pad x by as many planes more
-    xp = torch.nn.functional.pad(x.double(), (pw, ew + ow, ph, eh + oh, pd, ed + od))
+    xp, (od, oh, ow) = tile_padded(layer, x, M_OUT)
     dyp = torch.nn.functional.pad(dy.double(), (0, ow, 0, oh, 0, od))
     return torch.from_numpy(np.ascontiguousarray(winograd.filter_gradient_bound(xp, dyp, tol_factor, random_inputs)))
