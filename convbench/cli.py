@@ -124,18 +124,40 @@ def _main(argv, prog: str = PROG, mode: Optional[str] = None) -> int:
               end="\n" if not args.markdown else "")
         return 0
 
-    from . import precision
-    from .devices import resolve_device, set_threads
-    from .experiment import Experiment, TimingOptions, resolve_implementations
-    from .references import ReferenceOptions
+    exp = prepare_experiment(args, Printer(args.paramscsv, args.strict))
+    exp.run()
+    n = exp.counts()
+    print(f"{exp.impls[0].name}: {n['passed']} passed, {n['failed']} failed, "
+          f"{n['unsupported']} unsupported (of {len(exp.layers)} layers)")
+    return 1 if n["failed"] or (args.strict and n["unsupported"]) else 0
 
+
+def check_selection(args):
+    """``(implementation, parameter overrides, layers)`` that parsed ``verify``/``profile``
+    flags select, every flag but ``--device`` checked (:class:`UsageError`, one line),
+    without touching a device: what ``convbench sweep`` checks before it submits."""
+    from . import registry
+    from .experiment import resolve_implementations
+    pass_ = resolve_pass(args.pass_)
     impl, = resolve_implementations(
         [args.implementation or registry.default("cli", pass_ or "fwd")], pass_,
         flag=f"--pass {pass_}" if pass_ is not None else "--implementation")
     overrides = registry.parse_param_overrides(args.param)
     impl.resolve_params(overrides)  # validates --param before anything runs
     _check_args(args)
-    layers = select_layers(args)
+    return impl, overrides, select_layers(args)
+
+
+def prepare_experiment(args, observer: Optional[Observer] = None):
+    """The :class:`~convbench.experiment.Experiment` that parsed ``verify``/``profile``
+    flags ask for, every flag checked (:class:`UsageError`, one line) and nothing built
+    yet.  ``convbench sweep`` runs each of its parts through this too."""
+    from . import precision
+    from .devices import resolve_device, set_threads
+    from .experiment import Experiment, TimingOptions, resolve_implementations
+    from .references import ReferenceOptions
+
+    impl, overrides, layers = check_selection(args)
     device = resolve_device(args.device)
     resolve_implementations([impl.name], device=device, flag=f"--device {device}")
     args.threads = set_threads(args.threads)
@@ -150,18 +172,14 @@ def _main(argv, prog: str = PROG, mode: Optional[str] = None) -> int:
                      references=ReferenceOptions(args.allow_tf32, args.cudnn_algo),
                      outdir=args.outdir, plots=args.enableplots, threads=args.threads,
                      metadata={"layer_set": args.paramscsv, "batch": args.batch},
-                     observer=Printer(args.paramscsv, args.strict), dtype=dtype)
+                     observer=observer, dtype=dtype)
     refusals = [impl.unsupported_reason(layer, exp.params(impl, layer)) for layer in layers]
     if all(refusals):
         doing = " and ".join(w for w, on in (("verified", args.verify),
                                              ("timed", args.compareprof)) if on)
         raise UsageError(f"nothing to be {doing}: {impl.name} supports none of the "
                          f"{len(layers)} selected layer(s) ({layers[0].name}: {refusals[0]})")
-    exp.run()
-    n = exp.counts()
-    print(f"{impl.name}: {n['passed']} passed, {n['failed']} failed, "
-          f"{n['unsupported']} unsupported (of {len(layers)} layers)")
-    return 1 if n["failed"] or (args.strict and n["unsupported"]) else 0
+    return exp
 
 
 class Printer(Observer):

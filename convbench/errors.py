@@ -68,7 +68,7 @@ def run_main(prog: str, body, argv=None) -> int:
     import sys
     try:
         return body(argv)
-    except UsageError as err:
+    except (UsageError, files.WriteError) as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
         return err.exit_status
     except KeyboardInterrupt:

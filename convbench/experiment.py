@@ -31,6 +31,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from . import cache, registry, toolchain, tuning
 from .errors import UsageError
+from .files import WriteError
 from .layers import Layer
 from .layouts import Pass
 from .precision import check_device, get_dtype
@@ -338,6 +339,24 @@ class Experiment:
         return measurements, infos
 
     # -- the whole pipeline ------------------------------------------------------------------
+    def prebuild(self) -> List[str]:
+        """Every supported case built into the cache (loaded from it when valid, under the
+        policy ``reuse`` or ``require``), none loaded or run: per case ``built``,
+        ``cached`` or ``unsupported``.  The first job array of a sweep's ``--build-first``."""
+        out = []
+        policy = "reuse" if self.policy == "require" else self.policy
+        for impl in self.impls:
+            for layer in self.layers:
+                params = self.params(impl, layer)
+                if (impl.unsupported_dtype(self.dtype, self.device)
+                        or impl.unsupported_reason(layer, params)):
+                    out.append("unsupported")
+                    continue
+                spec = toolchain.make_spec(impl, layer, self.dtype, self.device, params)
+                build = cache.build(spec, self.cachedir, policy=policy, load=False)
+                out.append("built" if build.origin == "built" else "cached")
+        return out
+
     def run(self) -> List[Record]:
         """Every implementation on every layer; the records, also in ``self.records``."""
         self.observer.started(self)
@@ -403,7 +422,7 @@ class Experiment:
             else:
                 self._check_and_time(record, build, index, CaseOptions(
                     references, layouts, tamper, time_wrong, truth, inputs, timed, dace_call))
-        except UsageError:
+        except (UsageError, WriteError):  # bad input, or results that cannot be written
             raise
         except Exception as err:  # a build or run failure fails this case, not the run
             if not catch:

@@ -4,6 +4,7 @@
     convbench profile --implementation implicitGemm --enableplots
     convbench list [--pass bwd_data]
     convbench layers --from-torch mymodels:net --input-shape 1,3,16,112,112 --out net.csv
+    convbench sweep profile --implementation implicitGemm --pass fwd,bwd_data --executor slurm
     convbench bench | tune | precompile | end2end | stress | plot | campaign ... [--help]
 
 Each subcommand is the library function behind one of the project's scripts, with the
@@ -33,6 +34,8 @@ SUBCOMMANDS = {
                 "CosmoFlow networks with DaCe convolutions: check, train, time"),
     "stress": ("convbench.commands.stress", {}, "one very large layer, DaCe against torch"),
     "plot": ("convbench.commands.plot", {}, "redraw the plots of result folders"),
+    "sweep": ("convbench.commands.sweep", {},
+              "verify or profile selections as jobs (local, Slurm) through submitit, merged"),
     "compare": ("convbench.commands.compare", {},
                 "two runs side by side: per layer the ratio, and whether it is beyond noise"),
     "layers": ("convbench.commands.layers", {},

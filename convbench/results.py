@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from . import schema
-from .files import write_atomic
+from .files import make_folder, write_atomic
 from .layers import Layer
 from .timing import Timing
 
@@ -31,7 +31,7 @@ DACE, SAMPLE_COLUMNS, SUMMARY_COLUMNS = schema.DACE, schema.SAMPLE_COLUMNS, sche
 def save_records(path: os.PathLike, meta: Dict[str, Any], records: List[Any]) -> Path:
     """Write a benchmark script's raw numbers as ``{"meta": ..., "records": ...}`` JSON."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent)
     write_atomic(path, json.dumps({"meta": meta, "records": records}, indent=1, default=str))
     print(f"wrote {path}")
     return path
@@ -72,7 +72,7 @@ class RunWriter:
 
     def __init__(self, outdir: os.PathLike, metadata: Dict[str, Any], references: List[str]):
         self.outdir = Path(outdir)
-        self.outdir.mkdir(parents=True, exist_ok=True)
+        make_folder(self.outdir)
         self.metadata = dict(metadata, status=schema.RUNNING, layers_done=[])
         self.references = list(references)
         self.samples: List[Dict[str, Any]] = []

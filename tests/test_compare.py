@@ -69,3 +69,23 @@ def test_bad_runs_are_one_line(tmp_path, make, words):
                            str(run)], capture_output=True, text=True)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and words in lines[0], proc.stderr
+
+
+def test_two_sweeps_are_compared_folder_by_folder(tmp_path, capsys):
+    """Two folders of runs (sweeps) are compared by their result folders of the same name;
+    a planted slowdown in one of them fails the gate."""
+    for sweep, slow in (("A", None), ("B", "winogradF2BwdFilter")):
+        (tmp_path / sweep).mkdir()
+        _copy(tmp_path / sweep, "set-bwd_filter-float32", slow=slow)
+        _copy(tmp_path / sweep, "set-fwd-float32")
+    _copy(tmp_path / "B", "only-in-b")
+    status = compare.main([str(tmp_path / "A"), str(tmp_path / "B"), "--fail-above", "10"])
+    out = capsys.readouterr().out
+    assert status == compare.SLOWER_EXIT
+    assert "== set-bwd_filter-float32" in out and "== set-fwd-float32" in out
+    assert "only-in-b" not in out
+    assert sum(line.endswith(" slower") for line in out.splitlines()) == 1
+    (tmp_path / "C").mkdir()
+    _copy(tmp_path / "C", "other")
+    assert compare.main([str(tmp_path / "A"), str(tmp_path / "C")]) == 2
+    assert "no result folder of the same name" in capsys.readouterr().err

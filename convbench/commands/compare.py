@@ -5,7 +5,8 @@ difference stands out of the runs' own spread.
     convbench compare RUN_A RUN_B --fail-above 10    # exit 1 on a slowdown beyond noise and 10%
 
 A run is a result folder (``summary.csv`` and ``metadata.json``, as profile, bench and
-end2end write them) or its ``summary.csv``.  Rows are matched by layer, geometry, batch,
+end2end write them) or its ``summary.csv``; two folders of runs (two sweeps) are compared
+result folder by result folder, those of the same name.  Rows are matched by layer, geometry, batch,
 implementation and backend.  A difference counts ("slower", "faster") only where the two
 runs' interquartile ranges do not overlap; "~" otherwise.  The header says where the two
 runs' metadata differ (machine, commit, precision, pass, threads), since a ratio across
@@ -133,15 +134,40 @@ def compare(run_a: str, run_b: str) -> Tuple[List[List[str]], List[str], List[tu
     return rows, notes, slower
 
 
+def run_pairs(run_a: str, run_b: str) -> List[Tuple[str, str, str]]:
+    """``(name, A, B)`` per comparison: the two runs themselves, or, for two folders of
+    runs (two sweeps: docs/sweep.md), each result folder that both hold, by name."""
+    a, b = Path(run_a), Path(run_b)
+    if not (a.is_dir() and b.is_dir()) or (a / "summary.csv").is_file() \
+            or (b / "summary.csv").is_file():
+        return [("", run_a, run_b)]
+    def runs(folder):
+        return {p.parent.name for p in folder.glob("*/summary.csv")}
+    common = sorted(runs(a) & runs(b))
+    if not common:
+        if runs(a) or runs(b):
+            raise UsageError(f"{run_a} and {run_b} hold no result folder of the same name "
+                             f"(A: {', '.join(sorted(runs(a))) or 'none'}; B: "
+                             f"{', '.join(sorted(runs(b))) or 'none'})")
+        return [("", run_a, run_b)]  # load_run says what is missing
+    return [(name, str(a / name), str(b / name)) for name in common]
+
+
 def _main(argv, prog: str) -> int:
     args = build_parser(prog).parse_args(argv)
     if args.fail_above is not None and not args.fail_above >= 0:
         raise UsageError(f"--fail-above: must be a percentage >= 0, got {args.fail_above}")
-    rows, notes, slower = compare(args.run_a, args.run_b)
-    print(tables.aligned(["layer", "geometry", "batch", "implementation", "backend",
-                          "A ms", "B ms", "B/A", "beyond spread"], rows))
-    for note in notes:
-        print(f"note: {note}")
+    slower = []
+    pairs = run_pairs(args.run_a, args.run_b)
+    for name, run_a, run_b in pairs:
+        rows, notes, found = compare(run_a, run_b)
+        if name:
+            print(f"{'' if name == pairs[0][0] else chr(10)}== {name}")
+        print(tables.aligned(["layer", "geometry", "batch", "implementation", "backend",
+                              "A ms", "B ms", "B/A", "beyond spread"], rows))
+        for note in notes:
+            print(f"note: {note}")
+        slower += found
     if args.fail_above is not None:
         limit = 1 + args.fail_above / 100
         over = [(k, r) for k, r in slower if r > limit]

@@ -17,6 +17,7 @@ from typing import List, Union
 # matplotlib imports, that float32's smallest subnormal is zero.  Harmless here.
 warnings.filterwarnings("ignore", message="The value of the smallest subnormal")
 
+from ..files import make_folder  # noqa: E402
 from ..schema import SAMPLE_COLUMNS  # noqa: E402
 from .reader import RunData, Stats, load_run, read_breakdown, read_metadata  # noqa: E402
 
@@ -43,7 +44,7 @@ def plot_run(run_dir: Union[str, Path, RunData],
     from .violin import plot_violin
     run = run_dir if isinstance(run_dir, RunData) else load_run(run_dir)
     out = Path(outdir) if outdir is not None else run.run_dir
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out)
     return [plot_violin(run, out / "violin.png"),
             plot_medians(run, out / "medians.png"),
             plot_roofline(run, out / "roofline.png")]

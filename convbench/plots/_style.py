@@ -13,6 +13,7 @@ matplotlib.use("Agg")  # before pyplot: no display needed, the same output every
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.transforms import Bbox  # noqa: E402
 
+from ..files import WriteError, make_folder  # noqa: E402
 from ..schema import COMPLETE, DACE  # noqa: E402
 from .reader import RunData, finite  # noqa: E402
 
@@ -165,9 +166,11 @@ def place_labels(fig: "plt.Figure", ax: "plt.Axes", labels: list,
 def save(fig: "plt.Figure", path: Union[str, Path]) -> Path:
     """Write ``fig`` to ``path`` (making its folder) and close it."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent)
     try:
         fig.savefig(path, dpi=DPI)
+    except OSError as err:
+        raise WriteError(path, err) from None
     finally:
         plt.close(fig)
     return path

@@ -1,0 +1,646 @@
+"""Sweeps: a verify or profile selection run as jobs through submitit, merged into one run
+folder.
+
+A sweep is the cross product implementations x layer sets x precisions (the pass comes
+with the implementation).  Each element is a :class:`Part`: the argument list of one
+``convbench verify|profile`` run, run by :func:`run_part` through the same
+:func:`convbench.cli.prepare_experiment` and :class:`~convbench.experiment.Experiment`
+as that command.  docs/sweep.md is the manual; the folder::
+
+    RUN/sweep.json                        the selection and its parts (written once)
+    RUN/parts/<part>/status.json          state, host, times, counts, error, log paths
+    RUN/parts/<part>/result/              the part's own result files (profile)
+    RUN/parts/<part>/records.json         per layer: status, reason, checks
+    RUN/logs/                             submitit's job files and logs
+    RUN/<layer set>-<pass>-<precision>/   merged: samples.csv, summary.csv, metadata.json,
+                                          verify.csv, plots
+    RUN/parts.csv                         one line per part: its state and counts
+
+A part is finished when its ``status.json`` says ``complete`` (or ``refused``: it selects
+nothing its implementation supports).  Running the same sweep again into the same folder
+keeps the finished parts and runs the others again: failed ones, and ones whose job was
+killed or timed out (their status still says ``running``).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional, Sequence
+
+from . import schema
+from .errors import UsageError
+from .files import make_folder, write_atomic
+
+SWEEP_FILE = "sweep.json"
+PARTS_CSV = "parts.csv"
+VERIFY_CSV = "verify.csv"
+#: A part's states.  ``running`` on disk after its job ended means the job died.
+RUNNING, COMPLETE, FAILED, REFUSED = "running", "complete", "failed", "refused"
+FINISHED = (COMPLETE, REFUSED)
+MODES = ("verify", "profile")
+EXECUTORS = ("local", "slurm", "debug")
+#: Sweep file format; a folder with another is not resumed.
+FORMAT = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """One job: one implementation on one layer set in one precision."""
+
+    id: str
+    #: ``verify`` or ``profile`` (``convbench verify|profile``), or ``campaign``.
+    mode: str
+    implementation: str
+    pass_: str
+    layer_set: str
+    dtype: str
+    #: The arguments of ``convbench <mode>`` (or ``gpu-campaign``), ``--outdir`` excepted.
+    argv: tuple
+
+    @property
+    def group(self) -> str:
+        """The merged folder this part's results go into."""
+        return _slug(f"{Path(self.layer_set).stem}-{self.pass_}-{self.dtype}")
+
+    def to_json(self) -> Dict[str, Any]:
+        return dict(dataclasses.asdict(self), argv=list(self.argv))
+
+    @classmethod
+    def from_json(cls, data: Dict[str, Any]) -> "Part":
+        return cls(**dict(data, argv=tuple(data["argv"])))
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.+-]+", "_", text)
+
+
+# -- the plan --------------------------------------------------------------------------------
+
+def plan(mode: str, implementations: Sequence[str], layer_sets: Sequence[str],
+         dtypes: Sequence[str], extra: Sequence[str] = ()) -> List[Part]:
+    """The parts of a sweep, each checked as ``convbench <mode>`` checks its flags
+    (:func:`convbench.cli.check_selection`; a problem is a :class:`UsageError` naming the
+    part).  ``extra``: the other flags of ``convbench verify|profile``, given to every
+    part.  Paths (layer CSVs, ``--cachedir``) are made absolute, since jobs may start
+    elsewhere."""
+    from . import cli, registry
+    if mode not in MODES:
+        raise UsageError(f"unknown mode '{mode}' (choose from {', '.join(MODES)})")
+    extra = _absolute_paths(list(extra))
+    for flag in ("--outdir", "--enableplots", "--list", "--markdown"):
+        if flag in extra:
+            raise UsageError(f"{flag}: the sweep sets it for its parts (use the sweep's "
+                             "--outdir and --enableplots)")
+    parts, seen = [], set()
+    for layer_set in layer_sets:
+        set_arg = str(Path(layer_set).absolute()) if _is_path(layer_set) else layer_set
+        for dtype in dtypes:
+            for name in implementations:
+                impl = registry.get(name) if name in registry.all_implementations() else None
+                pass_ = str(impl.pass_) if impl is not None else "?"
+                argv = ("--implementation", name, "--paramscsv", set_arg, "--dtype", dtype,
+                        *extra)
+                part = Part(_slug(f"{Path(layer_set).stem}-{pass_}-{dtype}-{name}"), mode,
+                            name, pass_, set_arg, dtype, argv)
+                try:
+                    cli.check_selection(cli.build_parser(f"convbench {mode}", mode)
+                                        .parse_args(list(argv)))
+                except UsageError as err:
+                    raise UsageError(f"{name} on {layer_set} ({dtype}): {err}") from None
+                if part.id in seen:
+                    raise UsageError(f"{name} on {layer_set} ({dtype}) is selected twice")
+                seen.add(part.id)
+                parts.append(part)
+    return parts
+
+
+def campaign_part(tier: str, extra: Sequence[str] = ()) -> Part:
+    """The GPU campaign (``convbench campaign run --tier TIER``) as one part: it writes the
+    campaign's own folder layout into ``RUN/parts/campaign-<tier>/result`` and resumes
+    there when the sweep is run again.  The campaign checks its flags (``--dry-run``)
+    before anything is submitted."""
+    for flag in ("--out", "--resume", "--archive"):
+        if flag in extra:
+            raise UsageError(f"{flag}: the sweep sets it for the campaign")
+    part = Part(f"campaign-{_slug(tier)}", "campaign", "", "", "", "", tuple(
+        ["run", "--tier", tier] + _absolute_paths(list(extra))))
+    check = _campaign_command(part, ["--dry-run"])
+    out = subprocess.run(check, capture_output=True, text=True)
+    if out.returncode != 0:
+        lines = (out.stderr or out.stdout).strip().splitlines() or [f"status {out.returncode}"]
+        raise UsageError(f"--campaign: {lines[-1].split('error: ', 1)[-1]}")
+    return part
+
+
+def _campaign_command(part: Part, extra: Sequence[str]) -> List[str]:
+    """The campaign runs in a process of its own, as ``convbench campaign`` (its output is
+    the job's log)."""
+    return [sys.executable, "-m", "convbench.main", "campaign", *part.argv, *extra]
+
+
+def _is_path(spec: str) -> bool:
+    return "/" in spec or os.sep in spec or Path(spec).is_file()
+
+
+def _absolute_paths(argv: List[str]) -> List[str]:
+    out = list(argv)
+    for i, arg in enumerate(out):
+        for flag in ("--cachedir", "--space"):
+            if arg == flag and i + 1 < len(out):
+                out[i + 1] = str(Path(out[i + 1]).absolute())
+            elif arg.startswith(flag + "="):
+                out[i] = f"{flag}={Path(arg.split('=', 1)[1]).absolute()}"
+    return out
+
+
+# -- the folder ------------------------------------------------------------------------------
+
+class Sweep:
+    """A sweep's folder: its parts and their states."""
+
+    def __init__(self, root: os.PathLike):
+        self.root = Path(root)
+
+    @property
+    def parts_dir(self) -> Path:
+        return self.root / "parts"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.root / "logs"
+
+    def part_dir(self, part: Part) -> Path:
+        return self.parts_dir / part.id
+
+    def create(self, parts: Sequence[Part], settings: Dict[str, Any]) -> None:
+        """Write ``sweep.json``, or check that the folder holds this same sweep (resume)."""
+        path = self.root / SWEEP_FILE
+        data = {"format": FORMAT, "parts": [p.to_json() for p in parts],
+                "settings": settings}
+        if path.is_file():
+            old = self.load_file()
+            if old.get("parts") != data["parts"]:
+                raise UsageError(f"{self.root} holds another sweep (its parts differ); give "
+                                 "another --outdir, or the same selection to resume it")
+            return
+        if path.parent.is_dir() and any(path.parent.iterdir()):
+            raise UsageError(f"--outdir: {self.root} is not empty and holds no sweep")
+        make_folder(self.root)
+        write_atomic(path, json.dumps(dict(data, created=_now()), indent=1))
+
+    def load_file(self) -> Dict[str, Any]:
+        path = self.root / SWEEP_FILE
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise UsageError(f"{self.root}: not a sweep folder (no {SWEEP_FILE})") from None
+        except (OSError, ValueError) as err:
+            raise UsageError(f"{path}: cannot read: {err}") from None
+        if data.get("format") != FORMAT:
+            raise UsageError(f"{path}: sweep format {data.get('format')}, this version "
+                             f"reads {FORMAT}")
+        return data
+
+    def parts(self) -> List[Part]:
+        return [Part.from_json(p) for p in self.load_file()["parts"]]
+
+    def status(self, part: Part) -> Dict[str, Any]:
+        """The part's ``status.json`` (``{"state": "pending"}`` when it never started)."""
+        path = self.part_dir(part) / "status.json"
+        try:
+            return json.loads(path.read_text())
+        except FileNotFoundError:
+            return {"state": "pending"}
+        except (OSError, ValueError) as err:  # a torn or unreadable status: run it again
+            return {"state": FAILED, "error": f"unreadable status.json: {err}"}
+
+    def write_status(self, part: Part, status: Dict[str, Any]) -> None:
+        write_atomic(self.part_dir(part) / "status.json", json.dumps(status, indent=1,
+                                                                     default=str))
+
+    def pending(self) -> List[Part]:
+        """The parts to run: every one not finished."""
+        return [p for p in self.parts() if self.status(p).get("state") not in FINISHED]
+
+    def record_lost(self, part: Part, why: str, logs: Sequence[str] = ()) -> Dict[str, Any]:
+        """A part whose job ended without finishing (killed, timed out, never started):
+        marked failed, with the job's state and log; its results stay until it runs again."""
+        status = self.status(part)
+        if status.get("state") in FINISHED + (FAILED,):
+            return status
+        status.update(state=FAILED, error=why, logs=list(logs), recorded=_now(),
+                      log_tail=_tail(logs))
+        make_folder(self.part_dir(part))
+        self.write_status(part, status)
+        return status
+
+
+def _tail(logs: Sequence[str], lines: int = 15) -> str:
+    out = []
+    for log in logs:
+        try:
+            text = Path(log).read_text(errors="replace").splitlines()[-lines:]
+        except OSError:
+            continue
+        out.append(f"== {log}\n" + "\n".join(text))
+    return "\n".join(out)
+
+
+def _now() -> str:
+    import datetime
+    return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+# -- one job ---------------------------------------------------------------------------------
+
+def run_part(root: str, part_json: Dict[str, Any], phase: str = "run") -> Dict[str, Any]:
+    """The job: run one part in this process and write its status (what the job returns,
+    too).  ``phase`` ``build`` only fills the build cache with the part's builds (the first
+    job array of ``--build-first``); ``run`` verifies or profiles.  Failures of the part are
+    recorded, not raised, so that a job's end always leaves a status behind; a job that is
+    killed leaves ``running``, which the sweep records as failed."""
+    sweep, part = Sweep(root), Part.from_json(part_json)
+    folder = sweep.part_dir(part)
+    if phase == "run" and folder.exists() and part.mode != "campaign":
+        shutil.rmtree(folder)  # a re-run starts from nothing (the campaign resumes itself)
+    make_folder(folder)
+    status: Dict[str, Any] = {"state": RUNNING, "phase": phase, "host": platform.node(),
+                              "pid": os.getpid(), "started": _now(),
+                              "job_id": os.environ.get("SLURM_JOB_ID")
+                              or os.environ.get("SUBMITIT_LOCAL_JOB_ID"),
+                              "command": part.argv}
+    if phase == "run":
+        sweep.write_status(part, status)
+    t0 = time.perf_counter()
+    try:
+        if part.mode == "campaign":
+            status.update(_run_campaign(part, folder / "result"))
+        else:
+            status.update(_run_experiment(part, folder, phase))
+        status["state"] = COMPLETE
+    except UsageError as err:
+        status.update(state=REFUSED, error=str(err))
+    except Exception as err:  # noqa: BLE001 - recorded in the part's status
+        status.update(state=FAILED, error=f"{type(err).__name__}: {err}".splitlines()[0],
+                      traceback=traceback.format_exc())
+    status.update(finished=_now(), seconds=round(time.perf_counter() - t0, 1))
+    if phase == "run":
+        sweep.write_status(part, status)
+    print(f"part {part.id}: {status['state']}" + (f" ({status['error']})"
+                                                  if status.get("error") else ""), flush=True)
+    return status
+
+
+def _run_experiment(part: Part, folder: Path, phase: str) -> Dict[str, Any]:
+    from . import cli
+    argv = list(part.argv)
+    if part.mode == "profile":
+        argv += ["--outdir", str(folder / "result")]
+    args = cli.build_parser(f"convbench {part.mode}", part.mode).parse_args(argv)
+    if phase == "build":
+        args.verify, args.compareprof, args.outdir = True, False, None
+    exp = cli.prepare_experiment(args, cli.Printer(part.layer_set, args.strict))
+    if phase == "build":
+        built = exp.prebuild()
+        return {"builds": {k: sum(1 for v in built if v == k) for k in set(built)}}
+    exp.run()
+    records = [{"index": r.index, "layer": r.layer.name, "geometry": r.layer.describe(),
+                "implementation": r.implementation, "status": r.status, "reason": r.reason,
+                "build": r.build_origin, "checks": [
+                    {"reference": c.reference, "ok": bool(c.ok), "summary": c.summary()}
+                    for c in r.checks]} for r in exp.records]
+    write_atomic(folder / "records.json", json.dumps(records, indent=1))
+    counts = exp.counts()
+    counts["strict_failed"] = bool(args.strict and counts["unsupported"])
+    return {"counts": counts}
+
+
+def _run_campaign(part: Part, out: Path) -> Dict[str, Any]:
+    resume = ["--resume"] if (out / "campaign.json").exists() else []
+    rc = subprocess.call(_campaign_command(part, ["--out", str(out)] + resume))
+    if rc == 3:
+        raise RuntimeError("the campaign's time budget left cases or phases; run the sweep "
+                           "again to resume it")
+    if rc not in (0, 1):  # 1: a case failed its check, which the campaign's table records
+        raise RuntimeError(f"the campaign exited with status {rc}")
+    return {"campaign_exit": rc}
+
+
+# -- submitting ------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class ExecutorOptions:
+    """Where and how the jobs run (``convbench sweep``'s executor flags)."""
+
+    executor: str = "local"
+    partition: Optional[str] = None
+    gpus_per_node: Optional[int] = None
+    cpus_per_task: Optional[int] = None
+    #: Minutes a job may run.
+    time: int = 240
+    #: Jobs at a time (local: this many processes; slurm: the array's ``%N``).
+    array_parallelism: int = 1
+    #: Extra ``#SBATCH --KEY=VALUE`` lines.
+    slurm: Dict[str, str] = dataclasses.field(default_factory=dict)
+    #: Commands before the job's Python starts (``module load ...``), slurm only.
+    setup: List[str] = dataclasses.field(default_factory=list)
+
+
+def make_executor(folder: Path, opts: ExecutorOptions, name: str, dependency: str = "",
+                  light: bool = False):
+    """A submitit executor for ``opts`` whose job files go into ``folder``; ``light``: for
+    the merge job (one core, no GPU, half an hour)."""
+    try:
+        import submitit
+    except ImportError:
+        raise UsageError("--executor: submitit is not installed (pip install submitit)") \
+            from None
+    if opts.executor == "slurm" and shutil.which("srun") is None:
+        raise UsageError("--executor slurm: no srun on PATH (run the sweep on a Slurm login "
+                         "node, or use --executor local)")
+    ex = submitit.AutoExecutor(folder=str(folder), cluster=opts.executor)
+    params: Dict[str, Any] = {"timeout_min": opts.time, "name": name}
+    if opts.executor == "slurm":
+        extra = dict(opts.slurm)
+        if dependency:
+            extra["dependency"] = dependency
+        params.update(slurm_array_parallelism=opts.array_parallelism,
+                      slurm_additional_parameters=extra)
+        if opts.partition:
+            params["slurm_partition"] = opts.partition
+        if opts.setup:
+            params["slurm_setup"] = list(opts.setup)
+    if light:
+        params.update(timeout_min=30, cpus_per_task=1)
+        return ex.update_parameters(**params) or ex
+    if opts.gpus_per_node is not None:
+        params["gpus_per_node"] = opts.gpus_per_node
+    if opts.cpus_per_task is not None:
+        params["cpus_per_task"] = opts.cpus_per_task
+    ex.update_parameters(**params)
+    return ex
+
+
+class Submitted:
+    """A job and the part it runs."""
+
+    def __init__(self, part: Part, job):
+        self.part, self.job = part, job
+
+    @property
+    def logs(self) -> List[str]:
+        paths = getattr(self.job, "paths", None)
+        if paths is None:
+            return []
+        return [str(p) for p in (paths.stdout, paths.stderr)]
+
+
+def submit(sweep: Sweep, parts: Sequence[Part], opts: ExecutorOptions, phase: str = "run",
+           dependency: str = "") -> List[Submitted]:
+    """Submit ``parts`` as one job array (slurm, debug), or start the first
+    ``array_parallelism`` of them (local: :func:`wait` starts the others as jobs end)."""
+    ex = make_executor(sweep.logs_dir, opts, f"convbench-{phase}", dependency)
+    args = [str(sweep.root)], [p.to_json() for p in parts], [phase]
+    if opts.executor == "local":
+        return [LocalSlot(ex, part, phase, str(sweep.root)) for part in parts]
+    n = len(parts)
+    jobs = ex.map_array(run_part, args[0] * n, args[1], args[2] * n)
+    return [Submitted(p, j) for p, j in zip(parts, jobs)]
+
+
+class LocalSlot(Submitted):
+    """A local part that starts when :func:`wait` gives it a slot (submitit's local
+    executor starts every job at once, which would time the parts against each other)."""
+
+    def __init__(self, ex, part: Part, phase: str, root: str):
+        super().__init__(part, None)
+        self._start = lambda: ex.submit(run_part, root, part.to_json(), phase)
+
+    def start(self) -> None:
+        self.job = self._start()
+
+
+def wait(sweep: Sweep, submitted: Sequence[Submitted], opts: ExecutorOptions,
+         report=print, poll: float = 2.0) -> Dict[str, Dict[str, Any]]:
+    """Wait for every job (starting local ones ``array_parallelism`` at a time); a job that
+    ends without its part finishing is recorded as failed with its log.  Returns the
+    statuses by part id."""
+    waiting = list(submitted)
+    running: List[Submitted] = []
+    done: Dict[str, Dict[str, Any]] = {}
+    try:
+        _wait(sweep, waiting, running, done, opts, report, poll)
+    except KeyboardInterrupt:
+        if opts.executor == "local":  # this machine's jobs stop with the sweep
+            for item in running:
+                try:
+                    item.job.cancel(check=False)
+                except Exception:  # noqa: BLE001 - it may have ended already
+                    pass
+        else:
+            report(f"interrupted: {len(running)} job(s) keep running on the cluster; "
+                   f"convbench sweep --merge {sweep.root} merges them when they end")
+        raise
+    return done
+
+
+def _wait(sweep, waiting, running, done, opts, report, poll) -> None:
+    total, t0 = len(waiting) + len(running), time.time()
+    while waiting or running:
+        while waiting and (not isinstance(waiting[0], LocalSlot)
+                           or len(running) < max(1, opts.array_parallelism)):
+            item = waiting.pop(0)
+            if isinstance(item, LocalSlot):
+                item.start()
+            running.append(item)
+        still = []
+        for item in running:
+            if opts.executor == "debug":
+                _debug_result(item)
+            if not item.job.done():
+                still.append(item)
+                continue
+            status = sweep.status(item.part)
+            if status.get("state") not in FINISHED + (FAILED,):
+                status = sweep.record_lost(item.part, _lost_reason(item.job), item.logs)
+            elif status.get("state") == FAILED and not status.get("logs") and item.logs:
+                status["logs"] = item.logs
+                sweep.write_status(item.part, status)
+            done[item.part.id] = status
+            report(f"[{len(done)}/{total}] {item.part.id}: {_describe(status)} "
+                   f"({time.time() - t0:.0f}s)")
+        running[:] = still
+        if running:
+            time.sleep(poll)
+
+
+def _debug_result(item: Submitted) -> None:
+    try:
+        item.job.result()  # the debug executor runs the job here, in this process
+    except Exception:  # noqa: BLE001 - the part's status says what happened
+        pass
+
+
+def _lost_reason(job) -> str:
+    state = "unknown"
+    try:
+        state = job.state
+    except Exception:  # noqa: BLE001 - the state is only informative
+        pass
+    why = ""
+    try:
+        exc = job.exception()
+        if exc is not None:
+            why = ": " + str(exc).strip().splitlines()[-1][:300]
+    except Exception as err:  # noqa: BLE001 - same
+        why = f": {type(err).__name__}"
+    return f"the job ended before the part finished (job state {state}{why})"
+
+
+def _describe(status: Dict[str, Any]) -> str:
+    state = status.get("state", "?")
+    counts = status.get("counts")
+    text = state
+    if counts:
+        text += (f", {counts['passed']} passed, {counts['failed']} failed, "
+                 f"{counts['unsupported']} unsupported")
+    if status.get("error"):
+        text += f": {status['error']}"
+    return text
+
+
+# -- merging ---------------------------------------------------------------------------------
+
+def merge(root: os.PathLike, plots: bool = False, report=print) -> Dict[str, Any]:
+    """Merge the finished parts into one folder per layer set, pass and precision
+    (``samples.csv``, ``summary.csv``, ``metadata.json`` as ``profile`` writes them, and
+    ``verify.csv``), and write ``parts.csv``.  Unfinished parts are left out and named;
+    run the sweep again to run them.  Returns ``{"groups": ..., "states": ...}``."""
+    sweep = Sweep(root)
+    parts = sweep.parts()
+    states = {p.id: sweep.status(p) for p in parts}
+    _write_parts_csv(sweep, parts, states)
+    groups: Dict[str, List[Part]] = {}
+    for part in parts:
+        if part.mode != "campaign":
+            groups.setdefault(part.group, []).append(part)
+    written = {}
+    for group, members in groups.items():
+        folder = sweep.root / group
+        finished = [p for p in members if states[p.id].get("state") == COMPLETE]
+        missing = [p.id for p in members if states[p.id].get("state") not in FINISHED]
+        verify_rows = _merge_records(sweep, finished)
+        if verify_rows:
+            make_folder(folder)
+            write_atomic(folder / VERIFY_CSV, _csv(VERIFY_COLUMNS, verify_rows))
+        profiled = [p for p in finished if p.mode == "profile"
+                    and (sweep.part_dir(p) / "result" / schema.SUMMARY).is_file()]
+        if profiled:
+            _merge_results(sweep, folder, profiled, missing)
+            if plots:
+                from . import plots as plotting
+                report("plots: " + ", ".join(str(p) for p in plotting.plot_run(folder)))
+        if verify_rows or profiled:
+            written[group] = str(folder)
+    return {"groups": written, "states": states}
+
+
+VERIFY_COLUMNS = ["layer_index", "layer", "geometry", "implementation", "status", "reason",
+                  "build", "checks"]
+
+
+def _merge_records(sweep: Sweep, parts: Iterable[Part]) -> List[Dict[str, Any]]:
+    rows = []
+    for part in parts:
+        path = sweep.part_dir(part) / "records.json"
+        if not path.is_file():
+            continue
+        for r in json.loads(path.read_text()):
+            rows.append({"layer_index": r["index"], "layer": r["layer"],
+                         "geometry": r["geometry"], "implementation": r["implementation"],
+                         "status": r["status"], "reason": r["reason"], "build": r["build"],
+                         "checks": "; ".join(f"[{c['reference']}] {c['summary']}"
+                                             for c in r["checks"])})
+    return rows
+
+
+def _merge_results(sweep: Sweep, folder: Path, parts: Sequence[Part],
+                   missing: Sequence[str]) -> None:
+    samples, summary, refs, metas = [], [], [], []
+    for part in parts:
+        result = sweep.part_dir(part) / "result"
+        samples += _read_csv(result / schema.SAMPLES)
+        rows = _read_csv(result / schema.SUMMARY)
+        summary += rows
+        meta = json.loads((result / schema.METADATA).read_text())
+        metas.append((part, meta))
+        refs += [r for r in meta.get("references", []) if r not in refs]
+    first = metas[0][1]
+    meta = dict(first)
+    meta.update({
+        "implementation": [p.implementation for p, _ in metas] if len(metas) > 1
+        else metas[0][0].implementation,
+        "params": {p.implementation: m.get("params") for p, m in metas},
+        "layers_done": [d for _, m in metas for d in m.get("layers_done", [])],
+        "status": schema.COMPLETE if not missing and all(
+            m.get("status") == schema.COMPLETE for _, m in metas) else "incomplete",
+        "command": [Path(sys.argv[0]).name] + sys.argv[1:],
+        "merged": _now(),
+        "sweep": {"run": str(sweep.root), "missing_parts": list(missing), "parts": [
+            {"id": p.id, "host": (m.get("device") or {}).get("host"),
+             "timestamp": m.get("timestamp"), "commit": (m.get("git") or {}).get("commit"),
+             "status": m.get("status")} for p, m in metas]},
+    })
+    differ = {}
+    for key in ("device", "git", "versions", "threads", "ceilings"):
+        values = {json.dumps(m.get(key), sort_keys=True, default=str) for _, m in metas}
+        if len(values) > 1:
+            differ[key] = [m.get(key) for _, m in metas]
+    if differ:  # parts ran on other nodes or commits: the merged file says so
+        meta["parts_differ"] = differ
+    make_folder(folder)
+    columns = schema.SUMMARY_COLUMNS + [schema.ratio_column(r) for r in refs]
+    write_atomic(folder / schema.SAMPLES, _csv(schema.SAMPLE_COLUMNS, samples))
+    write_atomic(folder / schema.SUMMARY, _csv(columns, summary))
+    write_atomic(folder / schema.METADATA, json.dumps(meta, indent=1, default=str))
+
+
+def _write_parts_csv(sweep: Sweep, parts: Sequence[Part], states) -> None:
+    rows = []
+    for p in parts:
+        s = states[p.id]
+        counts = s.get("counts") or {}
+        rows.append({"part": p.id, "mode": p.mode, "implementation": p.implementation,
+                     "pass": p.pass_, "layer_set": p.layer_set, "dtype": p.dtype,
+                     "state": s.get("state"), "passed": counts.get("passed", ""),
+                     "failed": counts.get("failed", ""),
+                     "unsupported": counts.get("unsupported", ""), "host": s.get("host", ""),
+                     "seconds": s.get("seconds", ""), "error": s.get("error", ""),
+                     "logs": " ".join(s.get("logs", []))})
+    write_atomic(sweep.root / PARTS_CSV, _csv(list(rows[0]) if rows else ["part"], rows))
+
+
+def _read_csv(path: Path) -> List[Dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _csv(columns: List[str], rows: List[Dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n", extrasaction="ignore")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: row.get(k, "") for k in columns})
+    return buf.getvalue()
