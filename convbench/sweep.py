@@ -394,10 +394,10 @@ def make_executor(folder: Path, opts: ExecutorOptions, name: str, dependency: st
 
 
 class Submitted:
-    """A job and the part it runs."""
+    """A job, the part it runs and the phase (``run``, or ``build``)."""
 
-    def __init__(self, part: Part, job):
-        self.part, self.job = part, job
+    def __init__(self, part: Part, job, phase: str = "run"):
+        self.part, self.job, self.phase = part, job, phase
 
     @property
     def logs(self) -> List[str]:
@@ -417,7 +417,7 @@ def submit(sweep: Sweep, parts: Sequence[Part], opts: ExecutorOptions, phase: st
         return [LocalSlot(ex, part, phase, str(sweep.root)) for part in parts]
     n = len(parts)
     jobs = ex.map_array(run_part, args[0] * n, args[1], args[2] * n)
-    return [Submitted(p, j) for p, j in zip(parts, jobs)]
+    return [Submitted(p, j, phase) for p, j in zip(parts, jobs)]
 
 
 class LocalSlot(Submitted):
@@ -425,7 +425,7 @@ class LocalSlot(Submitted):
     executor starts every job at once, which would time the parts against each other)."""
 
     def __init__(self, ex, part: Part, phase: str, root: str):
-        super().__init__(part, None)
+        super().__init__(part, None, phase)
         self._start = lambda: ex.submit(run_part, root, part.to_json(), phase)
 
     def start(self) -> None:
@@ -433,10 +433,13 @@ class LocalSlot(Submitted):
 
 
 def wait(sweep: Sweep, submitted: Sequence[Submitted], opts: ExecutorOptions,
-         report=print, poll: float = 2.0) -> Dict[str, Dict[str, Any]]:
+         report=print, poll: Optional[float] = None) -> Dict[str, Dict[str, Any]]:
     """Wait for every job (starting local ones ``array_parallelism`` at a time); a job that
     ends without its part finishing is recorded as failed with its log.  Returns the
-    statuses by part id."""
+    statuses by part id.  ``poll``: seconds between looks (default: 0.2 for local
+    processes, whose next part waits on it; 10 on Slurm, where each look asks sacct)."""
+    if poll is None:
+        poll = 10.0 if opts.executor == "slurm" else 0.2
     waiting = list(submitted)
     running: List[Submitted] = []
     done: Dict[str, Dict[str, Any]] = {}
@@ -472,18 +475,34 @@ def _wait(sweep, waiting, running, done, opts, report, poll) -> None:
             if not item.job.done():
                 still.append(item)
                 continue
-            status = sweep.status(item.part)
-            if status.get("state") not in FINISHED + (FAILED,):
-                status = sweep.record_lost(item.part, _lost_reason(item.job), item.logs)
-            elif status.get("state") == FAILED and not status.get("logs") and item.logs:
-                status["logs"] = item.logs
-                sweep.write_status(item.part, status)
+            status = (_settle(sweep, item) if item.phase == "run"
+                      else _job_result(item))  # a build job writes no status file
             done[item.part.id] = status
             report(f"[{len(done)}/{total}] {item.part.id}: {_describe(status)} "
                    f"({time.time() - t0:.0f}s)")
         running[:] = still
         if running:
             time.sleep(poll)
+
+
+def _settle(sweep: Sweep, item: Submitted) -> Dict[str, Any]:
+    """The status of a part whose job ended: a part left ``running`` is recorded as
+    failed; a failed one gets the job's log files."""
+    status = sweep.status(item.part)
+    if status.get("state") not in FINISHED + (FAILED,):
+        return sweep.record_lost(item.part, _lost_reason(item.job), item.logs)
+    if status.get("state") == FAILED and not status.get("logs") and item.logs:
+        status["logs"] = item.logs
+        sweep.write_status(item.part, status)
+    return status
+
+
+def _job_result(item: Submitted) -> Dict[str, Any]:
+    """What :func:`run_part` returned, or why there is nothing (the job died)."""
+    try:
+        return item.job.result()
+    except Exception:  # noqa: BLE001 - the job's state and log say why
+        return {"state": FAILED, "error": _lost_reason(item.job), "logs": item.logs}
 
 
 def _debug_result(item: Submitted) -> None:
@@ -516,6 +535,8 @@ def _describe(status: Dict[str, Any]) -> str:
     if counts:
         text += (f", {counts['passed']} passed, {counts['failed']} failed, "
                  f"{counts['unsupported']} unsupported")
+    if status.get("builds"):
+        text += ", builds " + ", ".join(f"{n} {k}" for k, n in sorted(status["builds"].items()))
     if status.get("error"):
         text += f": {status['error']}"
     return text

@@ -153,6 +153,19 @@ def test_debug_sweep_catches_a_planted_wrong_result(builds, cachedir, layer_csv,
     assert again.returncode == 1 and "3 failed check(s)" in again.stdout
 
 
+def test_build_first_fills_the_cache_and_the_runs_load(layer_csv, tmp_path, capsys):
+    """--build-first: a first array compiles into an empty cache, the second loads from it
+    (--require-precompiled: a miss would fail)."""
+    result = in_process(sweep_cmd, capsys)(
+        "verify", "--implementation", FWD[0], "--paramscsv", layer_csv, "--device", "cpu",
+        "--cachedir", tmp_path / "cache", "--outdir", tmp_path / "run", "--executor", "debug",
+        "--build-first", "--threads", "1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"build [1/1] fast-fwd-float32-{FWD[0]}: complete, builds 3 built" in result.stdout
+    rows = _read(tmp_path / "run" / "fast-fwd-float32" / "verify.csv")
+    assert [(r["status"], r["build"]) for r in rows] == [("passed", "loaded")] * 3
+
+
 @pytest.fixture
 def fake_slurm(tmp_path, monkeypatch):
     """``sbatch`` and ``srun`` stand-ins on PATH: sbatch keeps each script it is given
