@@ -132,13 +132,14 @@ class RunWriter:
         self._write()
 
     def _write(self) -> None:
-        write_atomic(self.paths["samples"], _csv(schema.SAMPLE_COLUMNS, self.samples))
+        write_atomic(self.paths["samples"], csv_text(schema.SAMPLE_COLUMNS, self.samples))
         columns = schema.SUMMARY_COLUMNS + [schema.ratio_column(r) for r in self.references]
-        write_atomic(self.paths["summary"], _csv(columns, self.summary))
+        write_atomic(self.paths["summary"], csv_text(columns, self.summary))
         write_atomic(self.paths["metadata"], json.dumps(self.metadata, indent=1, default=str))
 
 
-def _csv(columns: List[str], rows: List[Dict[str, Any]]) -> str:
+def csv_text(columns: List[str], rows: List[Dict[str, Any]]) -> str:
+    """``rows`` as CSV text with these columns (a missing cell empty, floats to 6 digits)."""
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
     writer.writeheader()

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import io
 import json
 import os
 import platform
@@ -42,6 +41,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 from . import schema
 from .errors import UsageError
 from .files import make_folder, write_atomic
+from .results import csv_text
 
 SWEEP_FILE = "sweep.json"
 PARTS_CSV = "parts.csv"
@@ -309,7 +309,7 @@ def _run_experiment(part: Part, folder: Path, phase: str) -> Dict[str, Any]:
     if part.mode == "profile":
         argv += ["--outdir", str(folder / "result")]
     args = cli.build_parser(f"convbench {part.mode}", part.mode).parse_args(argv)
-    if phase == "build":
+    if phase == "build":  # nothing runs: the flags of a verify, which writes no files
         args.verify, args.compareprof, args.outdir = True, False, None
     exp = cli.prepare_experiment(args, cli.Printer(part.layer_set, args.strict))
     if phase == "build":
@@ -565,7 +565,7 @@ def merge(root: os.PathLike, plots: bool = False, report=print) -> Dict[str, Any
         verify_rows = _merge_records(sweep, finished)
         if verify_rows:
             make_folder(folder)
-            write_atomic(folder / VERIFY_CSV, _csv(VERIFY_COLUMNS, verify_rows))
+            write_atomic(folder / VERIFY_CSV, csv_text(VERIFY_COLUMNS, verify_rows))
         profiled = [p for p in finished if p.mode == "profile"
                     and (sweep.part_dir(p) / "result" / schema.SUMMARY).is_file()]
         if profiled:
@@ -633,8 +633,8 @@ def _merge_results(sweep: Sweep, folder: Path, parts: Sequence[Part],
         meta["parts_differ"] = differ
     make_folder(folder)
     columns = schema.SUMMARY_COLUMNS + [schema.ratio_column(r) for r in refs]
-    write_atomic(folder / schema.SAMPLES, _csv(schema.SAMPLE_COLUMNS, samples))
-    write_atomic(folder / schema.SUMMARY, _csv(columns, summary))
+    write_atomic(folder / schema.SAMPLES, csv_text(schema.SAMPLE_COLUMNS, samples))
+    write_atomic(folder / schema.SUMMARY, csv_text(columns, summary))
     write_atomic(folder / schema.METADATA, json.dumps(meta, indent=1, default=str))
 
 
@@ -650,18 +650,9 @@ def _write_parts_csv(sweep: Sweep, parts: Sequence[Part], states) -> None:
                      "unsupported": counts.get("unsupported", ""), "host": s.get("host", ""),
                      "seconds": s.get("seconds", ""), "error": s.get("error", ""),
                      "logs": " ".join(s.get("logs", []))})
-    write_atomic(sweep.root / PARTS_CSV, _csv(list(rows[0]) if rows else ["part"], rows))
+    write_atomic(sweep.root / PARTS_CSV, csv_text(list(rows[0]) if rows else ["part"], rows))
 
 
 def _read_csv(path: Path) -> List[Dict[str, str]]:
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
-
-
-def _csv(columns: List[str], rows: List[Dict[str, Any]]) -> str:
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n", extrasaction="ignore")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: row.get(k, "") for k in columns})
-    return buf.getvalue()

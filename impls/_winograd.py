@@ -553,57 +553,68 @@ static void wg_item(const float* x, const float* w, const float* U, const float*
 """])
 
 
+def layer_sdfg(name: str, layer, L, w_shape=None):
+    """The SDFG every Winograd CPU program starts from: the layer's float32 ``x``
+    (NDHWC), ``w`` and ``y`` arrays, and nothing else yet."""
+    from convbench.registry import Layout, stored_shape
+    sdfg = dace.SDFG(name)
+    sdfg.add_array("x", stored_shape(Layout.NDHWC, "x", layer.input_shape), dace.float32)
+    sdfg.add_array("w", w_shape or L.w_shape, dace.float32)
+    sdfg.add_array("y", L.y_shape, dace.float32)
+    return sdfg
+
+
+def call_map(state, label: str, ranges, inputs, call: str, outputs) -> None:
+    """A parallel CPU map whose body is one call into the program's C++ code; ``inputs``
+    and ``outputs`` map each connector to the array it sees whole."""
+    sdfg = state.sdfg
+    def whole(conns):
+        return {c: dace.Memlet.from_array(a, sdfg.arrays[a]) for c, a in conns.items()}
+    state.add_mapped_tasklet(label, ranges, whole(inputs), call, whole(outputs),
+                             schedule=dace.ScheduleType.CPU_Multicore,
+                             language=dace.Language.CPP, external_edges=True)
+
+
+def finish(sdfg, code: str):
+    """The program's C++ code added and every connector a pointer (:func:`pointer_connectors`)."""
+    sdfg.append_global_code(code)
+    return pointer_connectors(sdfg)
+
+
 def program(layer, L, params, m: int = M_OUT, flip: bool = False, matrices=None, w_shape=None):
     """The SDFG (see the module): the filter pass unless fused, the shared input pass where
     ``SHARE``, then the parallel map over work items.  The kernel reads the unpadded input
     and treats the border itself."""
-    from convbench.registry import Layout
-    from convbench.registry import stored_shape
     b = blocking(L, params, m)
     P = (m + R - 1) ** 3
     blocks = -(-tile_count(L, m) // b.T)
     tag = "_".join(map(str, (b.T, b.KG, b.CB, b.KB, b.RT, int(b.fuse), int(b.share))))
-    sdfg = dace.SDFG(f"winograd_f{m}_{'bwdd_' if flip else ''}{layer.key()}_{tag}")
-    f32 = dace.float32
-    sdfg.add_array("x", stored_shape(Layout.NDHWC, "x", layer.input_shape), f32)
-    sdfg.add_array("w", w_shape or L.w_shape, f32)
-    sdfg.add_array("y", L.y_shape, f32)
-    if not b.fuse:
-        sdfg.add_array("U", (L.K // b.KB * (L.C // b.CB) * P * padded(b.CB * b.KB),), f32,
-                       transient=True)
-    whole = lambda a: dace.Memlet.from_array(a, sdfg.arrays[a])
+    sdfg = layer_sdfg(f"winograd_f{m}_{'bwdd_' if flip else ''}{layer.key()}_{tag}", layer, L,
+                      w_shape)
     code = global_code(L, b, m, flip, matrices)
     state = sdfg.add_state("filter_transform", is_start_block=True)
     if not b.fuse:
-        state.add_mapped_tasklet(
-            "filter_chunk", {"kb": f"0:{L.K // b.KB}", "cb": f"0:{L.C // b.CB}"},
-            {"win": whole("w")}, "wg_filter_chunk(win, uout, kb, cb);", {"uout": whole("U")},
-            schedule=dace.ScheduleType.CPU_Multicore, language=dace.Language.CPP,
-            external_edges=True)
+        sdfg.add_array("U", (L.K // b.KB * (L.C // b.CB) * P * padded(b.CB * b.KB),),
+                       dace.float32, transient=True)
+        call_map(state, "filter_chunk", {"kb": f"0:{L.K // b.KB}", "cb": f"0:{L.C // b.CB}"},
+                 {"win": "w"}, "wg_filter_chunk(win, uout, kb, cb);", {"uout": "U"})
     if b.share:
-        sdfg.add_array("Vs", (blocks * (L.C // b.CB) * P * padded(b.T * b.CB),), f32,
+        sdfg.add_array("Vs", (blocks * (L.C // b.CB) * P * padded(b.T * b.CB),), dace.float32,
                        transient=True)
         state = sdfg.add_state_after(state, "input_transform")
-        state.add_mapped_tasklet(
-            "input_chunk", {"tb": f"0:{blocks}", "cb": f"0:{L.C // b.CB}",
-                            "part": f"0:{input_parts(b)}"},
-            {"xin": whole("x")}, "wg_input_chunk(xin, vout, tb, cb, part);", {"vout": whole("Vs")},
-            schedule=dace.ScheduleType.CPU_Multicore, language=dace.Language.CPP,
-            external_edges=True)
+        call_map(state, "input_chunk", {"tb": f"0:{blocks}", "cb": f"0:{L.C // b.CB}",
+                                        "part": f"0:{input_parts(b)}"},
+                 {"xin": "x"}, "wg_input_chunk(xin, vout, tb, cb, part);", {"vout": "Vs"})
     items = sdfg.add_state_after(state, "tiles")
-    inputs = {"xin": whole("x"), "win": whole("w")}
+    inputs = {"xin": "x", "win": "w"}
     if not b.fuse:
-        inputs["uin"] = whole("U")
+        inputs["uin"] = "U"
     if b.share:
-        inputs["vin"] = whole("Vs")
-    items.add_mapped_tasklet(
-        "tile_block", {"tb": f"0:{blocks}", "kg": f"0:{L.K // b.KG}"}, inputs,
-        f"wg_item(xin, win, {'nullptr' if b.fuse else 'uin'}, {'vin' if b.share else 'nullptr'}, "
-        "yout, tb, kg);", {"yout": whole("y")},
-        schedule=dace.ScheduleType.CPU_Multicore, language=dace.Language.CPP,
-        external_edges=True)
-    sdfg.append_global_code(code)
-    return pointer_connectors(sdfg)
+        inputs["vin"] = "Vs"
+    call_map(items, "tile_block", {"tb": f"0:{blocks}", "kg": f"0:{L.K // b.KG}"}, inputs,
+             f"wg_item(xin, win, {'nullptr' if b.fuse else 'uin'}, "
+             f"{'vin' if b.share else 'nullptr'}, yout, tb, kg);", {"yout": "y"})
+    return finish(sdfg, code)
 
 
 def pointer_connectors(sdfg):

@@ -27,8 +27,8 @@ import dace
 from convbench import winograd
 from convbench.isa import accumulator_budget, vector_registers
 from impls._blocked import largest_divisor
-from impls._winograd import (R, _matrix, micro_code, padded, pointer_connectors, tile_count,
-                             tiles, vector_code, vector_of)
+from impls._winograd import (R, _matrix, call_map, finish, layer_sdfg, micro_code, padded,
+                             tile_count, tiles, vector_code, vector_of)
 
 M_OUT = 2
 N_IN = M_OUT + R - 1
@@ -177,23 +177,13 @@ static void wga_item(const float* __restrict dy, const float* __restrict w,
 def program(layer, L, params, matrices=None):
     """One map over the items (blocks of dL/dx's channels): dL/dy as ``y`` and the
     forward filter ``w`` in, dL/dx as ``x`` out."""
-    from convbench.registry import Layout, stored_shape
     b = blocking(L, params)
-    tag = "_".join(map(str, b[:4]))
-    sdfg = dace.SDFG(f"winograd_f2_adjoint_{layer.key()}_{tag}")
-    f32 = dace.float32
-    sdfg.add_array("x", stored_shape(Layout.NDHWC, "x", layer.input_shape), f32)
-    sdfg.add_array("y", L.y_shape, f32)
-    sdfg.add_array("w", L.w_shape, f32)
-    whole = lambda a: dace.Memlet.from_array(a, sdfg.arrays[a])
-    state = sdfg.add_state("items", is_start_block=True)
-    state.add_mapped_tasklet(
-        "channel_items", {"cg": f"0:{L.C // b.CG}"}, {"yin": whole("y"), "win": whole("w")},
-        "wga_item(yin, win, xout, cg);", {"xout": whole("x")},
-        schedule=dace.ScheduleType.CPU_Multicore, language=dace.Language.CPP,
-        external_edges=True)
-    sdfg.append_global_code(global_code(L, b, matrices))
-    return pointer_connectors(sdfg)
+    sdfg = layer_sdfg(f"winograd_f2_adjoint_{layer.key()}_{'_'.join(map(str, b[:4]))}",
+                      layer, L)
+    call_map(sdfg.add_state("items", is_start_block=True), "channel_items",
+             {"cg": f"0:{L.C // b.CG}"}, {"yin": "y", "win": "w"},
+             "wga_item(yin, win, xout, cg);", {"xout": "x"})
+    return finish(sdfg, global_code(L, b, matrices))
 
 
 #: What ``convbench tune`` tries by default.

@@ -29,8 +29,8 @@ import numpy as np
 from convbench import winograd
 from convbench.isa import accumulator_budget, vector_registers
 from impls._blocked import largest_divisor
-from impls._winograd import (R, _matrix, micro_code, padded, pointer_connectors, tile_count,
-                             tile_padded, tiles, vector_code, vector_of)
+from impls._winograd import (R, _matrix, call_map, finish, layer_sdfg, micro_code, padded,
+                             tile_count, tile_padded, tiles, vector_code, vector_of)
 
 M_OUT = 2
 N_IN = M_OUT + R - 1
@@ -205,29 +205,16 @@ static void wgf_combine(const float* __restrict Q, float* __restrict dw, long k)
 def program(layer, L, params, matrices=None):
     """Two maps: the items (planes x input-channel blocks) into ``Q``, then the sum of the
     planes per output channel into ``w`` (dL/dw)."""
-    from convbench.registry import Layout, stored_shape
     b = blocking(L, params)
-    tag = "_".join(map(str, b[:4]))
-    sdfg = dace.SDFG(f"winograd_f2_bwdf_{layer.key()}_{tag}")
-    f32 = dace.float32
-    sdfg.add_array("x", stored_shape(Layout.NDHWC, "x", layer.input_shape), f32)
-    sdfg.add_array("y", L.y_shape, f32)
-    sdfg.add_array("w", L.w_shape, f32)
-    sdfg.add_array("Q", (N_IN * L.K * 9 * L.C,), f32, transient=True)
-    whole = lambda a: dace.Memlet.from_array(a, sdfg.arrays[a])
+    sdfg = layer_sdfg(f"winograd_f2_bwdf_{layer.key()}_{'_'.join(map(str, b[:4]))}",
+                      layer, L)
+    sdfg.add_array("Q", (N_IN * L.K * 9 * L.C,), dace.float32, transient=True)
     items = sdfg.add_state("items", is_start_block=True)
-    items.add_mapped_tasklet(
-        "plane_items", {"ip": f"0:{N_IN}", "cb": f"0:{L.C // b.CB}"},
-        {"xin": whole("x"), "yin": whole("y")}, "wgf_item(xin, yin, qout, ip, cb);",
-        {"qout": whole("Q")}, schedule=dace.ScheduleType.CPU_Multicore,
-        language=dace.Language.CPP, external_edges=True)
-    combine = sdfg.add_state_after(items, "combine")
-    combine.add_mapped_tasklet(
-        "planes", {"k": f"0:{L.K}"}, {"qin": whole("Q")}, "wgf_combine(qin, wout, k);",
-        {"wout": whole("w")}, schedule=dace.ScheduleType.CPU_Multicore,
-        language=dace.Language.CPP, external_edges=True)
-    sdfg.append_global_code(global_code(L, b, matrices))
-    return pointer_connectors(sdfg)
+    call_map(items, "plane_items", {"ip": f"0:{N_IN}", "cb": f"0:{L.C // b.CB}"},
+             {"xin": "x", "yin": "y"}, "wgf_item(xin, yin, qout, ip, cb);", {"qout": "Q"})
+    call_map(sdfg.add_state_after(items, "combine"), "planes", {"k": f"0:{L.K}"},
+             {"qin": "Q"}, "wgf_combine(qin, wout, k);", {"wout": "w"})
+    return finish(sdfg, global_code(L, b, matrices))
 
 
 #: What ``convbench tune`` tries by default.
@@ -260,4 +247,5 @@ def bound(layer, x, dy, tol_factor: float, random_inputs: bool = False):
     import torch
     xp, (od, oh, ow) = tile_padded(layer, x, M_OUT)
     dyp = torch.nn.functional.pad(dy.double(), (0, ow, 0, oh, 0, od))
-    return torch.from_numpy(np.ascontiguousarray(winograd.filter_gradient_bound(xp, dyp, tol_factor, random_inputs)))
+    return torch.from_numpy(np.ascontiguousarray(
+        winograd.filter_gradient_bound(xp, dyp, tol_factor, random_inputs)))

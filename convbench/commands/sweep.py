@@ -121,15 +121,15 @@ def _implementations(args, rest) -> List[str]:
     """The implementations the selection names, or every one of --pass (for --device)."""
     from .. import registry
     from ..cli import resolve_pass
+    from ..experiment import resolve_implementations
     names = flags.implementation_names(args.implementation)
     passes = [resolve_pass(p) for p in _split(args.passes)] or None
     if names is None:
         if passes is None:
             raise UsageError("give --implementation and/or --pass (the selection)")
         device = _device_flag(rest)
-        every = registry.all_implementations()
-        names = sorted(n for n, i in every.items() if i.pass_ in passes
-                       and (device not in ("cpu", "gpu") or device in i.targets))
+        names = [i.name for p in passes for i in resolve_implementations(
+            None, p, device if device in ("cpu", "gpu") else None)]
         if not names:
             raise UsageError(f"--pass: no implementation of {', '.join(map(str, passes))} "
                              f"for --device {device}")
@@ -253,5 +253,5 @@ def _merge(root, plots: bool) -> int:
     print(f"{len(by_state.get(sweep.COMPLETE, []))} of {len(states)} part(s) complete, "
           f"{len(by_state.get(sweep.REFUSED, []))} refused, {unfinished} to run again; "
           f"{failed_checks} failed check(s)" + (
-              f" (run the same sweep again to resume)" if unfinished else ""))
+              " (run the same sweep again to resume)" if unfinished else ""))
     return 1 if unfinished or failed_checks else 0
