@@ -189,10 +189,13 @@ def compile_space(names: str, jobs: int, out: Path) -> int:
                              f"{', '.join(gpuspace.SPACES)})")
     if shutil.which("nvcc") is None:
         raise UsageError("space: nvcc is not on PATH")
+    from . import sass
+    sass.require_tools()
     probes = gpuspace.compile_space(impls, jobs or (os.cpu_count() or 1), say=print)
     versions = toolchain.toolchain_versions("gpu")
     import dace
-    info = {"nvcc": str(versions.get("nvcc", "?")), "DaCe": dace.__version__}
+    info = {"nvcc": str(versions.get("nvcc", "?")), "DaCe": dace.__version__,
+            "cuobjdump": sass.tool_version()}
     path = gpuspace.write_space(out, probes, info)
     refused = sum(1 for p in probes if p.reason)
     print(f"{len(probes)} compiled, {refused} refused; table in {path}")

@@ -28,6 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from . import sass
 from .errors import UsageError
 from .toolchain import PROJECT_ROOT
 
@@ -82,6 +83,20 @@ class Kernel:
     occupancy: float = 0.0
     limiter: str = ""
     waves: float = 0.0
+    #: What its main loop's machine code says (:mod:`convbench.sass`), where it was read.
+    sass: Optional[sass.Reading] = None
+
+    @property
+    def fma(self) -> int:
+        """FMA-class instructions in its main loop (0 where unread)."""
+        return self.sass.fma if self.sass else 0
+
+    @property
+    def weight(self) -> Tuple[int, int]:
+        """How it ranks as a build's main kernel: the FMAs of a real loop first (a
+        loop-free kernel's body, a transform say, runs once per thread), then of the
+        whole body (:func:`convbench.sass.weight`)."""
+        return sass.weight(self.sass) if self.sass else (0, 0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -96,11 +111,7 @@ _STACK = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) b
 _LAUNCH = re.compile(r"cudaLaunchKernel\(\(void\*\)(\w+), dim3\(([^)]*)\), dim3\(([^)]*)\)")
 
 
-def demangle(symbol: str) -> str:
-    """The C name inside a mangled ``_Z<len><name>...`` symbol (DaCe's kernels are
-    free functions), or the symbol as it is."""
-    m = re.match(r"_Z(\d+)(\w+)", symbol)
-    return m.group(2)[:int(m.group(1))] if m else symbol
+demangle = sass.demangle
 
 
 def parse_ptxas(text: str) -> Dict[str, Kernel]:
@@ -181,17 +192,20 @@ def occupancy(threads: int, registers: int, shared: int, arch: Mapping = SM90) -
 
 
 def describe_kernels(ptxas_text: str, cu_text: str, arch: Mapping = SM90,
-                     nvlink_text: str = "") -> List[Kernel]:
+                     nvlink_text: str = "", sass_text: str = "") -> List[Kernel]:
     """The kernels the generated code launches, with resources, occupancy and waves:
     spills from ptxas, registers, shared memory and stack from the device link where
-    it reports them (a separately compiled kernel's shared memory is only known there)."""
+    it reports them (a separately compiled kernel's shared memory is only known there),
+    and the reading of its main loop from the SASS listing, where one is given."""
     found = parse_ptxas(ptxas_text)
     linked = parse_nvlink(nvlink_text)
+    readings = sass.read_listing(sass_text) if sass_text else {}
     out = []
     for name, (blocks, threads) in parse_launches(cu_text).items():
         k = found.get(name, Kernel(name))
         if name in linked:
             k.registers, k.stack, k.shared = linked[name]
+        k.sass = readings.get(name)
         k.threads, k.blocks = threads or 0, blocks or 0
         if threads:
             k.blocks_per_sm, k.occupancy, k.limiter = occupancy(threads, k.registers, k.shared, arch)
@@ -219,19 +233,23 @@ def verdict(kernels: Sequence[Kernel], arch: Mapping = SM90) -> Optional[str]:
 # Compiling one configuration
 # ---------------------------------------------------------------------------------------------
 
-def nvcc_command(cu: Path, obj: Path) -> List[str]:
+def nvcc_command(cu: Path, obj: Path, dtype=None, includes: Sequence[str] = ()) -> List[str]:
     """nvcc for the device code of one generated file, as a GPU build compiles it: DaCe's
     CMake file turns on separable compilation (``-rdc=true``), which changes what ptxas
     allocates (64 registers instead of 40 for ``implicitGemmNCDHW``'s defaults, as
     Nsight Compute measured on the H100 and the H200), and the flags of
-    :func:`convbench.toolchain.dace_settings` (architecture, fast math, the CUB 3
-    compatibility header), with DaCe's runtime headers."""
+    :func:`convbench.toolchain.dace_settings` for the precision ``dtype`` (architecture,
+    fast math, the CUB 3 compatibility header, the 16-bit types' header), with DaCe's
+    runtime headers and ``includes`` (the include folders of the DaCe environments the
+    code uses: cuBLAS's for a BLAS library node)."""
     import dace
     from . import toolchain
-    args = toolchain.dace_settings("gpu", Path(tempfile.gettempdir()))[("compiler", "cuda", "args")]
+    args = toolchain.dace_settings("gpu", Path(tempfile.gettempdir()), dtype)[
+        ("compiler", "cuda", "args")]
     include = Path(dace.__file__).parent / "runtime" / "include"
     return (["nvcc", "-std=c++17", "-O3", f"-arch=sm_{toolchain.CUDA_ARCH}", "-rdc=true", "-c",
-             "-Xptxas", "-v", "-w", f"-I{include}"] + args.split() + ["-o", str(obj), str(cu)])
+             "-Xptxas", "-v", "-w", f"-I{include}"] + [f"-I{i}" for i in includes]
+            + args.split() + ["-o", str(obj), str(cu)])
 
 
 def link_command(obj: Path, out: Path) -> List[str]:
@@ -254,6 +272,10 @@ class Probe:
     kernels: List[Kernel] = dataclasses.field(default_factory=list)
     error: str = ""
     seconds: float = 0.0
+    #: The precision it was compiled in (a label: ``float32``, ``float16``, ...).
+    dtype: str = "float32"
+    #: The SASS listing of the whole object, when it was disassembled and kept.
+    listing: str = ""
 
     @property
     def reason(self) -> Optional[str]:
@@ -261,25 +283,37 @@ class Probe:
 
     @property
     def main(self) -> Optional[Kernel]:
-        """The kernel that does the work: the one that stages tiles in shared memory,
-        else the one with the most threads x registers (the tables, copies and
-        reductions are plain element-wise kernels)."""
-        return max(self.kernels, key=lambda k: (k.shared, k.registers * k.threads), default=None)
+        """The kernel that does the work: where the SASS was read, the one whose main
+        loop holds the most FMA instructions (:attr:`Kernel.weight`), then the one that
+        stages tiles in shared memory, else the one with the most threads x registers
+        (the tables, copies and reductions are plain element-wise kernels)."""
+        return max(self.kernels, key=lambda k: (k.weight, k.shared, k.registers * k.threads),
+                   default=None)
 
 
 def probe(impl_name: str, layer_set: str, layer, params: Mapping[str, int],
-          workdir: Optional[Path] = None, timeout: float = 300.0) -> Probe:
-    """Generate the GPU code of ``impl_name`` on ``layer`` with ``params`` and compile it
-    with nvcc for the target architecture; a :class:`Probe` (with the seconds it took)."""
+          workdir: Optional[Path] = None, timeout: float = 300.0, dtype=None,
+          disassemble: bool = False, keep_listing: bool = False) -> Probe:
+    """Generate the GPU code of ``impl_name`` on ``layer`` with ``params`` in precision
+    ``dtype`` (default: the implementation's first) and compile it with nvcc for the
+    target architecture; with ``disassemble``, read each kernel's main loop from the
+    SASS (``keep_listing``: keep the listing too).  A :class:`Probe` (with the seconds it
+    took)."""
     import time
+    from . import precision, registry
     t0 = time.perf_counter()
-    result = Probe(impl_name, layer_set, layer.name, layer.batch, dict(params))
-    _compile(result, impl_name, layer, params, workdir, timeout)
+    impl = registry.get(impl_name)
+    dtype = precision.get_dtype(dtype or impl.precisions[0])
+    result = Probe(impl_name, layer_set, layer.name, layer.batch, dict(params),
+                   dtype=dtype.label)
+    _compile(result, impl_name, layer, params, workdir, timeout, dtype, disassemble,
+             keep_listing)
     result.seconds = round(time.perf_counter() - t0, 2)
     return result
 
 
-def _compile(result: Probe, impl_name: str, layer, params, workdir, timeout) -> None:
+def _compile(result: Probe, impl_name: str, layer, params, workdir, timeout, dtype,
+             disassemble: bool, keep_listing: bool) -> None:
     from . import registry, toolchain
     impl = registry.get(impl_name)
     reason = impl.unsupported_reason(layer, impl.resolve_params(dict(params)))
@@ -289,19 +323,20 @@ def _compile(result: Probe, impl_name: str, layer, params, workdir, timeout) -> 
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         tmp = Path(tmp)
         try:
-            spec = toolchain.make_spec(impl, layer, target="gpu", params=params)
-            with toolchain.dace_config("gpu", tmp):
+            spec = toolchain.make_spec(impl, layer, dtype, target="gpu", params=params)
+            with toolchain.dace_config("gpu", tmp, spec.dtype):
                 sdfg = toolchain.make_sdfg(spec)
                 sdfg.build_folder = str(tmp / "build")
-                code = next(c for c in sdfg.generate_code() if c.language == "cu")
+                codes = sdfg.generate_code()
+                code = next(c for c in codes if c.language == "cu")
         except Exception as err:  # noqa: BLE001 - a configuration DaCe cannot build is a result
             result.error = f"code generation: {type(err).__name__}: {err}".splitlines()[0][:300]
             return
         cu, obj, linked = tmp / "kernels.cu", tmp / "kernels.o", tmp / "linked.o"
         cu.write_text(code.clean_code)
         try:
-            proc = subprocess.run(nvcc_command(cu, obj), capture_output=True, text=True,
-                                  timeout=timeout)
+            proc = subprocess.run(nvcc_command(cu, obj, spec.dtype, _includes(codes)),
+                                  capture_output=True, text=True, timeout=timeout)
         except FileNotFoundError:
             raise UsageError("nvcc is not on PATH: the tune space is compiled with it") from None
         except subprocess.TimeoutExpired:
@@ -317,7 +352,35 @@ def _compile(result: Probe, impl_name: str, layer, params, workdir, timeout) -> 
         if link.returncode != 0:
             result.error = f"nvlink: {(link.stdout + link.stderr).strip()[:300]}"
             return
-        result.kernels = describe_kernels(text, code.clean_code, nvlink_text=link.stdout + link.stderr)
+        listing = ""
+        if disassemble:
+            try:
+                listing = sass.disassemble(obj, timeout)
+            except (RuntimeError, subprocess.SubprocessError) as err:
+                result.error = f"cuobjdump: {err}"[:300]
+                return
+            if keep_listing:
+                result.listing = listing
+        result.kernels = describe_kernels(text, code.clean_code,
+                                          nvlink_text=link.stdout + link.stderr,
+                                          sass_text=listing)
+
+
+def _includes(codes) -> List[str]:
+    """The include folders of the DaCe environments the generated code uses (the frame
+    code names them, the CUDA file includes their headers)."""
+    import dace
+    folders: List[str] = []
+    names = set().union(*(getattr(c, "environments", ()) or () for c in codes))
+    for name in sorted(names):
+        try:
+            env = dace.library.get_environment(name)
+        except (KeyError, ValueError):
+            continue
+        for folder in env.cmake_includes() or ():
+            if folder not in folders:
+                folders.append(folder)
+    return folders
 
 
 # ---------------------------------------------------------------------------------------------
@@ -362,24 +425,30 @@ def tag(params: Mapping[str, int]) -> str:
 # The table
 # ---------------------------------------------------------------------------------------------
 
-COLUMNS = ("impl", "config", "layer_set", "layer", "batch", "verdict", "kernel", "registers",
-           "shared", "stack", "spill_stores", "spill_loads", "threads", "blocks",
-           "blocks_per_sm", "occupancy", "limiter", "waves", "seconds")
+RESOURCE_COLUMNS = ("kernel", "registers", "shared", "stack", "spill_stores", "spill_loads",
+                    "threads", "blocks", "blocks_per_sm", "occupancy", "limiter", "waves")
+COLUMNS = (("impl", "config", "layer_set", "layer", "batch", "verdict") + RESOURCE_COLUMNS
+           + sass.COLUMNS + ("seconds",))
+
+
+def kernel_row(k: Kernel) -> Dict[str, object]:
+    """One kernel's resources (:data:`RESOURCE_COLUMNS`) and its main loop's reading
+    (:data:`convbench.sass.COLUMNS`, empty where the SASS was not read)."""
+    row = {"kernel": k.name, "registers": k.registers, "shared": k.shared, "stack": k.stack,
+           "spill_stores": k.spill_stores, "spill_loads": k.spill_loads,
+           "threads": k.threads, "blocks": k.blocks, "blocks_per_sm": k.blocks_per_sm,
+           "occupancy": round(k.occupancy, 3), "limiter": k.limiter,
+           "waves": round(k.waves, 2)}
+    row.update(k.sass.row() if k.sass else dict.fromkeys(sass.COLUMNS, ""))
+    return row
 
 
 def rows(probes: Iterable[Probe]) -> List[Dict[str, object]]:
-    """One row per configuration and layer: its verdict and its main kernel's resources."""
-    out = []
-    for p in probes:
-        k = p.main or Kernel("")
-        out.append({"impl": p.impl, "config": tag(p.params), "layer_set": p.layer_set,
-                    "layer": p.layer, "batch": p.batch, "verdict": p.reason or "ok",
-                    "kernel": k.name, "registers": k.registers, "shared": k.shared,
-                    "stack": k.stack, "spill_stores": k.spill_stores,
-                    "spill_loads": k.spill_loads, "threads": k.threads, "blocks": k.blocks,
-                    "blocks_per_sm": k.blocks_per_sm, "occupancy": round(k.occupancy, 3),
-                    "limiter": k.limiter, "waves": round(k.waves, 2), "seconds": p.seconds})
-    return out
+    """One row per configuration and layer: its verdict, its main kernel's resources and
+    the reading of that kernel's main loop."""
+    return [{"impl": p.impl, "config": tag(p.params), "layer_set": p.layer_set,
+             "layer": p.layer, "batch": p.batch, "verdict": p.reason or "ok",
+             **kernel_row(p.main or Kernel("")), "seconds": p.seconds} for p in probes]
 
 
 def write_csv(path: Path, table: Sequence[Mapping[str, object]]) -> None:
@@ -398,40 +467,54 @@ def read_csv(path: Path) -> List[Dict[str, str]]:
 def passed(folder: Path) -> Dict[str, List[Dict[str, int]]]:
     """Per implementation, the configurations that passed on every layer they were
     compiled for, as ``space.json`` in ``folder`` records them, each with its resident
-    blocks per SM under the key ``_blocks_per_sm`` (for :func:`rank`)."""
+    blocks per SM under the key ``_blocks_per_sm`` and, where its SASS was read, its main
+    loop's FMA share under ``_fma_share`` (for :func:`rank`)."""
     path = Path(folder) / "space.json"
     if not path.is_file():
         raise UsageError(f"{path}: no tune-space table; compile the space first "
                          "(scripts/gpu_campaign.py space)")
     data = json.loads(path.read_text())
-    return {impl: [dict(c["params"], _blocks_per_sm=c.get("blocks_per_sm", 1))
+    def private(c):
+        out = {"_blocks_per_sm": c.get("blocks_per_sm", 1)}
+        if c.get("fma_share"):
+            out["_fma_share"] = c["fma_share"]
+        return out
+    return {impl: [dict(c["params"], **private(c))
                    for c in entry["configs"] if c["verdict"] == "ok"]
             for impl, entry in data["implementations"].items()}
 
 
-def score(params: Mapping[str, int], layer, blocks_per_sm: int, arch: Mapping = SM90) -> float:
+def score(params: Mapping[str, int], layer, blocks_per_sm: int, arch: Mapping = SM90,
+          fma_share: Optional[float] = None) -> float:
     """A model of a configuration's efficiency on ``layer``, to order what the tune tier
     times (the GPU decides): the share of the padded GEMM that is real work, the share
-    of the last wave of blocks that is busy (all of one wave below one), and the register
-    tile's reuse, FFMAs per shared-memory load, rm*rn/(rm+rn), relative to 8x8's.  Split-K
-    counts its extra pass over the partial sums as one more K step per chunk."""
+    of the last wave of blocks that is busy (all of one wave below one), and how much of
+    the main loop's issue goes to FMAs.  That last factor is ``fma_share``, the FMA share
+    of the main loop's machine code (:mod:`convbench.sass`): an SM sub-partition issues
+    one instruction per clock and retires one FFMA per clock, so a loop that is 47%
+    FFMA runs at 47% of the FP32 peak at best.  Without a reading it is modelled by the
+    register tile's reuse, FFMAs per shared-memory load, rm*rn/(rm+rn), relative to 8x8's.
+    Split-K counts its extra pass over the partial sums as one more K step per chunk."""
     tm, tn = params["CTAtileM"], params["CTAtileN"]
     gm, gn, split = layer.gemm_m, layer.gemm_n, params.get("nsplitK", 1)
     mp, np_ = -(-gm // tm) * tm, -(-gn // tn) * tn
     waves = _waves(params, layer, blocks_per_sm, arch) * split
     busy = waves / math.ceil(waves) if waves else 0.0
     rm, rn = params.get("threadTileM", 1), params.get("threadTileN", 1)
-    reuse = (rm * rn / (rm + rn)) / 4.0
+    issue = fma_share if fma_share else (rm * rn / (rm + rn)) / 4.0
     k_steps = -(-layer.gemm_k // (params.get("CTAtileK", 16) * split))
-    return (gm * gn) / (mp * np_) * busy * reuse * k_steps / (k_steps + (split > 1))
+    return (gm * gn) / (mp * np_) * busy * issue * k_steps / (k_steps + (split > 1))
 
 
 def rank(impl_name: str, layer, configs: Sequence[Mapping[str, int]]) -> List[Dict[str, int]]:
     """``configs`` that ``impl_name`` supports on ``layer`` and that fit it
     (:func:`fits_layer`), best :func:`score` first; split-K only where the plain tiles
-    leave SMs idle (under one wave of blocks).  Parameters without the private keys."""
+    leave SMs idle (under one wave of blocks).  The FMA shares of the SASS count where
+    every configuration has one, the reuse model otherwise (the two are on different
+    scales).  Parameters without the private keys."""
     from . import registry
     impl = registry.get(impl_name)
+    read = all(c.get("_fma_share") for c in configs)
     out = []
     for c in configs:
         params = {k: v for k, v in c.items() if not k.startswith("_")}
@@ -441,7 +524,8 @@ def rank(impl_name: str, layer, configs: Sequence[Mapping[str, int]]) -> List[Di
             continue
         if params.get("nsplitK", 1) > 1 and _waves(params, layer, bps) >= 1.0:
             continue
-        out.append((score(params, layer, bps), params))
+        out.append((score(params, layer, bps, fma_share=c["_fma_share"] if read else None),
+                    params))
     out.sort(key=lambda sp: -sp[0])
     return [p for _, p in out]
 
@@ -461,8 +545,9 @@ def summarize(table: Sequence[Mapping[str, object]]) -> Dict[str, object]:
     """``space.json`` from the rows of :func:`rows`: per implementation and
     configuration, the verdict over its layers (the first resource or compile failure,
     if any), the layers it was compiled on and those that refuse it, the range of its
-    main kernel's registers and its fewest resident blocks per SM.  A configuration
-    that every probe layer refuses has no verdict to give and counts as refused."""
+    main kernel's registers, its fewest resident blocks per SM and, where the SASS was
+    read, its main loop's FMA kind and lowest FMA share.  A configuration that every
+    probe layer refuses has no verdict to give and counts as refused."""
     impls: Dict[str, dict] = {}
     for r in table:
         impl = str(r["impl"])
@@ -470,7 +555,7 @@ def summarize(table: Sequence[Mapping[str, object]]) -> Dict[str, object]:
         by_tag = entry.setdefault("_params", {tag(c): c for c in space(impl)})
         c = entry["configs"].setdefault(r["config"], {
             "params": by_tag.get(r["config"], {}), "verdict": "ok", "layers": [],
-            "refused_on": [], "registers": [], "blocks_per_sm": []})
+            "refused_on": [], "registers": [], "blocks_per_sm": [], "fma_share": []})
         where = f"{r['layer_set']}/{r['layer']}/b{r['batch']}"
         verdict = str(r["verdict"])
         if verdict.startswith(REFUSED):
@@ -480,6 +565,9 @@ def summarize(table: Sequence[Mapping[str, object]]) -> Dict[str, object]:
         if int(r["registers"] or 0):
             c["registers"].append(int(r["registers"]))
             c["blocks_per_sm"].append(int(r["blocks_per_sm"]))
+        if r.get("fma_share") not in (None, ""):
+            c["fma_share"].append(float(r["fma_share"]))
+            c["fma_kind"] = r.get("fma_kind", "")
         if verdict != "ok" and c["verdict"] == "ok":
             c["verdict"] = f"{r['layer_set']}/{r['layer']}: {verdict}"
     for entry in impls.values():
@@ -488,6 +576,7 @@ def summarize(table: Sequence[Mapping[str, object]]) -> Dict[str, object]:
             regs = c.pop("registers")
             c["registers"] = [min(regs), max(regs)] if regs else []
             c["blocks_per_sm"] = min(c["blocks_per_sm"], default=0)
+            c["fma_share"] = min(c["fma_share"], default=None)
             if not c["layers"]:
                 c["verdict"] = "every probe layer refuses it: " + ", ".join(c["refused_on"])
         entry["configs"] = list(entry["configs"].values())
@@ -510,41 +599,87 @@ DEFAULT_OUT = PROJECT_ROOT / "results" / "gpu" / "tune-space"
 
 
 def _probe_job(job) -> Probe:
-    impl_name, layer_set, layer, params = job
+    import warnings
+    impl_name, layer_set, layer, params, dtype = job
     from . import registry
+    warnings.simplefilter("ignore")  # DaCe's codegen warnings would garble the progress
     registry.load_implementations()
-    return probe(impl_name, layer_set, layer, params)
+    return probe(impl_name, layer_set, layer, params, dtype=dtype, disassemble=True)
 
 
-def compile_space(impls: Sequence[str], jobs: int, say=print,
-                  layers: Sequence[Tuple[str, str, int]] = PROBE_LAYERS) -> List[Probe]:
-    """Every configuration of ``impls``' spaces on every probe layer, ``jobs`` at a time."""
-    import concurrent.futures
-    import multiprocessing
-    import time
+def _probe_layers(layers: Sequence[Tuple[str, str, int]]):
+    """The :class:`~convbench.layers.Layer` of each ``(set, name, batch)``."""
     from .layersets import load_layers
-    todo = []
+    out = []
     for layer_set, name, batch in layers:
         layer = next((lay for lay in load_layers(layer_set) if lay.name == name), None)
         if layer is None:
             raise UsageError(f"probe layer {name} is not in {layer_set}")
-        todo += [(impl, layer_set, layer.with_batch(batch), params)
-                 for impl in impls for params in space(impl)]
-    say(f"compiling {len(todo)} configurations x layers with nvcc, {jobs} at a time")
-    t0, found = time.perf_counter(), []
+        out.append((layer_set, layer.with_batch(batch)))
+    return out
+
+
+def run_probes(todo: Sequence[tuple], jobs: int, say=print) -> List[Probe]:
+    """:func:`probe` with the SASS read, for each ``(implementation, layer set, layer,
+    params, dtype)`` of ``todo``, ``jobs`` processes at a time, in ``todo``'s order."""
+    import concurrent.futures
+    import multiprocessing
+    import time
+    sass.require_tools()
+    t0, found = time.perf_counter(), {}
     ctx = multiprocessing.get_context("spawn")  # DaCe's global configuration per process
     with concurrent.futures.ProcessPoolExecutor(max(1, jobs), mp_context=ctx) as pool:
-        futures = [pool.submit(_probe_job, job) for job in todo]
-        for i, fut in enumerate(concurrent.futures.as_completed(futures), 1):
-            p = fut.result()
-            found.append(p)
+        futures = {pool.submit(_probe_job, job): i for i, job in enumerate(todo)}
+        for n, fut in enumerate(concurrent.futures.as_completed(futures), 1):
+            p = found[futures[fut]] = fut.result()
             k = p.main
-            say(f"  {i}/{len(todo)} {p.impl} {tag(p.params)} {p.layer_set}/{p.layer}: "
+            say(f"  {n}/{len(todo)} {p.impl} {tag(p.params) or p.dtype} "
+                f"{p.layer_set}/{p.layer}: "
                 + (p.reason or f"ok, {k.registers} registers, {k.shared} B shared, "
-                   f"occupancy {k.occupancy:.2f}") + f"  [{time.perf_counter() - t0:.0f} s]")
-    order = {(impl, tag(p)): i for i, (impl, _, _, p) in enumerate(todo)}
+                   f"occupancy {k.occupancy:.2f}, " + _fma_text(k))
+                + f"  [{time.perf_counter() - t0:.0f} s]")
+    return [found[i] for i in range(len(todo))]
+
+
+def compile_space(impls: Sequence[str], jobs: int, say=print,
+                  layers: Sequence[Tuple[str, str, int]] = PROBE_LAYERS) -> List[Probe]:
+    """Every configuration of ``impls``' spaces on every probe layer, ``jobs`` at a time,
+    each kernel's main loop read from its SASS."""
+    sass.require_tools()
+    todo = [(impl, layer_set, layer, params, None)
+            for layer_set, layer in _probe_layers(layers)
+            for impl in impls for params in space(impl)]
+    say(f"compiling {len(todo)} configurations x layers with nvcc, {jobs} at a time")
+    found = run_probes(todo, jobs, say)
+    order = {(impl, tag(p)): i for i, (impl, _, _, p, _) in enumerate(todo)}
     found.sort(key=lambda p: (order[(p.impl, tag(p.params))], p.layer_set, p.layer))
     return found
+
+
+def _share(row: Mapping[str, object]) -> str:
+    """``FFMA 47%`` of a row, or empty where its SASS was not read."""
+    if row.get("fma_share") in (None, ""):
+        return ""
+    if not float(row["fma_share"]):
+        return "no FMA"
+    return f"{row.get('fma_kind') or 'FMA'} {100 * float(row['fma_share']):.0f}%"
+
+
+def _fma_text(k: Kernel) -> str:
+    """``FFMA 47% of a 552-instruction main loop``, or that the SASS was not read."""
+    r = k.sass
+    if r is None:
+        return "SASS not read"
+    return f"{r.fma_kind or 'FMA'} {100 * r.fma_share:.0f}% of a {r.instructions}-instruction " + (
+        "main loop" if r.loops else "loop-free body")
+
+
+def _per_fma(row: Mapping[str, object]) -> str:
+    """A row's shared loads per FMA by width, ``LDS 0.49`` or ``LDS.128 0.12, LDS 0.06``."""
+    from .sass import LDS_WIDTHS, _column
+    parts = [f"{w} {float(row[_column(w)]):.2f}" for w in LDS_WIDTHS
+             if row.get(_column(w)) not in (None, "") and float(row[_column(w)])]
+    return ", ".join(parts) or ("none" if row.get("fma_share") not in (None, "") else "")
 
 
 def write_space(out: Path, probes: Sequence[Probe], toolchain_info: Mapping[str, str]) -> Path:
@@ -573,9 +708,15 @@ def write_space(out: Path, probes: Sequence[Probe], toolchain_info: Mapping[str,
              "frame after the link, spill stores and loads from ptxas, the launch the "
              "generated code makes (threads per block, blocks), and from those the resident "
              f"blocks per SM, the occupancy and its limiter, and the waves over {SM90['sms']} "
-             "SMs. A configuration that spills, keeps a stack frame, or cannot place a block "
+             "SMs. The object is disassembled (`cuobjdump -sass`) and each kernel's main "
+             "loop read ([docs/sass.md](../../../docs/sass.md)): its instructions, the "
+             "share that are FMAs, shared-memory loads per FMA by width, integer "
+             "instructions per FMA and barriers; `resources.csv` has every column. A "
+             "configuration that spills, keeps a stack frame, or cannot place a block "
              "on an SM is refused: the tune tier does not plan it (it times each "
-             "implementation's defaults as the baseline, whatever their verdict). Every row "
+             "implementation's defaults as the baseline, whatever their verdict). The "
+             "tune tier orders the rest by a model that takes the main loop's FMA share "
+             "as the share of the FP32 peak its issue allows (`gpuspace.score`). Every row "
              "is in `resources.csv`, the verdicts in `space.json`.", ""]
     for impl, entry in summary["implementations"].items():
         configs = entry["configs"]
@@ -585,13 +726,186 @@ def write_space(out: Path, probes: Sequence[Probe], toolchain_info: Mapping[str,
         body = [r for r in table if r["impl"] == impl]
         lines.append(tables.markdown(
             ["config", "layer", "verdict", "regs", "smem B", "stack", "spills", "threads",
-             "blocks/SM", "occupancy", "limiter", "waves"],
+             "blocks/SM", "occupancy", "limiter", "waves", "loop instr", "FMA share",
+             "shared loads / FMA", "int / FMA", "BAR"],
             [[r["config"], f"{r['layer_set']}/{r['layer']} b{r['batch']}",
               str(r["verdict"]).replace("|", "/")[:90], r["registers"], r["shared"],
               r["stack"], f"{r['spill_stores']}/{r['spill_loads']}", r["threads"],
-              r["blocks_per_sm"], r["occupancy"], r["limiter"], r["waves"]] for r in body],
-            "lll" + "r" * 9))
+              r["blocks_per_sm"], r["occupancy"], r["limiter"], r["waves"],
+              r.get("loop_instructions", ""), _share(r), _per_fma(r),
+              r.get("int_per_fma", ""), r.get("barriers", "")] for r in body],
+            "lll" + "r" * 11 + "lrr"))
         lines.append("")
+    tune = sorted(out.parent.glob("*_tune/cases"))
+    if tune:
+        lines += ranking_section(tune[-1].parent, table)
     path = out / "README.md"
     write_atomic(path, "\n".join(lines))
     return path
+
+
+def ranking_check(records: Iterable[dict], table: Sequence[Mapping[str, object]]
+                  ) -> Dict[str, Dict[str, object]]:
+    """How each ranking model orders the configurations a tune campaign timed, against
+    their measured medians: per model (``paper``: the register tile's reuse; ``sass``:
+    the main loop's FMA share), over the layers with at least two configurations that
+    verified and have a row in ``table``, on how many its first choice was the fastest
+    (``first``; a tie for first place counts as the chance that a random pick among the
+    tied is the fastest), of how many (``layers``), and the mean of Spearman's rank
+    correlation of score with speed within a layer (``rho``)."""
+    from . import registry
+    from .layers import Layer
+    from .results import spearman
+    by_tag = {(str(r["impl"]), str(r["config"])): r for r in table
+              if r.get("fma_share") not in (None, "")}
+    timed: Dict[tuple, list] = {}
+    for rec in records:
+        case = rec.get("case", {})
+        ms = rec.get("timings", {}).get("dace", {}).get("median_ms")
+        if rec.get("status") != "verified" or not ms or case.get("impl") not in SPACES:
+            continue
+        params = dict(case.get("params") or ()) or dict(
+            registry.get(case["impl"]).resolve_params({}))
+        row = by_tag.get((case["impl"], tag(params)))
+        if row is not None:
+            timed.setdefault((case["impl"], case["layer_set"], json.dumps(case["layer"],
+                                                                          sort_keys=True)),
+                             []).append((params, row, ms))
+    out: Dict[str, Dict[str, object]] = {}
+    for model in ("paper", "sass"):
+        first, rhos = 0, []
+        for (impl, _, layer_json), found in timed.items():
+            if len(found) < 2:
+                continue
+            layer = Layer(**json.loads(layer_json))
+            scores = [score(p, layer, int(r["blocks_per_sm"] or 1),
+                            fma_share=float(r["fma_share"]) if model == "sass" else None)
+                      for p, r, _ in found]
+            speed = [-ms for _, _, ms in found]
+            top = [i for i, s in enumerate(scores) if s == max(scores)]
+            # a tie among the top scores gets the chance that a random pick is the fastest
+            first += (speed.index(max(speed)) in top) / len(top)
+            rho = spearman(scores, speed)
+            rhos.append(rho if rho is not None else 0.0)
+        out[model] = {"layers": len(rhos),
+                      "first": round(first, 1),
+                      "rho": round(sum(rhos) / len(rhos), 2) if rhos else None}
+    return out
+
+
+def ranking_section(campaign: Path, table: Sequence[Mapping[str, object]]) -> List[str]:
+    """The README's paragraph on how the ranking did on ``campaign``'s timings."""
+    records = [json.loads(p.read_text()) for p in sorted((campaign / "cases").glob("*.json"))]
+    found = ranking_check(records, table)
+    if not found["sass"]["layers"]:
+        return []
+    text = "; ".join(f"{'the FMA share of the SASS' if m == 'sass' else 'the register tile reuse'}"
+                     f" ranks the fastest first on {v['first']:g} of {v['layers']} layers, mean "
+                     f"within-layer Spearman {v['rho']:+.2f}" for m, v in found.items())
+    return ["## The ranking against measured times", "",
+            f"Of the configurations the tune campaign [{campaign.name}](../{campaign.name}/README.md) "
+            "timed and verified (per layer its defaults and the configurations its plan "
+            "chose; medians of CUDA-event samples), scored by `gpuspace.score` with this "
+            f"table's readings: {text} (`gpuspace.ranking_check`). A ranking model chose "
+            "those candidates, so this tests the order among them, not what either model "
+            "would pick from the whole space.", ""]
+
+
+# ---------------------------------------------------------------------------------------------
+# Every GPU implementation at its defaults (the status table's reading)
+# ---------------------------------------------------------------------------------------------
+
+#: Where every GPU implementation is read at its defaults: one deep layer per CosmoFlow
+#: set, at the original work's batch (v1 conv5: 128 to 256 channels on 10^3; MLPerf
+#: conv4: 128 to 256 on 16^3).  Every implementation with a GPU schedule supports both.
+READING_LAYERS = (("cosmoflow", "conv5", 16), ("cosmoflow_mlperf", "conv4", 8))
+#: Where ``convbench sass --all`` writes its table, and where the status table reads it.
+READINGS_OUT = PROJECT_ROOT / "results" / "gpu" / "sass"
+#: The columns of ``readings.csv``: one row per kernel of each reading.
+READING_COLUMNS = (("impl", "dtype", "layer_set", "layer", "batch", "config", "main", "error")
+                   + RESOURCE_COLUMNS + sass.COLUMNS)
+
+
+def kernel_rows(p: Probe) -> List[Dict[str, object]]:
+    """One row per kernel of a probe (:data:`READING_COLUMNS`), its main kernel marked
+    and first; one row with the error where it was not compiled."""
+    head = {"impl": p.impl, "dtype": p.dtype, "layer_set": p.layer_set, "layer": p.layer,
+            "batch": p.batch, "config": ";".join(f"{k}={v}" for k, v in p.params.items())}
+    if p.error:
+        return [dict(head, main="", error=p.error)]
+    main = p.main
+    kernels = sorted(p.kernels, key=lambda k: k is not main)
+    return [dict(head, main="yes" if k is main else "", error="", **kernel_row(k))
+            for k in kernels]
+
+
+def read_defaults(impls: Sequence[str], jobs: int, say=print,
+                  layers: Sequence[Tuple[str, str, int]] = READING_LAYERS) -> List[Probe]:
+    """Every implementation of ``impls`` at its defaults, in its first precision, on
+    each of ``layers``: compiled, disassembled and read."""
+    from . import registry
+    todo = []
+    for layer_set, layer in _probe_layers(layers):
+        for name in impls:
+            impl = registry.get(name)
+            todo.append((name, layer_set, layer, dict(impl.resolve_params({})),
+                         impl.precisions[0]))
+    say(f"reading {len(todo)} builds (implementations x layers), {jobs} at a time")
+    return run_probes(todo, jobs, say)
+
+
+def write_readings(out: Path, probes: Sequence[Probe], info: Mapping[str, str]) -> Path:
+    """``readings.csv`` (every kernel) and ``README.md`` (the main kernels) in ``out``;
+    the rows of implementations not read this time are kept from the file there."""
+    from . import registry, tables
+    from .files import write_atomic
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    read = {p.impl for p in probes}
+    table = [r for p in probes for r in kernel_rows(p)]
+    path = out / "readings.csv"
+    if path.is_file():
+        known = registry.all_implementations()
+        table = [r for r in read_csv(path) if r["impl"] not in read and r["impl"] in known
+                 and "gpu" in known[r["impl"]].targets] + table
+    table.sort(key=lambda r: (r["impl"], r["layer_set"], r["layer"], r["main"] != "yes"))
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=READING_COLUMNS)
+        w.writeheader()
+        w.writerows(table)
+    write_atomic(out / "readings.json", json.dumps(
+        {"arch": SM90["name"], "layers": [list(x) for x in READING_LAYERS],
+         "toolchain": dict(info)}, indent=1) + "\n")
+    main = [r for r in table if r["main"] == "yes" or r["error"]]
+    lines = ["# Every GPU implementation's main loop, read from its machine code", "",
+             "Each implementation with a GPU schedule at its defaults, in its first "
+             "precision, on one deep layer of each CosmoFlow set (v1 conv5 at batch 16, "
+             "MLPerf conv4 at batch 8), generated by DaCe and compiled for "
+             f"{SM90['name']} as a GPU build compiles it, then disassembled "
+             f"(`convbench sass --all`; {', '.join(f'{k} {v}' for k, v in info.items())}). "
+             "Per implementation, the kernel whose main loop holds the most FMA "
+             "instructions; `readings.csv` has every kernel and every column, "
+             "[docs/sass.md](../../../docs/sass.md) says what they mean. Counts are "
+             "static: instructions in the listing, not instructions run.", "",
+             tables.markdown(
+                 ["implementation", "precision", "layer", "regs", "smem B", "stack B",
+                  "spills", "loop instr", "FMA share", "shared loads / FMA", "LDG",
+                  "LDGSTS", "int / FMA", "IMAD.WIDE", "local", "BAR"],
+                 [[f"`{r['impl']}`", r["dtype"], f"{r['layer_set']}/{r['layer']} b{r['batch']}"]
+                  + ([r["error"][:80]] + [""] * 12 if r["error"] else
+                     [r["registers"], r["shared"], r["stack"],
+                      f"{r['spill_stores']}/{r['spill_loads']}", r["loop_instructions"],
+                      _share(r), _per_fma(r), r["ldg"], r["ldgsts"], r["int_per_fma"],
+                      r["imad_wide"], r["local"], r["barriers"]]) for r in main],
+                 "lll" + "r" * 6 + "l" + "r" * 6), ""]
+    write_atomic(out / "README.md", "\n".join(lines))
+    return out / "README.md"
+
+
+def load_readings(folder: Path = READINGS_OUT) -> Dict[Tuple[str, str], Dict[str, str]]:
+    """``(implementation, layer set)`` -> the row of its main kernel in ``readings.csv``
+    (empty where the file is missing)."""
+    path = Path(folder) / "readings.csv"
+    if not path.is_file():
+        return {}
+    return {(r["impl"], r["layer_set"]): r for r in read_csv(path) if r["main"] == "yes"}

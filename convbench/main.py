@@ -41,6 +41,8 @@ SUBCOMMANDS = {
     "layers": ("convbench.commands.layers", {},
                "show a layer set, convert it to CSV, or take a torch or ONNX model's 3D "
                "convolutions"),
+    "sass": ("convbench.commands.sass", {},
+             "a GPU build's machine code: per kernel its resources and its main loop's mix"),
     "campaign": ("convbench.campaign_cli", {},
                  "the GPU campaign: pack, run, unpack (docs/gpu-campaign.md)"),
     "validate-timing": ("convbench.commands.validate_timing", {},

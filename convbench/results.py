@@ -48,6 +48,31 @@ def fastest_vendor(medians: Mapping[str, Optional[float]]
     return name, timed[name]
 
 
+def spearman(xs: List[float], ys: List[float]) -> Optional[float]:
+    """Spearman's rank correlation of two equally long samples (ties get their mean
+    rank); None under three pairs or where either sample is constant."""
+    if len(xs) != len(ys) or len(xs) < 3:
+        return None
+
+    def ranks(v):
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2 + 1
+            i = j + 1
+        return r
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    sxx, syy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
+    return sxy / (sxx * syy) ** 0.5 if sxx and syy else None
+
+
 def compulsory_bytes(layer: Layer, element_bytes: int = 4) -> int:
     """Bytes a forward pass must move at least: input and filter read, output written."""
     numel = 0

@@ -147,6 +147,20 @@ def tuned_entry(impl_name: str, layer, target: str) -> Dict[str, int]:
     return found
 
 
+def entries_anywhere(impl_name: str, layer, target: str) -> List[Dict[str, int]]:
+    """The entries of ``impl_name`` on ``layer`` tuned on any machine (distinct, in the
+    file's order of machines, an older single-machine file's too): the incumbents a new
+    search times again beside its candidates."""
+    data = load(target)
+    sections = list(data.get("machines", {}).values()) or [data]
+    found: List[Dict[str, int]] = []
+    for section in sections:
+        entry = section.get("entries", {}).get(impl_name, {}).get(layer.key())
+        if entry and dict(entry) not in found:
+            found.append(dict(entry))
+    return found
+
+
 def entries_elsewhere(impl_name: str, layer, target: str) -> List[Dict[str, int]]:
     """The entries of ``impl_name`` on ``layer`` tuned on other machines (distinct, in the
     file's order of machines): the candidates of a short retune here."""

@@ -29,9 +29,37 @@ def test_the_status_table_is_the_results():
     readme = (ROOT / "README.md").read_text()
     assert STATUS_BEGIN in readme and STATUS_END in readme
     table = readme.split(STATUS_BEGIN, 1)[1].split(STATUS_END, 1)[0].strip("\n") + "\n"
-    header, rows, source = status.table(ROOT / "results")
-    assert table == status.format_markdown(header, rows, source), \
+    assert table == status.markdown(ROOT / "results"), \
         "regenerate it: .venv/bin/convbench status --markdown"
+
+
+def test_the_status_shows_every_gpu_implementations_main_loop():
+    """The committed readings (``convbench sass --all``) cover every implementation with
+    a GPU schedule on each reading layer: a new one without a reading fails here."""
+    from convbench import gpuspace, registry
+    from convbench.commands import status
+    readings = gpuspace.load_readings(ROOT / "results" / "gpu" / "sass")
+    header, rows, _ = status.table(ROOT / "results")
+    column = header.index("GPU main loop: FMA share")
+    for impl in registry.all_implementations().values():
+        row = next(r for r in rows if r[0] == impl.name)
+        if "gpu" not in impl.targets:
+            assert row[column] == ""
+            continue
+        for layer_set, _, _ in gpuspace.READING_LAYERS:
+            assert (impl.name, layer_set) in readings, f"{impl.name}: run convbench sass --all"
+        if row[column] == "no FMA in its kernels":  # im2colGemm: its GEMM is cuBLAS's
+            continue
+        assert row[column].count("%") == len(gpuspace.READING_LAYERS), row
+        assert row[column].split()[0] in ("FFMA", "HMMA", "HFMA2", "DFMA"), row
+
+
+def test_spearman_ranks_with_ties():
+    from convbench import results as status
+    assert status.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert status.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert status.spearman([1, 1, 2], [3, 3, 5]) == pytest.approx(1.0)
+    assert status.spearman([1, 2], [1, 2]) is None and status.spearman([1, 1, 1], [1, 2, 3]) is None
 
 
 def test_status_counts_a_case_as_its_newest_run_found_it(tmp_path):

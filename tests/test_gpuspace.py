@@ -2,6 +2,7 @@
 that keeps a configuration off the GPU, the ranking, and the tune tier's plan, winners
 and tuning file."""
 
+import csv
 import dataclasses
 import json
 import shutil
@@ -157,6 +158,80 @@ def test_score_prefers_full_waves_and_real_work():
     assert gpuspace.score(dict(base, threadTileM=8, threadTileN=8), layer, 4) > few
 
 
+def test_a_configuration_that_issues_more_fma_ranks_first():
+    """With every configuration's SASS read, the ranking follows the main loop's FMA
+    share where nothing else differs, whatever the register tile's paper reuse says."""
+    layer = _layer("cosmoflow", "conv3", 16)
+    small = {"CTAtileM": 64, "CTAtileN": 64, "CTAtileK": 16, "threadTileM": 4, "threadTileN": 4}
+    large = dict(small, threadTileM=8, threadTileN=8)
+    assert gpuspace.score(large, layer, 4) > gpuspace.score(small, layer, 4)  # paper model
+    read = [dict(small, _blocks_per_sm=4, _fma_share=0.62), dict(large, _blocks_per_sm=4,
+                                                                 _fma_share=0.48)]
+    assert gpuspace.rank("implicitGemmNCDHW", layer, read) == [small, large]
+    read[0]["_fma_share"], read[1]["_fma_share"] = 0.40, 0.70
+    assert gpuspace.rank("implicitGemmNCDHW", layer, read) == [large, small]
+    # one configuration unread: the paper model for all (the scales differ)
+    del read[1]["_fma_share"]
+    read[0]["_fma_share"] = 0.99
+    assert gpuspace.rank("implicitGemmNCDHW", layer, read) == [large, small]
+
+
+def test_the_sass_columns_reach_the_table_the_summary_and_the_ranking(tmp_path):
+    """A kernel's reading goes into its row (resources.csv), the configuration's lowest
+    FMA share into space.json, and from there into what the tune tier ranks."""
+    from convbench import sass
+    listing = (__import__("pathlib").Path(__file__).parent / "data" / "sass" /
+               "lds128.sass").read_text().replace("_Z6lds128", "_Z33impls__igemm_igemm_warp_142_0_0_0")
+    clean = PTXAS.replace("24 bytes stack frame, 20 bytes spill stores, 16 bytes spill loads",
+                          "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads")
+    kernels = gpuspace.describe_kernels(clean, CU, nvlink_text=NVLINK, sass_text=listing)
+    main = max(kernels, key=lambda k: k.fma)
+    assert main.name == "impls__igemm_igemm_warp_142_0_0_0" and main.sass.fma == 16
+    impl = "implicitGemmNCDHW"
+    params = gpuspace.space(impl)[0]
+    probe = gpuspace.Probe(impl, "cosmoflow", "conv7", 16, params, kernels=kernels)
+    assert probe.main is main
+    row, = gpuspace.rows([probe])
+    assert set(gpuspace.COLUMNS) == set(row)
+    assert (row["fma_kind"], row["fma_share"], row["lds128_per_fma"]) == ("FFMA", 0.327, 0.5)
+    gpuspace.write_space(tmp_path, [probe], {"nvcc": "test"})
+    assert list(csv.DictReader(open(tmp_path / "resources.csv")))[0]["fma_share"] == "0.327"
+    assert "FFMA 33%" in (tmp_path / "README.md").read_text()
+    entry = json.loads((tmp_path / "space.json").read_text())["implementations"][impl]
+    config, = [c for c in entry["configs"] if c["layers"]]
+    assert (config["fma_share"], config["fma_kind"]) == (0.327, "FFMA")
+    passed = gpuspace.passed(tmp_path)[impl]
+    assert any(c.get("_fma_share") == 0.327 for c in passed)
+    unread = gpuspace.rows([gpuspace.Probe(impl, "s", "l", 1, params,
+                                           kernels=gpuspace.describe_kernels(PTXAS, CU))])[0]
+    assert unread["fma_share"] == "" and unread["registers"] == 255
+    assert sass.COLUMNS[0] in unread
+
+
+def test_the_ranking_is_checked_against_a_tune_campaigns_times():
+    """On a layer where the configuration with the higher FMA share was the faster, the
+    SASS model ranks it first and the reuse model (8x8 over 4x4) does not; a tie for
+    first place gets half a hit."""
+    impl = "implicitGemmNCDHW"
+    small = {"CTAtileM": 64, "CTAtileN": 64, "CTAtileK": 16, "threadTileM": 4, "threadTileN": 4}
+    large = dict(small, threadTileM=8, threadTileN=8)
+    middle = dict(small, threadTileM=8)
+    table = [{"impl": impl, "config": gpuspace.tag(p), "blocks_per_sm": 4, "fma_share": s}
+             for p, s in ((small, 0.7), (large, 0.5), (middle, 0.6))]
+    layer = dataclasses.asdict(_layer("cosmoflow", "conv3", 16))
+
+    def rec(params, ms, status="verified"):
+        return {"status": status, "timings": {"dace": {"median_ms": ms}},
+                "case": {"impl": impl, "layer_set": "cosmoflow", "layer": layer,
+                         "params": list(params.items())}}
+    found = gpuspace.ranking_check([rec(small, 1.0), rec(large, 2.0), rec(middle, 1.5),
+                                    rec(large, 0.1, "wrong")], table)
+    assert found["sass"] == {"layers": 1, "first": 1.0, "rho": 1.0}
+    assert found["paper"] == {"layers": 1, "first": 0.0, "rho": -1.0}
+    table[1]["fma_share"] = 0.7  # a tie for first: the SASS model cannot tell them apart
+    assert gpuspace.ranking_check([rec(small, 1.0), rec(large, 2.0)], table)["sass"]["first"] == 0.5
+
+
 # -- the tune tier -------------------------------------------------------------------------------
 
 def _space_dir(tmp_path, verdict=lambda impl, c: "ok"):
@@ -189,6 +264,29 @@ def test_tune_plan_times_defaults_and_ranked_configurations_that_passed(tmp_path
     c = cases[1]
     back = campaign.Case.from_json(json.loads(json.dumps(c.to_json())))
     assert back == c and back.id == c.id and dict(back.resolved_params()) == dict(c.params)
+
+
+def test_tune_plan_times_the_incumbents_again(tmp_path, monkeypatch):
+    """A configuration tuned for a layer on any GPU is timed again beside the defaults
+    and takes the place of the lowest-ranked candidate, so that a new search never
+    files a winner slower than the last one."""
+    space = _space_dir(tmp_path)
+    layer = _layer("cosmoflow", "conv3", 16)
+    impl = "implicitGemmNCDHWinplace"
+    configs = [dict(c, _blocks_per_sm=3) for c in gpuspace.space(impl)]
+    ranked = gpuspace.rank(impl, layer, configs)
+    incumbent = ranked[-1]  # the model's last choice
+    tuned = tmp_path / "gpu.json"
+    tuned.write_text(json.dumps({"machines": {"Some GPU (CUDA 13.0)": {"entries": {
+        impl: {layer.key(): incumbent}}}}}))
+    monkeypatch.setenv("CONVBENCH_TUNING", str(tuned))
+    cases = [c for c in campaign.plan_cases("tune", "gpu", planted=False, space_dir=space)
+             if c.impl == impl and c.layer.name == "conv3" and c.layer_set == "cosmoflow"]
+    params = [dict(c.params) for c in cases]
+    default = dict(registry.get(impl).resolve_params({}))
+    n = campaign.plan.TUNE_PER_LAYER[impl]
+    assert params[:2] == [default, incumbent] and len(params) == 1 + n
+    assert params[2:] == [p for p in ranked if p not in (default, incumbent)][:n - 1]
 
 
 def test_tune_dry_run_fits_with_core(tmp_path, capsys):

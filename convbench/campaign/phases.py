@@ -139,6 +139,8 @@ def run_builds(folder: Folder, cases: Sequence[Case], cachedir, workers: int,
         name = job.spec().name
         rows[name] = {"outcome": outcome, "seconds": round(seconds, 2), "message": message,
                       "cases": owners[name]}
+        if outcome != "failed" and job.target == "gpu":
+            rows[name]["sass"] = read_build(job, cachedir)
         if outcome == "failed":
             failed.update(dict.fromkeys(owners[name], message))
             say(f"[builds]   FAILED {job.describe()}: {message}")
@@ -146,6 +148,21 @@ def run_builds(folder: Folder, cases: Sequence[Case], cachedir, workers: int,
             say(f"[builds]   {n}/{len(jobs)} in {time.perf_counter() - t0:.0f}s")
         folder.write_json("builds.json", rows)
     return failed
+
+
+def read_build(job, cachedir) -> dict:
+    """The main kernel's reading of a cached GPU build (:func:`convbench.sass.summary`),
+    or why it was not read.  Disassembling a library takes well under a second."""
+    from .. import cache, sass
+    if sass.tool_dir() is None:
+        return {"error": "cuobjdump/nvdisasm not found"}
+    try:
+        entry = cache.BuildCache(cachedir).entry(job.spec())
+        manifest = json.loads((entry / cache.MANIFEST).read_text())
+        readings = sass.read_listing(sass.disassemble(entry / manifest["library"]))
+    except Exception as err:  # noqa: BLE001 - recorded, the campaign goes on
+        return {"error": f"{type(err).__name__}: {err}".splitlines()[0][:200]}
+    return sass.summary(sass.main_reading(readings))
 
 
 def run_gpu_tests(folder: Folder, target: str, timeout: float, cores: int) -> dict:

@@ -166,8 +166,10 @@ def plan_cases(tier: str, target: str, planted: bool, space_dir: Optional[os.Pat
 def tune_cases(target: str, space_dir: Optional[os.PathLike] = None) -> List[Case]:
     """The tune tier: on every CosmoFlow layer at the original batch (on the CPU, the
     rehearsal, on the smoke layer), per implementation with a GPU search space, its
-    defaults and its best-ranked configurations that passed the resource filter."""
-    from .. import gpuspace, registry
+    defaults, the configurations already tuned for the layer on any GPU (the
+    incumbents, so that a new winner is never one slower than the last), and its
+    best-ranked configurations that passed the resource filter."""
+    from .. import gpuspace, registry, tuning
     passed = gpuspace.passed(Path(space_dir) if space_dir else gpuspace.DEFAULT_OUT)
     if target == "gpu":
         layers = [(s, layer.with_batch(ORIGINAL_BATCH[s])) for s in ORIGINAL_BATCH
@@ -180,10 +182,19 @@ def tune_cases(target: str, space_dir: Optional[os.PathLike] = None) -> List[Cas
             impl = registry.get(impl_name)
             if target not in impl.targets or impl_name not in TUNE_PER_LAYER:
                 continue
-            chosen = gpuspace.rank(impl_name, layer, configs)[:TUNE_PER_LAYER[impl_name]]
-            default = dict(impl.resolve_params({}))
-            if chosen and default not in chosen:
-                chosen.insert(0, default)
+            ranked = gpuspace.rank(impl_name, layer, configs)
+            if not ranked:
+                continue
+            # the defaults, the incumbents, then the best-ranked candidates: TUNE_PER_LAYER
+            # cases beside the defaults, incumbents first
+            known = [{k: v for k, v in c.items() if not k.startswith("_")} for c in configs]
+            chosen = [dict(impl.resolve_params({}))]
+            for incumbent in tuning.entries_anywhere(impl_name, layer, "gpu"):
+                params = dict(impl.resolve_params(incumbent))
+                if params in known and params not in chosen:
+                    chosen.append(params)
+            room = max(0, 1 + TUNE_PER_LAYER[impl_name] - len(chosen))
+            chosen += [p for p in ranked if p not in chosen][:room]
             for params in chosen:
                 case = Case(impl_name, layer, layer_set, target, group="tune",
                             params=tuple(params.items()))

@@ -7,7 +7,7 @@ import json
 import math
 from collections import Counter
 from pathlib import Path
-from typing import Dict, Iterable, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from .. import results, tables
 from ..files import write_atomic
@@ -15,18 +15,23 @@ from .folder import _now
 from .plan import PHASES, V100_RATIOS
 
 
+def problem_key(case: dict) -> tuple:
+    """What the references are timed once for: (set, layer, batch, pass, precision)."""
+    from .. import registry
+    impl = registry.get(case["impl"])
+    return (case["layer_set"], case["layer"]["name"], case["layer"]["batch"],
+            str(impl.pass_), case.get("dtype") or impl.precisions[0])
+
+
 def best_per_layer(records: Iterable[dict]) -> Dict[tuple, dict]:
     """Per (set, layer, batch, pass, precision): the fastest verified DaCe record, and the
     references' medians (in that precision) from whichever record timed them."""
-    from .. import registry
     rows: Dict[tuple, dict] = {}
     for rec in records:
         case = rec.get("case", {})
         if case.get("planted") or "timings" not in rec:
             continue
-        impl = registry.get(case["impl"])
-        key = (case["layer_set"], case["layer"]["name"], case["layer"]["batch"],
-               str(impl.pass_), case.get("dtype") or impl.precisions[0])
+        key = problem_key(case)
         row = rows.setdefault(key, {"best": None, "refs": {}, "gflop": rec.get("gflop")})
         t = rec["timings"]
         row["refs"].update((name, stats["median_ms"]) for name, stats in t.items()
@@ -70,6 +75,56 @@ def tune_winners(records: Iterable[dict]) -> Dict[str, object]:
         rows.append([lset, lname, batch, impl, _fmt(d, ".3f"), _tag({"params": b["params"]}),
                      f"{b['ms']:.3f}", _fmt(d / b["ms"] if d else None, ".2f")])
     return {"entries": entries, "rows": rows}
+
+
+def machine_code(records: Sequence[dict], builds: Mapping[str, dict]
+                 ) -> Tuple[List[list], str]:
+    """The rows of the campaign's "machine code beside the times" table and one sentence
+    on their relation.  Per implementation, precision and configuration: its main loop's
+    FMA kind and share, read from the SASS of the builds its cases ran (``builds.json``,
+    the builds phase), and DaCe's time over the fastest vendor path on its verified cases
+    (best, median, worst).  The sentence gives Spearman's rank correlation of the FMA
+    share with the median ratio over the float32 FFMA rows with both."""
+    import statistics
+    from ..results import spearman
+    read = {}
+    for row in builds.values():
+        found = row.get("sass") or {}
+        if found.get("fma_kind"):
+            read.update(dict.fromkeys(row.get("cases", ()), found))
+    refs = {key: row["refs"] for key, row in best_per_layer(records).items()}
+    groups: Dict[tuple, dict] = {}
+    for rec in records:
+        case = rec.get("case", {})
+        if case.get("planted") or rec.get("status") != "verified":
+            continue
+        key = problem_key(case)
+        g = groups.setdefault((case["impl"], key[4], _tag(case)),
+                              {"shares": [], "kinds": set(), "ratios": []})
+        if rec["id"] in read:
+            g["shares"].append(read[rec["id"]]["fma_share"])
+            g["kinds"].add(read[rec["id"]]["fma_kind"])
+        _, vendor = results.fastest_vendor(refs.get(key, {}))
+        dace = rec.get("timings", {}).get("dace", {}).get("median_ms")
+        if dace and vendor:
+            g["ratios"].append(dace / vendor)
+    rows, pairs = [], []
+    for (impl, dtype, config), g in sorted(groups.items()):
+        shares, ratios = g["shares"], g["ratios"]
+        share = ("/".join(sorted(g["kinds"])) + " " + (
+            f"{100 * min(shares):.0f}%" if min(shares) == max(shares) else
+            f"{100 * min(shares):.0f}-{100 * max(shares):.0f}%")) if shares else "not read"
+        rows.append([impl, dtype, config, share, len(ratios)]
+                    + ([f"{min(ratios):.2f}x", f"{statistics.median(ratios):.2f}x",
+                        f"{max(ratios):.2f}x"] if ratios else ["—"] * 3))
+        if shares and ratios and g["kinds"] == {"FFMA"} and dtype == "float32":
+            pairs.append((statistics.mean(shares), statistics.median(ratios)))
+    rho = spearman([p[0] for p in pairs], [p[1] for p in pairs])
+    sentence = (f"Over the {len(pairs)} float32 FFMA rows with both, Spearman's rank "
+                f"correlation of the FMA share with the median ratio is {rho:+.2f} "
+                "(negative: more FMA, nearer the vendor)." if rho is not None else
+                "Too few float32 FFMA rows with both a reading and a time for a correlation.")
+    return rows, sentence
 
 
 def write_tuning(folder: Folder, meta: dict, records: Sequence[dict]) -> Tuple[Path, list]:
@@ -145,6 +200,16 @@ def write_table(folder: Folder, target: str, meta: dict) -> Path:
                                    "best config", "best ms", "speed-up"],
                                   rows or [["(no configuration verified)"] + [""] * 7],
                                   "llrlrlrr"), ""]
+    if gpu:
+        code, sentence = machine_code(records, folder.read_json("builds.json", {}) or {})
+        lines += ["## Machine code beside the times", "",
+                  "Per implementation, precision and configuration: the FMA share of its "
+                  "main loop in the sm_90 machine code of the builds its cases ran (read "
+                  "when they were built; [docs/sass.md](../../../docs/sass.md)), and DaCe's "
+                  "time over the fastest vendor path on its verified cases. " + sentence, "",
+                  tables.markdown(["implementation", "precision", "config", "main loop",
+                                   "cases", "best", "median", "worst"],
+                                  code or [["(no case verified)"] + [""] * 7], "llllrrrr"), ""]
     lines += ["## Cases", "",
               "Totals: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), "",
               tables.markdown(["case", "group", "status", "detail"], cases, "llll"), "",

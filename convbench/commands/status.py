@@ -7,8 +7,11 @@ Columns: the CPU verification of the full test tier (``results/verify/cpu/covera
 and the runs of single sweeps in its subfolders: cases verified / failed, float32 apart
 from float16 and bfloat16), and the latest GPU campaign (``results/gpu/<date>_<device>/
 summary.csv``: cases verified / run, and DaCe's time over the fastest vendor path, cuDNN
-or torch in either memory format, as best-worst over the verified cases).  Nothing is
-measured here: the table only reads result files, so it is as current as they are.
+or torch in either memory format, as best-worst over the verified cases), and the machine
+code of each GPU implementation at its defaults (``results/gpu/sass/readings.csv``,
+written by ``convbench sass --all``: the FMA share of its main loop on one deep layer of
+each CosmoFlow set).  Nothing is measured here: the table only reads result files, so it
+is as current as they are.
 """
 
 from __future__ import annotations
@@ -157,12 +160,58 @@ def gpu_cases(campaign: Optional[Path]) -> Dict[str, Tuple[int, int, List[float]
     return out
 
 
+def sass_shares(results: Path) -> Dict[str, List[Tuple[str, float]]]:
+    """implementation -> its main loop's (FMA kind, FMA share) on each layer of
+    :data:`convbench.gpuspace.READING_LAYERS` that was read, in that order."""
+    from .. import gpuspace
+    readings = gpuspace.load_readings(results / "gpu" / "sass")
+    out: Dict[str, List[Tuple[str, float]]] = defaultdict(list)
+    for layer_set, _, _ in gpuspace.READING_LAYERS:
+        for (impl, lset), row in sorted(readings.items()):
+            if lset == layer_set and row.get("fma_share") not in (None, ""):
+                out[impl].append((row["fma_kind"], float(row["fma_share"])))
+    return dict(out)
+
+
+def _share_text(shares: List[Tuple[str, float]]) -> str:
+    """``FFMA 47% / 46%`` (one share per layer read), or empty."""
+    if not shares:
+        return ""
+    if not any(v for _, v in shares):
+        return "no FMA in its kernels"
+    kinds = {k for k, _ in shares}
+    kind = kinds.pop() if len(kinds) == 1 else "/".join(k or "FMA" for k, _ in shares)
+    return f"{kind or 'FMA'} " + " / ".join(f"{100 * v:.0f}%" for _, v in shares)
+
+
+def share_against_ratio(results: Path) -> str:
+    """One sentence: how the FFMA implementations' main-loop FMA share relates to their
+    median measured ratio to the fastest vendor (Spearman), over those with both."""
+    import statistics
+    shares, gpu = sass_shares(results), gpu_status(results)
+    pairs = []
+    for impl, found in sorted(shares.items()):
+        ratios = gpu.get(impl, ((0, 0, []), ""))[0][2]
+        if ratios and all(k == "FFMA" for k, _ in found):
+            pairs.append((impl, statistics.mean(v for _, v in found), statistics.median(ratios)))
+    from ..results import spearman
+    rho = spearman([p[1] for p in pairs], [p[2] for p in pairs])
+    if rho is None:
+        return ("the FMA share against the measured ratio: too few FFMA implementations "
+                "with both")
+    return (f"over the {len(pairs)} FFMA implementations with both, Spearman's rank "
+            f"correlation of the FMA share (mean of the two layers) with the median GPU "
+            f"ratio is {rho:+.2f} (negative: more FMA, nearer the vendor), from readings "
+            "of today's code against campaigns that may have run older code")
+
+
 def table(results: Path) -> Tuple[List[str], List[List[str]], str]:
     from .. import registry
     cpu, gpu = cpu_verification(results), gpu_status(results)
+    shares = sass_shares(results)
     header = ["implementation", "pass", "targets", "CPU: verified / failed",
               "CPU 16-bit: verified / failed", "GPU: verified / run",
-              "GPU: DaCe / fastest vendor"]
+              "GPU: DaCe / fastest vendor", "GPU main loop: FMA share"]
     rows = []
     from ..layouts import Pass
     impls = sorted(registry.all_implementations().values(),
@@ -181,7 +230,8 @@ def table(results: Path) -> Tuple[List[str], List[List[str]], str]:
                      f"{ok16} / {bad16}" if ok16 or bad16 else (
                          "not run" if len(impl.precisions) > 1 else "float32 only"),
                      f"{verified} / {run}" if run else ("not run" if "gpu" in impl.targets
-                                                       else "CPU only"), ratio])
+                                                       else "CPU only"), ratio,
+                     _share_text(shares.get(impl.name, [])) if "gpu" in impl.targets else ""])
     return header, rows, sources(gpu)
 
 
@@ -202,22 +252,34 @@ def _main(args, prog: str) -> int:
     results = Path(args.results)
     if not results.is_dir():
         raise UsageError(f"--results: not a folder: {results}")
-    header, rows, source = table(results)
     if args.markdown:
-        print(format_markdown(header, rows, source), end="")
+        print(markdown(results), end="")
     else:
+        header, rows, source = table(results)
         print(tables.aligned(header, rows))
         print(f"CPU: results/verify/cpu/coverage.csv and */coverage.csv; GPU: "
-              f"the summary.csv of results/gpu/{source}")
+              f"the summary.csv of results/gpu/{source}; main loop: "
+              f"results/gpu/sass/readings.csv; {share_against_ratio(results)}")
     return 0
 
 
-def format_markdown(header, rows, source: str) -> str:
-    body = tables.markdown(header, [[f"`{r[0]}`"] + r[1:] for r in rows], "lllllrr")
+def markdown(results: Path) -> str:
+    """The Markdown table ``--markdown`` prints, with its notes (README.md embeds it)."""
+    header, rows, source = table(results)
+    return format_markdown(header, rows, source, share_against_ratio(results))
+
+
+def format_markdown(header, rows, source: str, correlation: str = "") -> str:
+    body = tables.markdown(header, [[f"`{r[0]}`"] + r[1:] for r in rows], "lllllrrl")
     return body + ("\n\nCPU: the full tier's [coverage](results/verify/cpu/coverage.md), and "
                    "where a sweep ran on its own since, its table in a subfolder of "
                    "`results/verify/cpu/` (the newest run of a case counts); "
-                   f"GPU: {_links(source)}.\n")
+                   f"GPU: {_links(source)}; main loop: the sm_90 machine code of each GPU "
+                   "implementation at its defaults on v1 conv5 (batch 16) / MLPerf conv4 "
+                   "(batch 8), the share of its main loop's instructions that are FMAs "
+                   "([results/gpu/sass](results/gpu/sass/README.md), `convbench sass --all`, "
+                   "[docs/sass.md](docs/sass.md))"
+                   + (f"; {correlation}" if correlation else "") + ".\n")
 
 
 def _links(source: str) -> str:
