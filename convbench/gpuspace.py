@@ -356,7 +356,7 @@ def _compile(result: Probe, impl_name: str, layer, params, workdir, timeout, dty
         if disassemble:
             try:
                 listing = sass.disassemble(obj, timeout)
-            except (RuntimeError, subprocess.SubprocessError) as err:
+            except (OSError, RuntimeError, subprocess.SubprocessError) as err:
                 result.error = f"cuobjdump: {err}"[:300]
                 return
             if keep_listing:
@@ -377,7 +377,12 @@ def _includes(codes) -> List[str]:
             env = dace.library.get_environment(name)
         except (KeyError, ValueError):
             continue
-        for folder in env.cmake_includes() or ():
+        found = getattr(env, "cmake_includes", ())
+        try:  # the project's environments compute them; DaCe's own list them
+            found = found() if callable(found) else found
+        except Exception:  # noqa: BLE001 - a folder it cannot name is one nvcc will miss
+            found = ()
+        for folder in found or ():
             if folder not in folders:
                 folders.append(folder)
     return folders
@@ -476,7 +481,7 @@ def passed(folder: Path) -> Dict[str, List[Dict[str, int]]]:
     data = json.loads(path.read_text())
     def private(c):
         out = {"_blocks_per_sm": c.get("blocks_per_sm", 1)}
-        if c.get("fma_share"):
+        if c.get("fma_share") is not None:
             out["_fma_share"] = c["fma_share"]
         return out
     return {impl: [dict(c["params"], **private(c))
@@ -501,7 +506,7 @@ def score(params: Mapping[str, int], layer, blocks_per_sm: int, arch: Mapping = 
     waves = _waves(params, layer, blocks_per_sm, arch) * split
     busy = waves / math.ceil(waves) if waves else 0.0
     rm, rn = params.get("threadTileM", 1), params.get("threadTileN", 1)
-    issue = fma_share if fma_share else (rm * rn / (rm + rn)) / 4.0
+    issue = fma_share if fma_share is not None else (rm * rn / (rm + rn)) / 4.0
     k_steps = -(-layer.gemm_k // (params.get("CTAtileK", 16) * split))
     return (gm * gn) / (mp * np_) * busy * issue * k_steps / (k_steps + (split > 1))
 
@@ -514,7 +519,7 @@ def rank(impl_name: str, layer, configs: Sequence[Mapping[str, int]]) -> List[Di
     scales).  Parameters without the private keys."""
     from . import registry
     impl = registry.get(impl_name)
-    read = all(c.get("_fma_share") for c in configs)
+    read = all(c.get("_fma_share") is not None for c in configs)
     out = []
     for c in configs:
         params = {k: v for k, v in c.items() if not k.startswith("_")}
@@ -752,12 +757,17 @@ def ranking_check(records: Iterable[dict], table: Sequence[Mapping[str, object]]
     verified and have a row in ``table``, on how many its first choice was the fastest
     (``first``; a tie for first place counts as the chance that a random pick among the
     tied is the fastest), of how many (``layers``), and the mean of Spearman's rank
-    correlation of score with speed within a layer (``rho``)."""
+    correlation of score with speed within a layer (``rho``), over the layers where it
+    is defined (three configurations or more, scores not all equal)."""
     from . import registry
     from .layers import Layer
     from .results import spearman
-    by_tag = {(str(r["impl"]), str(r["config"])): r for r in table
-              if r.get("fma_share") not in (None, "")}
+    by_tag: Dict[tuple, Mapping[str, object]] = {}
+    for r in table:  # per configuration, its lowest share over the probe layers (space.json's)
+        key = (str(r["impl"]), str(r["config"]))
+        if r.get("fma_share") not in (None, "") and (
+                key not in by_tag or float(r["fma_share"]) < float(by_tag[key]["fma_share"])):
+            by_tag[key] = r
     timed: Dict[tuple, list] = {}
     for rec in records:
         case = rec.get("case", {})
@@ -773,10 +783,11 @@ def ranking_check(records: Iterable[dict], table: Sequence[Mapping[str, object]]
                              []).append((params, row, ms))
     out: Dict[str, Dict[str, object]] = {}
     for model in ("paper", "sass"):
-        first, rhos = 0, []
+        first, rhos, layers = 0.0, [], 0
         for (impl, _, layer_json), found in timed.items():
             if len(found) < 2:
                 continue
+            layers += 1
             layer = Layer(**json.loads(layer_json))
             scores = [score(p, layer, int(r["blocks_per_sm"] or 1),
                             fma_share=float(r["fma_share"]) if model == "sass" else None)
@@ -786,8 +797,9 @@ def ranking_check(records: Iterable[dict], table: Sequence[Mapping[str, object]]
             # a tie among the top scores gets the chance that a random pick is the fastest
             first += (speed.index(max(speed)) in top) / len(top)
             rho = spearman(scores, speed)
-            rhos.append(rho if rho is not None else 0.0)
-        out[model] = {"layers": len(rhos),
+            if rho is not None:
+                rhos.append(rho)
+        out[model] = {"layers": layers,
                       "first": round(first, 1),
                       "rho": round(sum(rhos) / len(rhos), 2) if rhos else None}
     return out
@@ -801,7 +813,9 @@ def ranking_section(campaign: Path, table: Sequence[Mapping[str, object]]) -> Li
         return []
     text = "; ".join(f"{'the FMA share of the SASS' if m == 'sass' else 'the register tile reuse'}"
                      f" ranks the fastest first on {v['first']:g} of {v['layers']} layers, mean "
-                     f"within-layer Spearman {v['rho']:+.2f}" for m, v in found.items())
+                     "within-layer Spearman "
+                     + (f"{v['rho']:+.2f}" if v["rho"] is not None else "undefined")
+                     for m, v in found.items())
     return ["## The ranking against measured times", "",
             f"Of the configurations the tune campaign [{campaign.name}](../{campaign.name}/README.md) "
             "timed and verified (per layer its defaults and the configurations its plan "

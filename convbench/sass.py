@@ -4,8 +4,8 @@ without a GPU.
 ``cuobjdump -sass`` (PyPI: ``nvidia-cuda-cuobjdump``, with ``nvidia-cuda-nvdisasm``,
 which it calls) disassembles the object file that nvcc writes for sm_90.  This module
 finds those tools, parses the listing into functions and instructions, finds each
-function's loops (a branch to an address at or before its own closes a loop whose body
-runs from the target to the branch) and reads the **main loop**: the loop whose body
+function's loops (a branch to an address before its own closes a loop whose body runs
+from the target to the branch) and reads the **main loop**: the loop whose body
 holds the most FMA-class instructions (FFMA, HFMA2, DFMA, HMMA and the other matrix
 instructions), the innermost of those that tie.  A kernel with loops but no FMA in any is
 read over its largest loop; one without a loop, over its whole body.

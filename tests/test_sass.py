@@ -171,14 +171,18 @@ def test_convbench_sass_reads_a_build(tmp_path, capsys):
 
 @pytest.mark.parametrize("args, words", [
     (["directConvNDHWCblocked", "--layer", "conv3"], ["no GPU schedule"]),
-    (["noSuchKernel", "--layer", "conv3"], ["noSuchKernel"]),
+    (["noSuchKernel", "--layer", "conv3"], ["IMPL", "noSuchKernel", "implicitGemmMMA"]),
     (["implicitGemmNCDHW", "--layer", "conv99"], ["conv99", "conv7"]),
     (["implicitGemmNCDHW"], ["--layer"]),
     (["implicitGemmNCDHW", "--layer", "conv3", "--paramscsv", "no_such_set"], ["no_such_set"]),
     (["implicitGemmMMA", "--layer", "conv3", "--dtype", "float32"], ["--dtype"]),
     (["implicitGemmNCDHW", "--layer", "conv3", "--param", "CTAtileM=7"], ["CTAtileM"]),
     (["implicitGemmNCDHW", "--layer", "conv3", "--batch", "0"], ["--batch"]),
-    (["implicitGemmNCDHW", "--all"], ["--all"]),
+    (["implicitGemmNCDHW", "--all"], ["--all", "IMPL"]),
+    (["--all", "--dtype", "float16", "--param", "CTAtileM=64"], ["--all", "--dtype", "--param"]),
+    (["--all", "--out", "/proc/no/such/folder"], ["--out"]),
+    (["implicitGemmNCDHW", "--layer", "conv3", "--csv", "/proc/x.csv"], ["--csv"]),
+    (["implicitGemmNCDHW", "--layer", "conv3", "--sass", "/proc/x.sass"], ["--sass"]),
     (["implicitGemmNCDHW", "--layer", "conv3", "--jobs", "2"], ["--jobs", "--all"]),
     ([], ["IMPL", "--all"]),
 ])
@@ -199,6 +203,18 @@ def test_missing_nvcc_is_one_line_and_exit_2(capsys, monkeypatch):
     monkeypatch.setattr(sass_cmd.shutil, "which", lambda name: None)
     r = in_process(sass_cmd, capsys)("implicitGemmNCDHWinplace", "--layer", "conv3")
     assert_usage_error(r, "nvcc")
+
+
+def test_the_include_folders_of_daces_own_environments_and_the_projects():
+    """DaCe's environments list their include folders, the project's compute them: both
+    are taken, and an unknown name is passed over."""
+    from convbench import environments, gpuspace
+    codes = [type("Code", (), {"environments": {
+        "dace.libraries.blas.environments.cublas.cuBLAS",
+        environments.ConvbenchCuBLAS.full_class_path(), "no.such.Environment"}})(),
+             type("Code", (), {"environments": frozenset()})()]
+    found = gpuspace._includes(codes)
+    assert found == environments.ConvbenchCuBLAS.cmake_includes()
 
 
 def test_the_tools_are_found_in_the_pypi_packages_folder(tmp_path, monkeypatch):
@@ -294,3 +310,44 @@ def test_the_main_kernel_is_the_one_whose_loop_holds_the_most_fma():
     kernels = [gpuspace.Kernel("transform", shared=0, sass=loop_free),
                gpuspace.Kernel("gemm", shared=17408, sass=gemm)]
     assert gpuspace.Probe("winogradF2Tiled", "s", "l", 1, {}, kernels=kernels).main.name == "gemm"
+
+
+def test_a_build_reused_by_a_later_call_keeps_its_earlier_cases(monkeypatch):
+    """builds.json maps each build to every case that ran it, over calls, so that the
+    report finds the reading of a case recorded by an earlier call."""
+    from convbench import cache
+    from convbench.campaign import phases
+
+    class Job:
+        target = "gpu"
+
+        def spec(self):
+            return type("Spec", (), {"name": "build-a"})()
+
+        def describe(self):
+            return "build-a"
+
+    class Case:
+        def __init__(self, cid):
+            self.id = cid
+
+        def job(self):
+            return Job()
+
+    class Folder:
+        data = {}
+
+        def read_json(self, name, default=None):
+            return self.data.get(name, default)
+
+        def write_json(self, name, value):
+            self.data[name] = __import__("copy").deepcopy(value)
+    monkeypatch.setattr(cache, "fill", lambda jobs, cachedir, workers: (
+        (j, "cached", 0.1, "") for j in jobs))
+    monkeypatch.setattr(phases, "read_build", lambda job, cachedir: {"fma_kind": "FFMA",
+                                                                     "fma_share": 0.5})
+    folder = Folder()
+    phases.run_builds(folder, [Case("first")], "unused", 1, lambda line: None)
+    phases.run_builds(folder, [Case("second")], "unused", 1, lambda line: None)
+    row = folder.data["builds.json"]["build-a"]
+    assert row["cases"] == ["first", "second"] and row["sass"]["fma_share"] == 0.5

@@ -137,8 +137,10 @@ def run_builds(folder: Folder, cases: Sequence[Case], cachedir, workers: int,
     for n, (job, outcome, seconds, message) in enumerate(
             cache.fill(jobs.values(), cachedir, workers), 1):
         name = job.spec().name
+        # a build reused by a later call keeps the cases of the earlier calls
+        before = [c for c in rows.get(name, {}).get("cases", []) if c not in owners[name]]
         rows[name] = {"outcome": outcome, "seconds": round(seconds, 2), "message": message,
-                      "cases": owners[name]}
+                      "cases": before + owners[name]}
         if outcome != "failed" and job.target == "gpu":
             rows[name]["sass"] = read_build(job, cachedir)
         if outcome == "failed":

@@ -187,11 +187,16 @@ def tune_cases(target: str, space_dir: Optional[os.PathLike] = None) -> List[Cas
                 continue
             # the defaults, the incumbents, then the best-ranked candidates: TUNE_PER_LAYER
             # cases beside the defaults, incumbents first
-            known = [{k: v for k, v in c.items() if not k.startswith("_")} for c in configs]
+            # (every incumbent is kept, passed the resource filter or not: it is verified
+            # and timed like the rest; one whose names the implementation no longer has
+            # is left out)
             chosen = [dict(impl.resolve_params({}))]
             for incumbent in tuning.entries_anywhere(impl_name, layer, "gpu"):
-                params = dict(impl.resolve_params(incumbent))
-                if params in known and params not in chosen:
+                try:
+                    params = dict(impl.resolve_params(incumbent, source="tuning/gpu.json"))
+                except UsageError:
+                    continue
+                if params not in chosen:
                     chosen.append(params)
             room = max(0, 1 + TUNE_PER_LAYER[impl_name] - len(chosen))
             chosen += [p for p in ranked if p not in chosen][:room]

@@ -90,7 +90,7 @@ def machine_code(records: Sequence[dict], builds: Mapping[str, dict]
     read = {}
     for row in builds.values():
         found = row.get("sass") or {}
-        if found.get("fma_kind"):
+        if found and not found.get("error"):
             read.update(dict.fromkeys(row.get("cases", ()), found))
     refs = {key: row["refs"] for key, row in best_per_layer(records).items()}
     groups: Dict[tuple, dict] = {}
@@ -111,9 +111,10 @@ def machine_code(records: Sequence[dict], builds: Mapping[str, dict]
     rows, pairs = [], []
     for (impl, dtype, config), g in sorted(groups.items()):
         shares, ratios = g["shares"], g["ratios"]
-        share = ("/".join(sorted(g["kinds"])) + " " + (
-            f"{100 * min(shares):.0f}%" if min(shares) == max(shares) else
-            f"{100 * min(shares):.0f}-{100 * max(shares):.0f}%")) if shares else "not read"
+        kinds = "/".join(sorted(k for k in g["kinds"] if k))
+        share = "not read" if not shares else "no FMA" if not max(shares) else (
+            kinds + " " + (f"{100 * min(shares):.0f}%" if min(shares) == max(shares) else
+                           f"{100 * min(shares):.0f}-{100 * max(shares):.0f}%"))
         rows.append([impl, dtype, config, share, len(ratios)]
                     + ([f"{min(ratios):.2f}x", f"{statistics.median(ratios):.2f}x",
                         f"{max(ratios):.2f}x"] if ratios else ["—"] * 3))

@@ -29,7 +29,7 @@ def build_parser(prog: str = PROG):
     p = ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     p.add_argument("implementation", nargs="?", default=None, metavar="IMPL",
                    help="the implementation to read (one with a GPU schedule)")
-    p.add_argument("--paramscsv", default="cosmoflow", metavar="SET",
+    p.add_argument("--paramscsv", default=None, metavar="SET",
                    help="layer set: a name in convparams/ or a CSV/benchdnn file "
                         "(default cosmoflow)")
     p.add_argument("--layer", default=None, metavar="NAME", help="the layer of that set")
@@ -60,18 +60,34 @@ def main(argv=None, prog: str = PROG) -> int:
 def _main(argv, prog: str) -> int:
     args = build_parser(prog).parse_args(argv)
     from .. import gpuspace, registry, sass
+    from ..files import output_file_problem, writable_folder_problem
     registry.load_implementations()
     if args.all:
-        if args.implementation or args.layer:
-            raise UsageError("--all reads every GPU implementation at its defaults: give no "
-                             "IMPL and no --layer with it")
+        single = [flag for flag, given in (
+            ("IMPL", args.implementation), ("--layer", args.layer),
+            ("--paramscsv", args.paramscsv), ("--batch", args.batch), ("--dtype", args.dtype),
+            ("--param", args.param), ("--csv", args.csv), ("--sass", args.sass)) if given]
+        if single:
+            raise UsageError(f"--all reads every GPU implementation at its defaults on "
+                             f"fixed layers: {', '.join(single)} cannot go with it")
+        problem = args.out and writable_folder_problem(args.out)
+        if problem:
+            raise UsageError(f"--out: {args.out} {problem}")
         return _read_all(args, gpuspace, sass)
     for flag, given in (("--jobs", args.jobs), ("--out", args.out)):
         if given is not None:
             raise UsageError(f"{flag} goes with --all")
+    for flag, path in (("--csv", args.csv), ("--sass", args.sass)):
+        problem = path and output_file_problem(path)
+        if problem:
+            raise UsageError(f"{flag}: {path} {problem}")
     if not args.implementation:
         raise UsageError("name an implementation (IMPL), or give --all")
-    impl = registry.get(args.implementation)
+    known = registry.all_implementations()
+    if args.implementation not in known:
+        raise UsageError(f"IMPL: unknown implementation '{args.implementation}' (those with "
+                         f"a GPU schedule: {', '.join(n for n, i in known.items() if 'gpu' in i.targets)})")
+    impl = known[args.implementation]
     if "gpu" not in impl.targets:
         raise UsageError(f"{impl.name} has no GPU schedule (targets: {', '.join(impl.targets)})")
     layer, params, dtype = _selection(args, impl)
@@ -101,6 +117,7 @@ def _selection(args, impl):
     check_at_least(("--batch", args.batch, 1))
     if not args.layer:
         raise UsageError("--layer: name the layer to read")
+    args.paramscsv = args.paramscsv or "cosmoflow"
     layers = load_layers(args.paramscsv)
     layer = next((x for x in layers if x.name == args.layer), None)
     if layer is None:

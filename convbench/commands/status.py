@@ -200,7 +200,7 @@ def share_against_ratio(results: Path) -> str:
         return ("the FMA share against the measured ratio: too few FFMA implementations "
                 "with both")
     return (f"over the {len(pairs)} FFMA implementations with both, Spearman's rank "
-            f"correlation of the FMA share (mean of the two layers) with the median GPU "
+            f"correlation of the FMA share (mean over the layers read) with the median GPU "
             f"ratio is {rho:+.2f} (negative: more FMA, nearer the vendor), from readings "
             "of today's code against campaigns that may have run older code")
 
