@@ -36,9 +36,9 @@ def test_the_status_table_is_the_results():
 def test_the_status_shows_every_gpu_implementations_main_loop():
     """The committed readings (``convbench sass --all``) cover every implementation with
     a GPU schedule on each reading layer: a new one without a reading fails here."""
-    from convbench import gpuspace, registry
+    from convbench import gpubuild, registry
     from convbench.commands import status
-    readings = gpuspace.load_readings(ROOT / "results" / "gpu" / "sass")
+    readings = gpubuild.load_readings(ROOT / "results" / "gpu" / "sass")
     header, rows, _ = status.table(ROOT / "results")
     column = header.index("GPU main loop: FMA share")
     for impl in registry.all_implementations().values():
@@ -46,11 +46,11 @@ def test_the_status_shows_every_gpu_implementations_main_loop():
         if "gpu" not in impl.targets:
             assert row[column] == ""
             continue
-        for layer_set, _, _ in gpuspace.READING_LAYERS:
+        for layer_set, _, _ in gpubuild.READING_LAYERS:
             assert (impl.name, layer_set) in readings, f"{impl.name}: run convbench sass --all"
         if row[column] == "no FMA in its kernels":  # im2colGemm: its GEMM is cuBLAS's
             continue
-        assert row[column].count("%") == len(gpuspace.READING_LAYERS), row
+        assert row[column].count("%") == len(gpubuild.READING_LAYERS), row
         assert row[column].split()[0] in ("FFMA", "HMMA", "HFMA2", "DFMA"), row
 
 

@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from conftest import in_process, load_script
-from convbench import campaign, campaign_cli, gpuspace, registry, tuning
+from convbench import campaign, campaign_cli, gpubuild, gpuspace, registry, tuning
 from convbench.campaign import report
 from convbench.layersets import load_layers
 
@@ -51,12 +51,12 @@ def _layer(layer_set, name, batch):
 # -- what ptxas and the generated code say --------------------------------------------------------
 
 def test_ptxas_output_is_read_per_kernel():
-    kernels = gpuspace.parse_ptxas(PTXAS)
+    kernels = gpubuild.parse_ptxas(PTXAS)
     k = kernels["impls__igemm_igemm_warp_142_0_0_0"]
     assert (k.registers, k.shared, k.stack, k.spill_stores, k.spill_loads) == (255, 8192, 24, 20, 16)
     row = kernels["table_rowoff_map_0_1_0"]
     assert (row.registers, row.shared, row.spill_stores) == (12, 0, 0)
-    assert gpuspace.parse_launches(CU) == {"table_rowoff_map_0_1_0": (64, 256),
+    assert gpubuild.parse_launches(CU) == {"table_rowoff_map_0_1_0": (64, 256),
                                            "impls__igemm_igemm_warp_142_0_0_0": (8, 256)}
 
 
@@ -64,11 +64,11 @@ def test_the_device_link_gives_registers_and_shared_memory():
     """A GPU build compiles with -rdc=true: ptxas then reports no shared memory, and the
     registers it reports are the device link's (64 for implicitGemmNCDHW's defaults, as
     Nsight Compute measured on the H100 and H200: 4 blocks of 256 threads per SM)."""
-    assert gpuspace.parse_nvlink(NVLINK) == {"table_rowoff_map_0_1_0": (12, 0, 0),
+    assert gpubuild.parse_nvlink(NVLINK) == {"table_rowoff_map_0_1_0": (12, 0, 0),
                                              "impls__igemm_igemm_warp_142_0_0_0": (64, 0, 9216)}
     ptxas = PTXAS.replace("24 bytes stack frame, 20 bytes spill stores, 16 bytes spill loads",
                           "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads")
-    k = {k.name: k for k in gpuspace.describe_kernels(ptxas, CU, nvlink_text=NVLINK)}
+    k = {k.name: k for k in gpubuild.describe_kernels(ptxas, CU, nvlink_text=NVLINK)}
     main = k["impls__igemm_igemm_warp_142_0_0_0"]
     assert (main.registers, main.shared, main.blocks_per_sm, main.occupancy) == (64, 9216, 4, 0.5)
 
@@ -82,29 +82,29 @@ def test_the_device_link_gives_registers_and_shared_memory():
     (64, 100, 0, (8, 0.25, "registers")),        # 3328 per warp: 4 warps per sub-partition
 ])
 def test_occupancy_on_sm90(threads, registers, shared, expected):
-    blocks, occ, limiter = gpuspace.occupancy(threads, registers, shared)
+    blocks, occ, limiter = gpubuild.occupancy(threads, registers, shared)
     assert (blocks, round(occ, 4), limiter) == expected
 
 
 def test_a_kernel_that_spills_or_does_not_fit_is_refused_with_its_name():
-    kernels = gpuspace.describe_kernels(PTXAS, CU)
-    reason = gpuspace.verdict(kernels)
+    kernels = gpubuild.describe_kernels(PTXAS, CU)
+    reason = gpubuild.verdict(kernels)
     assert reason and "impls__igemm_igemm_warp_142_0_0_0 spills" in reason
-    clean = gpuspace.parse_ptxas(PTXAS.replace("24 bytes stack frame, 20 bytes spill stores, "
+    clean = gpubuild.parse_ptxas(PTXAS.replace("24 bytes stack frame, 20 bytes spill stores, "
                                                "16 bytes spill loads",
                                                "0 bytes stack frame, 0 bytes spill stores, "
                                                "0 bytes spill loads").replace("Used 255", "Used 40"))
     kernels = [clean[n] for n in ("impls__igemm_igemm_warp_142_0_0_0", "table_rowoff_map_0_1_0")]
     for k in kernels:
         k.threads = 256
-        k.blocks_per_sm, k.occupancy, k.limiter = gpuspace.occupancy(256, k.registers, k.shared)
-    assert gpuspace.verdict(kernels) is None
+        k.blocks_per_sm, k.occupancy, k.limiter = gpubuild.occupancy(256, k.registers, k.shared)
+    assert gpubuild.verdict(kernels) is None
     kernels[0].stack = 16
-    assert "local memory" in gpuspace.verdict(kernels)
+    assert "local memory" in gpubuild.verdict(kernels)
     kernels[0].stack, kernels[0].registers = 0, 255
     kernels[0].threads = 1024
-    kernels[0].blocks_per_sm = gpuspace.occupancy(1024, 255, 8192)[0]
-    assert "does not fit an SM" in gpuspace.verdict(kernels)
+    kernels[0].blocks_per_sm = gpubuild.occupancy(1024, 255, 8192)[0]
+    assert "does not fit an SM" in gpubuild.verdict(kernels)
 
 
 def test_a_layer_that_refuses_a_configuration_is_not_its_verdict():
@@ -184,12 +184,12 @@ def test_the_sass_columns_reach_the_table_the_summary_and_the_ranking(tmp_path):
                "lds128.sass").read_text().replace("_Z6lds128", "_Z33impls__igemm_igemm_warp_142_0_0_0")
     clean = PTXAS.replace("24 bytes stack frame, 20 bytes spill stores, 16 bytes spill loads",
                           "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads")
-    kernels = gpuspace.describe_kernels(clean, CU, nvlink_text=NVLINK, sass_text=listing)
+    kernels = gpubuild.describe_kernels(clean, CU, nvlink_text=NVLINK, sass_text=listing)
     main = max(kernels, key=lambda k: k.fma)
     assert main.name == "impls__igemm_igemm_warp_142_0_0_0" and main.sass.fma == 16
     impl = "implicitGemmNCDHW"
     params = gpuspace.space(impl)[0]
-    probe = gpuspace.Probe(impl, "cosmoflow", "conv7", 16, params, kernels=kernels)
+    probe = gpubuild.Probe(impl, "cosmoflow", "conv7", 16, params, kernels=kernels)
     assert probe.main is main
     row, = gpuspace.rows([probe])
     assert set(gpuspace.COLUMNS) == set(row)
@@ -202,8 +202,8 @@ def test_the_sass_columns_reach_the_table_the_summary_and_the_ranking(tmp_path):
     assert (config["fma_share"], config["fma_kind"]) == (0.327, "FFMA")
     passed = gpuspace.passed(tmp_path)[impl]
     assert any(c.get("_fma_share") == 0.327 for c in passed)
-    unread = gpuspace.rows([gpuspace.Probe(impl, "s", "l", 1, params,
-                                           kernels=gpuspace.describe_kernels(PTXAS, CU))])[0]
+    unread = gpuspace.rows([gpubuild.Probe(impl, "s", "l", 1, params,
+                                           kernels=gpubuild.describe_kernels(PTXAS, CU))])[0]
     assert unread["fma_share"] == "" and unread["registers"] == 255
     assert sass.COLUMNS[0] in unread
 
@@ -409,12 +409,12 @@ def test_probe_compiles_a_configuration_and_refuses_one_that_spills():
     have) spills, and the filter keeps it off the GPU."""
     layer = _layer("cosmoflow", "conv7", 16)
     base = dict(registry.get("implicitGemmNCDHW").resolve_params({}))
-    ok = gpuspace.probe("implicitGemmNCDHW", "cosmoflow", layer,
+    ok = gpubuild.probe("implicitGemmNCDHW", "cosmoflow", layer,
                         dict(base, threadTileM=8, threadTileN=8))
     assert ok.reason is None, ok.reason
     main = ok.main
     assert main.registers > 64 and main.shared > 0 and main.threads == 64
     assert main.blocks_per_sm >= 1 and main.limiter
     big = dict(base, CTAtileM=128, CTAtileN=128, CTAtileK=16, threadTileM=16, threadTileN=16)
-    spilled = gpuspace.probe("implicitGemmNCDHW", "cosmoflow", layer, big)
+    spilled = gpubuild.probe("implicitGemmNCDHW", "cosmoflow", layer, big)
     assert spilled.reason and "spills" in spilled.reason, spilled.reason

@@ -208,12 +208,12 @@ def test_missing_nvcc_is_one_line_and_exit_2(capsys, monkeypatch):
 def test_the_include_folders_of_daces_own_environments_and_the_projects():
     """DaCe's environments list their include folders, the project's compute them: both
     are taken, and an unknown name is passed over."""
-    from convbench import environments, gpuspace
+    from convbench import environments, gpubuild
     codes = [type("Code", (), {"environments": {
         "dace.libraries.blas.environments.cublas.cuBLAS",
         environments.ConvbenchCuBLAS.full_class_path(), "no.such.Environment"}})(),
              type("Code", (), {"environments": frozenset()})()]
-    found = gpuspace._includes(codes)
+    found = gpubuild.include_folders(codes)
     assert found == environments.ConvbenchCuBLAS.cmake_includes()
 
 
@@ -306,10 +306,10 @@ def test_the_main_kernel_is_the_one_whose_loop_holds_the_most_fma():
     assert sass.main_reading({"t": loop_free, "g": gemm, "c": copy}) is gemm
     assert sass.main_reading({"t": loop_free, "c": copy}) is loop_free
     assert sass.main_reading({"c": copy}) is None
-    from convbench import gpuspace
-    kernels = [gpuspace.Kernel("transform", shared=0, sass=loop_free),
-               gpuspace.Kernel("gemm", shared=17408, sass=gemm)]
-    assert gpuspace.Probe("winogradF2Tiled", "s", "l", 1, {}, kernels=kernels).main.name == "gemm"
+    from convbench import gpubuild
+    kernels = [gpubuild.Kernel("transform", shared=0, sass=loop_free),
+               gpubuild.Kernel("gemm", shared=17408, sass=gemm)]
+    assert gpubuild.Probe("winogradF2Tiled", "s", "l", 1, {}, kernels=kernels).main.name == "gemm"
 
 
 def test_a_build_reused_by_a_later_call_keeps_its_earlier_cases(monkeypatch):

@@ -59,7 +59,7 @@ def main(argv=None, prog: str = PROG) -> int:
 
 def _main(argv, prog: str) -> int:
     args = build_parser(prog).parse_args(argv)
-    from .. import gpuspace, registry, sass
+    from .. import gpubuild, registry, sass
     from ..files import output_file_problem, writable_folder_problem
     registry.load_implementations()
     if args.all:
@@ -73,7 +73,7 @@ def _main(argv, prog: str) -> int:
         problem = args.out and writable_folder_problem(args.out)
         if problem:
             raise UsageError(f"--out: {args.out} {problem}")
-        return _read_all(args, gpuspace, sass)
+        return _read_all(args)
     for flag, given in (("--jobs", args.jobs), ("--out", args.out)):
         if given is not None:
             raise UsageError(f"{flag} goes with --all")
@@ -92,16 +92,16 @@ def _main(argv, prog: str) -> int:
         raise UsageError(f"{impl.name} has no GPU schedule (targets: {', '.join(impl.targets)})")
     layer, params, dtype = _selection(args, impl)
     _tools()
-    probe = gpuspace.probe(impl.name, args.paramscsv, layer, params, dtype=dtype,
+    probe = gpubuild.probe(impl.name, args.paramscsv, layer, params, dtype=dtype,
                            disassemble=True, keep_listing=bool(args.sass))
     if probe.error:
         print(f"{prog}: {impl.name} on {layer.name}: {probe.error}", file=sys.stderr)
         return 1
     if args.sass:
         _write(args.sass, probe.listing)
-    rows = gpuspace.kernel_rows(probe)
+    rows = gpubuild.kernel_rows(probe)
     if args.csv:
-        _write_csv(args.csv, rows, gpuspace.READING_COLUMNS)
+        _write_csv(args.csv, rows, gpubuild.READING_COLUMNS)
     print(report(probe, rows, sass.tool_version()))
     for flag, path in (("--sass", args.sass), ("--csv", args.csv)):
         if path:
@@ -165,11 +165,11 @@ def _ratio(value) -> str:
 def report(probe, rows, tool: str) -> str:
     """The text ``convbench sass`` prints: what was read, a table of every kernel, and the
     main kernel's loop line by line."""
-    from .. import gpuspace, sass, tables
+    from .. import gpubuild, sass, tables
     params = ", ".join(f"{k}={v}" for k, v in probe.params.items()) or "no parameters"
     lines = [f"{probe.impl} on {probe.layer_set}/{probe.layer} at batch {probe.batch}, "
              f"{probe.dtype}, {params}",
-             f"{gpuspace.SM90['name']}: nvcc (-rdc=true, the flags of a GPU build) and the "
+             f"{gpubuild.SM90['name']}: nvcc (-rdc=true, the flags of a GPU build) and the "
              f"device link, cuobjdump {tool}; {probe.seconds:.1f} s", ""]
     header = ["kernel", "regs", "smem B", "spills", "loop instr", "FMA share",
               *(f"{w}/FMA" for w in sass.LDS_WIDTHS), "LDG", "LDGSTS", "int/FMA",
@@ -178,7 +178,7 @@ def report(probe, rows, tool: str) -> str:
     for r in rows:
         body.append([("* " if r["main"] else "  ") + r["kernel"], r["registers"], r["shared"],
                      f"{r['spill_stores']}/{r['spill_loads']}", r["loop_instructions"],
-                     gpuspace._share(r) if r["fma"] else "none",
+                     gpubuild.share_text(r) if r["fma"] else "none",
                      *(_ratio(r[sass._column(w)]) for w in sass.LDS_WIDTHS), r["ldg"],
                      r["ldgsts"], _ratio(r["int_per_fma"]), _ratio(r["pred_per_fma"]),
                      r["imad_wide"], r["barriers"]])
@@ -223,17 +223,17 @@ def _loop_lines(kernel) -> list:
     ]
 
 
-def _read_all(args, gpuspace, sass) -> int:
-    from .. import registry, toolchain
+def _read_all(args) -> int:
+    from .. import gpubuild, registry, sass, toolchain
     check_at_least(("--jobs", args.jobs, 1))
     _tools()
     impls = sorted(n for n, i in registry.all_implementations().items() if "gpu" in i.targets)
-    probes = gpuspace.read_defaults(impls, args.jobs or os.cpu_count() or 1, say=print)
+    probes = gpubuild.read_defaults(impls, args.jobs or os.cpu_count() or 1, say=print)
     import dace
     info = {"nvcc": str(toolchain.toolchain_versions("gpu").get("nvcc", "?")),
             "DaCe": dace.__version__, "cuobjdump": sass.tool_version()}
-    out = Path(args.out) if args.out else gpuspace.READINGS_OUT
-    path = gpuspace.write_readings(out, probes, info)
+    out = Path(args.out) if args.out else gpubuild.READINGS_OUT
+    path = gpubuild.write_readings(out, probes, info)
     failed = [p for p in probes if p.error]
     print(f"{len(probes)} read, {len(failed)} not compiled; table in {path}")
     for p in failed:

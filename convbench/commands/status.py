@@ -162,11 +162,11 @@ def gpu_cases(campaign: Optional[Path]) -> Dict[str, Tuple[int, int, List[float]
 
 def sass_shares(results: Path) -> Dict[str, List[Tuple[str, float]]]:
     """implementation -> its main loop's (FMA kind, FMA share) on each layer of
-    :data:`convbench.gpuspace.READING_LAYERS` that was read, in that order."""
-    from .. import gpuspace
-    readings = gpuspace.load_readings(results / "gpu" / "sass")
+    :data:`convbench.gpubuild.READING_LAYERS` that was read, in that order."""
+    from .. import gpubuild
+    readings = gpubuild.load_readings(results / "gpu" / "sass")
     out: Dict[str, List[Tuple[str, float]]] = defaultdict(list)
-    for layer_set, _, _ in gpuspace.READING_LAYERS:
+    for layer_set, _, _ in gpubuild.READING_LAYERS:
         for (impl, lset), row in sorted(readings.items()):
             if lset == layer_set and row.get("fma_share") not in (None, ""):
                 out[impl].append((row["fma_kind"], float(row["fma_share"])))
