@@ -372,15 +372,18 @@ def include_folders(codes) -> List[str]:
 
 
 def tag(params: Mapping[str, int]) -> str:
-    """A short, file-name-safe name of a configuration: ``M128N64K16r8x4`` (+ ``s4``)."""
+    """A short, file-name-safe name of a configuration: ``M128N64K16r8x4`` (+ ``s4`` split-K chunks, ``p3`` pipeline stages)."""
     short = [("CTAtileM", "M"), ("CTAtileN", "N"), ("CTAtileK", "K")]
     text = "".join(f"{s}{params[k]}" for k, s in short if k in params)
     if "threadTileM" in params:
         text += f"r{params['threadTileM']}x{params['threadTileN']}"
     if "nsplitK" in params:
         text += f"s{params['nsplitK']}"
+    if "stages" in params:
+        text += f"p{params['stages']}"
     rest = sorted(k for k in params if k not in {"CTAtileM", "CTAtileN", "CTAtileK",
-                                                 "threadTileM", "threadTileN", "nsplitK"})
+                                                 "threadTileM", "threadTileN", "nsplitK",
+                                                 "stages"})
     return text + "".join(f"_{k}{params[k]}" for k in rest)
 
 

@@ -34,6 +34,8 @@ from .toolchain import PROJECT_ROOT
 #: These spaces are the campaign's search plan: their size is bounded by device time
 #: (:mod:`convbench.campaign.plan` prices them), not by what the kernels accept.
 _TILES = "CTAtileM=64,128;CTAtileN=32,64,128;CTAtileK=8,16,32;threadTileM=4,8;threadTileN=4,8"
+_PIPELINED = ("CTAtileM=64,128;CTAtileN=32,64,128;CTAtileK=8,16;threadTileM=8;threadTileN=4,8;"
+              "stages=2,3,4")
 SPACES: Dict[str, str] = {
     "implicitGemmNCDHW": _TILES,
     "implicitGemmNCDHWinplace": _TILES,
@@ -41,6 +43,10 @@ SPACES: Dict[str, str] = {
     # block tiles in M, and the chunk count as the main axis.
     "implicitGemmsplitK": ("CTAtileM=64;CTAtileN=64,128;CTAtileK=16,32;threadTileM=4,8;"
                            "threadTileN=4;nsplitK=2,4,8"),
+    # The pipelined main loop (impls/_pipelined.py): CUTLASS's SIMT tiles, 8x8 or 8x4 per
+    # thread, K tiles of 8 or 16 channels of one tap, 2 to 4 cp.async stages.
+    "implicitGemmPipelined": _PIPELINED,
+    "implicitGemmPipelinedNCDHW": _PIPELINED,
 }
 
 # ---------------------------------------------------------------------------------------------

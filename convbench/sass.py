@@ -188,8 +188,8 @@ def parse_listing(text: str) -> List[Function]:
         if body.startswith("@"):
             predicate, _, body = body.partition(" ")
         opcode, _, operands = body.strip().partition(" ")
-        if not opcode or opcode.startswith("."):
-            continue
+        if not opcode or opcode.startswith(".") or predicate == "@!PT":
+            continue  # a directive, or an instruction that never runs (guarded by false)
         target = None
         if opcode.split(".", 1)[0] in BRANCHES:
             t = _BRANCH_TARGET.search(operands)

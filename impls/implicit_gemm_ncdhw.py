@@ -13,4 +13,4 @@ register(_igemm.warp_variant(
     name="implicitGemmNCDHW",
     summary="warp-tiled implicit GEMM (register tiles, shared-memory staging) on NCDHW",
     layout=Layout.NCDHW,
-    default_for=("cli", "best-of")))
+    default_for=("cli",)))

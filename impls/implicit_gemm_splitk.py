@@ -18,5 +18,4 @@ register(_igemm.warp_variant(
     name="implicitGemmsplitK",
     summary="warp-tiled implicit GEMM on NCDHW, K split over nsplitK blocks into partial "
             "sums, then a reduction kernel",
-    layout=Layout.NCDHW, split_k=True,
-    default_for=("best-of",)))
+    layout=Layout.NCDHW, split_k=True))

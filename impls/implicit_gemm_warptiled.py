@@ -15,5 +15,4 @@ register(_igemm.warp_variant(
     name="implicitGemmWarpTiled",
     summary="implicit GEMM on NDHWC: CTA tiles, per-thread register tiles, A/B tiles "
             "staged in shared memory per K step",
-    layout=Layout.NDHWC,
-    default_for=("best-of",)))
+    layout=Layout.NDHWC))

@@ -71,7 +71,7 @@ def test_planted_cases_only_when_asked():
 def test_dry_run_core_fits_the_device_budget(main):
     result = main("--dry-run", "--tier", "core")
     assert result.returncode == 0, result.stderr
-    assert "budget 20 min: fits" in result.stdout, result.stdout
+    assert "budget 15 min: fits" in result.stdout, result.stdout
     cases = campaign.plan_cases("core", "gpu", planted=False)
     est = campaign.estimate(cases, "gpu", 16, 50, 5, 2.0)
     assert est.total_s <= campaign.BUDGET_S["core"]

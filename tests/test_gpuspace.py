@@ -245,22 +245,22 @@ def _space_dir(tmp_path, verdict=lambda impl, c: "ok"):
 
 
 def test_tune_plan_times_defaults_and_ranked_configurations_that_passed(tmp_path):
-    refused = {"CTAtileM": 128}
-    space = _space_dir(tmp_path, lambda impl, c: "x spills" if c["CTAtileM"] == 128 and
-                       impl == "implicitGemmNCDHWinplace" else "ok")
+    refused = {"CTAtileK": 16}  # the defaults' K tile is 8: timed whatever its verdict
+    space = _space_dir(tmp_path, lambda impl, c: "x spills" if c["CTAtileK"] == 16 and
+                       impl == "implicitGemmPipelined" else "ok")
     cases = campaign.plan_cases("tune", "gpu", planted=False, space_dir=space)
     assert len({c.id for c in cases}) == len(cases)
     layers = {(c.layer_set, c.layer.name) for c in cases}
     assert len(layers) == 12
     for layer_set, name in layers:
         mine = [c for c in cases if (c.layer_set, c.layer.name) == (layer_set, name)]
-        defaults = dict(registry.get("implicitGemmNCDHWinplace").resolve_params({}))
-        assert any(c.impl == "implicitGemmNCDHWinplace" and dict(c.params) == defaults
+        defaults = dict(registry.get("implicitGemmPipelined").resolve_params({}))
+        assert any(c.impl == "implicitGemmPipelined" and dict(c.params) == defaults
                    for c in mine)
         assert sum(c.time_refs for c in mine) == 1
     assert {c.impl for c in cases} == set(campaign.plan.TUNE_PER_LAYER)
-    assert not [c for c in cases if c.impl == "implicitGemmNCDHWinplace"
-                and dict(c.params)["CTAtileM"] == refused["CTAtileM"]]
+    assert not [c for c in cases if c.impl == "implicitGemmPipelined"
+                and dict(c.params)["CTAtileK"] == refused["CTAtileK"]]
     c = cases[1]
     back = campaign.Case.from_json(json.loads(json.dumps(c.to_json())))
     assert back == c and back.id == c.id and dict(back.resolved_params()) == dict(c.params)
@@ -272,7 +272,7 @@ def test_tune_plan_times_the_incumbents_again(tmp_path, monkeypatch):
     files a winner slower than the last one."""
     space = _space_dir(tmp_path)
     layer = _layer("cosmoflow", "conv3", 16)
-    impl = "implicitGemmNCDHWinplace"
+    impl = "implicitGemmPipelined"
     configs = [dict(c, _blocks_per_sm=3) for c in gpuspace.space(impl)]
     ranked = gpuspace.rank(impl, layer, configs)
     incumbent = ranked[-1]  # the model's last choice
@@ -293,7 +293,7 @@ def test_tune_dry_run_fits_with_core(tmp_path, capsys):
     result = in_process(script, capsys)("--dry-run", "--tier", "tune", "--space",
                                         str(_space_dir(tmp_path)))
     assert result.returncode == 0, result.stderr
-    assert "plus the core tier's" in result.stdout and "budget 25 min: fits" in result.stdout
+    assert "plus the core tier's" in result.stdout and "budget 15 min: fits" in result.stdout
 
 
 def test_the_committed_space_plans_a_tune_tier_that_fits():
@@ -308,7 +308,7 @@ def test_the_committed_space_plans_a_tune_tier_that_fits():
         assert all(c["verdict"] for c in entry["configs"])
     options = campaign.Options(tier="tune")
     text = campaign.format_plan(options, campaign.plan_cases("tune", "gpu", False))
-    assert "budget 25 min: fits" in text, text
+    assert "budget 15 min: fits" in text, text
 
 
 def test_tune_space_usage_errors(capsys):

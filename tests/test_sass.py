@@ -93,6 +93,7 @@ LISTING = """\
         /*00b0*/                   ISETP.GE.AND P0, PT, R3, 0x10, PT ;
         /*00c0*/                   STL [R1], R4 ;
         /*00d0*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*00d8*/              @!PT LDS RZ, [RZ] ;
         /*00e0*/               @P0 BRA 0x30 ;
         /*00f0*/                   EXIT ;
         /*0100*/                   BRA 0x100;
@@ -111,6 +112,7 @@ def test_what_each_instruction_counts_as():
     assert (c["LDS.U16"], c["LDS.64"], c["LDSM"], c["LDGSTS"]) == (2, 1, 1, 1)
     assert (c["integer"], c["IMAD.WIDE"], c["predicate"], c["local"], c["BAR"]) == (2, 1, 1, 1, 1)
     assert c.get("move", 0) == 0  # the moves are before the loop
+    assert "LDS" not in c  # @!PT: never runs (the compiler's padding around cp.async)
 
 
 def test_moves_are_no_fma_and_a_kernel_without_loop_is_read_whole():
@@ -178,7 +180,9 @@ def test_convbench_sass_reads_a_build(tmp_path, capsys):
     (["implicitGemmMMA", "--layer", "conv3", "--dtype", "float32"], ["--dtype"]),
     (["implicitGemmNCDHW", "--layer", "conv3", "--param", "CTAtileM=7"], ["CTAtileM"]),
     (["implicitGemmNCDHW", "--layer", "conv3", "--batch", "0"], ["--batch"]),
-    (["implicitGemmNCDHW", "--all"], ["--all", "IMPL"]),
+    (["--all", "--layer", "conv3"], ["--all", "--layer"]),
+    (["noSuchKernel,implicitGemm", "--all"], ["IMPL", "noSuchKernel"]),
+    (["directConvNDHWCblocked", "--all"], ["IMPL", "directConvNDHWCblocked"]),
     (["--all", "--dtype", "float16", "--param", "CTAtileM=64"], ["--all", "--dtype", "--param"]),
     (["--all", "--out", "/proc/no/such/folder"], ["--out"]),
     (["implicitGemmNCDHW", "--layer", "conv3", "--csv", "/proc/x.csv"], ["--csv"]),
