@@ -55,8 +55,8 @@ ROW_PAD = 4
 PARAMS = (
     Param("CTAtileM", 128, "output pixels (GEMM rows) per thread block", T.power_of_two),
     Param("CTAtileN", 128, "output channels (GEMM columns) per thread block", T.power_of_two),
-    Param("CTAtileK", 8, "reduction values per K tile (one tap, that many channels)",
-          T.power_of_two),
+    Param("CTAtileK", 8, "reduction values per K tile (one tap, that many channels; a "
+          "multiple of 8)", T.power_of_two),
     Param("threadTileM", 8, "rows of the per-thread register tile", T.power_of_two),
     Param("threadTileN", 8, "columns of the per-thread register tile", T.power_of_two),
     Param("stages", 3, "K tiles in flight (cp.async stages in shared memory)"),
@@ -146,7 +146,8 @@ def check_params(params) -> Optional[str]:
     smem = s * (tm + tn) * (tk + ROW_PAD) * T.ELEMENT_BYTES
     return T.require(
         (2 <= s <= 4, f"stages={s}: 2 to 4"),
-        (tk % 4 == 0, f"CTAtileK={tk} must be a multiple of 4 (128-bit fragment loads)"),
+        (tk % 8 == 0, f"CTAtileK={tk} must be a multiple of 8 (128-bit fragment loads from "
+                      "rows padded against bank conflicts: with 4, rows 4 apart share banks)"),
         (nt <= T.MAX_THREADS, f"{nt} threads > {T.MAX_THREADS}"),
         (nt % 32 == 0, f"{nt} threads: a whole number of warps"),
         (nt >= tm and nt >= tn, f"{nt} threads: at least one per row of the A tile ({tm}) "
@@ -183,16 +184,22 @@ __device__ __forceinline__ cb_f4 cb_ld4(const float* p) {
 template <int BYTES>
 __device__ __forceinline__ void cb_cp_async(float* dst, const float* src, bool valid) {
     const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-    const int n = valid ? BYTES : 0;
-    if (BYTES == 16)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(s), "l"(src), "r"(n));
+    const size_t g = __cvta_generic_to_global(src);
+    const int n = valid ? BYTES : 0;  // 0: nothing is read, the destination is zero-filled
+    if constexpr (BYTES == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                     :: "r"(s), "l"(g), "r"(n) : "memory");
     else
         asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n"
-                     :: "r"(s), "l"(src), "n"(BYTES), "r"(n));
+                     :: "r"(s), "l"(g), "n"(BYTES), "r"(n) : "memory");
 }
-__device__ __forceinline__ void cb_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cb_cp_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
 template <int N>
-__device__ __forceinline__ void cb_cp_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N)); }
+__device__ __forceinline__ void cb_cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
+}
 #endif
 """
 
@@ -243,11 +250,15 @@ def _stage_code(s: Shape) -> str:
     full = s.C % s.TK == 0
     spatial = "((dd * {H} + hh) * {W} + ww)".format(H=s.H, W=s.W)
     a_step, b_step = (1, 1) if ndhwc else (s.D * s.H * s.W, s.taps)
-    a_off = (f"abase + (int64_t)({spatial} * {s.C} + c0 + akv)" if ndhwc else
-             f"abase + (int64_t)((c0 + akv) * {a_step} + {spatial})")
+    # a run's first channel; where a K tile may reach past the last channel, clamped to it
+    # (the copies past it are zero fills), so that no offset leaves the image's int32 range
+    ca = "(c0 + akv)" if full else f"(c0 + akv < {s.C} ? c0 + akv : {s.C - 1})"
+    cb = "(c0 + bkv)" if full else f"(c0 + bkv < {s.C} ? c0 + bkv : {s.C - 1})"
+    a_off = (f"abase + (int64_t)({spatial} * {s.C} + {ca})" if ndhwc else
+             f"abase + (int64_t)({ca} * {a_step} + {spatial})")
     tap = f"((kd * {s.KH} + kh) * {s.KW} + kw)"
-    b_off = (f"bbase + (int64_t)({tap} * {s.C} + c0 + bkv)" if ndhwc
-             else f"bbase + (int64_t)((c0 + bkv) * {b_step} + {tap})")
+    b_off = (f"bbase + (int64_t)({tap} * {s.C} + {cb})" if ndhwc
+             else f"bbase + (int64_t)({cb} * {b_step} + {tap})")
 
     def copies(dst, run, vec, step, ok):
         if full:
@@ -359,32 +370,41 @@ def _indent(text: str, n: int) -> str:
     return "\n".join(" " * n + line for line in text.splitlines())
 
 
-def step_code(s: Shape, gpu: bool) -> str:
-    """Step ``kt`` of the K loop: issue the next K tile, compute the K tile in stage
-    ``cslot``, wait for the tile after it."""
+def fma_loop(s: Shape) -> str:
+    """C++ of the main loop's arithmetic, the part every pass shares: from stage ``cslot``
+    of ``As_`` (rows of A, m-major) and ``Bs_`` (rows of B, n-major), per 4 reduction
+    values this thread's ``threadTileM`` rows and ``threadTileN`` columns as 128-bit
+    loads, then their FMAs into ``acc``.  A pass differs in its gathers (what it stages)
+    and its epilogue (where it stores), not here."""
     body = []
     for r in range(s.RM):
         for c in range(s.RN):
             body.append(f"acc[{r * s.RN + c}] += av[{r}].{{q}} * bv[{c}].{{q}};")
-    fmas = "\n            ".join(line.format(q=q) for q in "xyzw" for line in body)
+    fmas = "\n        ".join(line.format(q=q) for q in "xyzw" for line in body)
+    return f"""const float* a = As_ + cslot * {s.TM * s.TKP} + ti * {s.TKP};
+const float* b = Bs_ + cslot * {s.TN * s.TKP} + tj * {s.TKP};
+#pragma unroll
+for (int k4 = 0; k4 < {s.TK}; k4 += 4) {{
+    cb_f4 av[{s.RM}], bv[{s.RN}];
+    #pragma unroll
+    for (int r = 0; r < {s.RM}; ++r) av[r] = cb_ld4(a + r * {s.NTM * s.TKP} + k4);
+    #pragma unroll
+    for (int c = 0; c < {s.RN}; ++c) bv[c] = cb_ld4(b + c * {s.NTN * s.TKP} + k4);
+    {{
+        {fmas}
+    }}
+}}"""
+
+
+def step_code(s: Shape, gpu: bool) -> str:
+    """Step ``kt`` of the K loop: issue the next K tile, compute the K tile in stage
+    ``cslot``, wait for the tile after it."""
     return f"""{_thread_code(s, gpu)}
 {_load_state(s, writable=True)}
 {_stage_code(s)}
 {{
     float* acc = acco + tp * {s.RM * s.RN};
-    const float* a = As_ + cslot * {s.TM * s.TKP} + ti * {s.TKP};
-    const float* b = Bs_ + cslot * {s.TN * s.TKP} + tj * {s.TKP};
-    #pragma unroll
-    for (int k4 = 0; k4 < {s.TK}; k4 += 4) {{
-        cb_f4 av[{s.RM}], bv[{s.RN}];
-        #pragma unroll
-        for (int r = 0; r < {s.RM}; ++r) av[r] = cb_ld4(a + r * {s.NTM * s.TKP} + k4);
-        #pragma unroll
-        for (int c = 0; c < {s.RN}; ++c) bv[c] = cb_ld4(b + c * {s.NTN * s.TKP} + k4);
-        {{
-            {fmas}
-        }}
-    }}
+{_indent(fma_loop(s), 4)}
 }}
 cslot = cslot + 1 == {s.S} ? 0 : cslot + 1;
 {_store_state(("kd", "kh", "kw", "c0", "sslot", "cslot"))}

@@ -68,7 +68,7 @@ def test_planted_bugs_fail_the_check(monkeypatch, builds, reference, impl, bug):
 
 def test_tiles_that_do_not_split_over_the_threads_are_refused():
     impl = registry.get("implicitGemmPipelined")
-    for bad, word in (({"stages": 5}, "stages"), ({"CTAtileK": 2}, "multiple of 4"),
+    for bad, word in (({"stages": 5}, "stages"), ({"CTAtileK": 4}, "multiple of 8"),
                       ({"CTAtileM": 256, "threadTileM": 8, "CTAtileN": 16,
                         "threadTileN": 8}, "at least one per row"),
                       ({"CTAtileK": 32, "stages": 4}, "shared memory")):
