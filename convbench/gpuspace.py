@@ -47,6 +47,12 @@ SPACES: Dict[str, str] = {
     # thread, K tiles of 8 or 16 channels of one tap, 2 to 4 cp.async stages.
     "implicitGemmPipelined": _PIPELINED,
     "implicitGemmPipelinedNCDHW": _PIPELINED,
+    # The data gradient runs the forward's main loop: the forward's space.
+    "implicitGemmPipelinedBwdData": _PIPELINED,
+    # The filter gradient: M = output channels (32 to 512 on CosmoFlow), N = filter values
+    # (C x 27), K tiles of 8 or 16 pixels; the slices found by the automatic split.
+    "implicitGemmPipelinedBwdFilter": ("CTAtileM=32,64,128;CTAtileN=64,128;CTAtileK=8,16;"
+                                       "threadTileM=4,8;threadTileN=8;stages=2,3;splitK=0"),
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -65,12 +71,27 @@ def space(impl_name: str, text: Optional[str] = None) -> List[Dict[str, int]]:
     return [dict(p) for p in parse_space(text, registry.get(impl_name))]
 
 
-def fits_layer(params: Mapping[str, int], layer) -> bool:
+def gemm_shape(layer, pass_: str = "fwd") -> Tuple[int, int, int]:
+    """Rows, columns and reduction of the implicit GEMM of ``layer``'s pass ``pass_``:
+    forward, output pixels x output channels over C x taps; data gradient, input pixels
+    x input channels over K x taps; filter gradient, output channels x filter values
+    (C x taps) over output pixels."""
+    taps = layer.k_d * layer.k_h * layer.k_w
+    if str(pass_) == "bwd_filter":
+        return layer.out_channels, layer.in_channels * taps, layer.gemm_m
+    if str(pass_) == "bwd_data":
+        return (layer.batch * layer.in_d * layer.in_h * layer.in_w, layer.in_channels,
+                layer.out_channels * taps)
+    return layer.gemm_m, layer.gemm_n, layer.gemm_k
+
+
+def fits_layer(params: Mapping[str, int], layer, pass_: str = "fwd") -> bool:
     """Whether a configuration's block tile is not mostly padding on ``layer``: a
-    CTAtileN above the output channels (rounded up to 32), or a CTAtileM above the
-    GEMM rows, only adds idle threads."""
-    cols = max(32, 1 << max(0, layer.gemm_n - 1).bit_length())
-    rows = max(64, 1 << max(0, layer.gemm_m - 1).bit_length())
+    CTAtileN above the GEMM columns (rounded up to 32), or a CTAtileM above the GEMM
+    rows (to 64), only adds idle threads."""
+    gm, gn, _ = gemm_shape(layer, pass_)
+    cols = max(32, 1 << max(0, gn - 1).bit_length())
+    rows = max(32 if str(pass_) == "bwd_filter" else 64, 1 << max(0, gm - 1).bit_length())
     return params.get("CTAtileN", 0) <= cols and params.get("CTAtileM", 0) <= rows
 
 
@@ -119,7 +140,7 @@ def passed(folder: Path) -> Dict[str, List[Dict[str, int]]]:
 
 
 def score(params: Mapping[str, int], layer, blocks_per_sm: int, arch: Mapping = SM90,
-          fma_share: Optional[float] = None) -> float:
+          fma_share: Optional[float] = None, pass_: str = "fwd") -> float:
     """A model of a configuration's efficiency on ``layer``, to order what the tune tier
     times (the GPU decides): the share of the padded GEMM that is real work, the share
     of the last wave of blocks that is busy (all of one wave below one), and how much of
@@ -128,15 +149,20 @@ def score(params: Mapping[str, int], layer, blocks_per_sm: int, arch: Mapping = 
     one instruction per clock and retires one FFMA per clock, so a loop that is 47%
     FFMA runs at 47% of the FP32 peak at best.  Without a reading it is modelled by the
     register tile's reuse, FFMAs per shared-memory load, rm*rn/(rm+rn), relative to 8x8's.
-    Split-K counts its extra pass over the partial sums as one more K step per chunk."""
+    Split-K counts its extra pass over the partial sums as one more K step per chunk;
+    an automatic split (``splitK=0``: as many slices as fill the GPU) keeps every wave
+    busy, at one extra step."""
     tm, tn = params["CTAtileM"], params["CTAtileN"]
-    gm, gn, split = layer.gemm_m, layer.gemm_n, params.get("nsplitK", 1)
+    gm, gn, gk = gemm_shape(layer, pass_)
+    split = params.get("nsplitK", 1)
     mp, np_ = -(-gm // tm) * tm, -(-gn // tn) * tn
-    waves = _waves(params, layer, blocks_per_sm, arch) * split
+    waves = _waves(params, layer, blocks_per_sm, arch, pass_) * split
     busy = waves / math.ceil(waves) if waves else 0.0
+    if params.get("splitK") == 0:
+        busy, split = 1.0, 2
     rm, rn = params.get("threadTileM", 1), params.get("threadTileN", 1)
     issue = fma_share if fma_share is not None else (rm * rn / (rm + rn)) / 4.0
-    k_steps = -(-layer.gemm_k // (params.get("CTAtileK", 16) * split))
+    k_steps = -(-gk // (params.get("CTAtileK", 16) * split))
     return (gm * gn) / (mp * np_) * busy * issue * k_steps / (k_steps + (split > 1))
 
 
@@ -153,20 +179,22 @@ def rank(impl_name: str, layer, configs: Sequence[Mapping[str, int]]) -> List[Di
     for c in configs:
         params = {k: v for k, v in c.items() if not k.startswith("_")}
         bps = c.get("_blocks_per_sm", 1)
-        if not fits_layer(params, layer) or impl.unsupported_reason(
+        if not fits_layer(params, layer, impl.pass_) or impl.unsupported_reason(
                 layer, impl.resolve_params(params)):
             continue
         if params.get("nsplitK", 1) > 1 and _waves(params, layer, bps) >= 1.0:
             continue
-        out.append((score(params, layer, bps, fma_share=c["_fma_share"] if read else None),
-                    params))
+        out.append((score(params, layer, bps, fma_share=c["_fma_share"] if read else None,
+                          pass_=impl.pass_), params))
     out.sort(key=lambda sp: -sp[0])
     return [p for _, p in out]
 
 
-def _waves(params: Mapping[str, int], layer, blocks_per_sm: int, arch: Mapping = SM90) -> float:
+def _waves(params: Mapping[str, int], layer, blocks_per_sm: int, arch: Mapping = SM90,
+           pass_: str = "fwd") -> float:
     """Waves of blocks of ``params``' tiles without split-K."""
-    blocks = -(-layer.gemm_m // params["CTAtileM"]) * -(-layer.gemm_n // params["CTAtileN"])
+    gm, gn, _ = gemm_shape(layer, pass_)
+    blocks = -(-gm // params["CTAtileM"]) * -(-gn // params["CTAtileN"])
     return blocks / max(1, blocks_per_sm * arch["sms"])
 
 

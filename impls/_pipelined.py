@@ -38,7 +38,6 @@ epilogue; only the asynchronous copies and the barrier are the GPU's own.
 
 
 import dataclasses
-import math
 from typing import Optional
 
 import dace
@@ -47,6 +46,7 @@ import numpy as np
 from convbench.registry import Layer, Layout, Param
 from impls import _tiling as T
 from impls._common import layer_constants
+from impls._cp_async import CPU_HELPERS, GPU_HELPERS
 
 #: Shared-memory rows are padded by this many floats (16 bytes): 8 rows read by a quarter
 #: warp land in 8 different groups of four banks for CTAtileK of 8 and 16.
@@ -64,8 +64,8 @@ PARAMS = (
 
 
 @dataclasses.dataclass(frozen=True)
-class Shape:
-    """The constants of one build: the layer's and the tiles'."""
+class Tiles:
+    """The constants of one build: the layer's and the tiles'; what every pass shares."""
 
     layout: Layout
     N: int
@@ -93,48 +93,56 @@ class Shape:
     RN: int
     S: int
 
-    @property
-    def NTM(self): return self.TM // self.RM
-    @property
-    def NTN(self): return self.TN // self.RN
-    @property
-    def NT(self): return self.NTM * self.NTN
-    @property
-    def TKP(self): return self.TK + ROW_PAD
-    @property
-    def taps(self): return self.KD * self.KH * self.KW
-    @property
-    def CB(self): return -(-self.C // self.TK)
-    @property
-    def KT(self): return self.taps * self.CB
-    @property
-    def GM(self): return self.N * self.OD * self.OH * self.OW
-    @property
-    def GMp(self): return T.round_up(self.GM, self.TM)
-    @property
-    def GNp(self): return T.round_up(self.K, self.TN)
-    @property
-    def KVA(self): return self.TK * self.TM // self.NT   # A values a thread stages per tile
-    @property
-    def KVB(self): return self.TK * self.TN // self.NT   # B values a thread stages per tile
-    @property
-    def VA(self): return _vector(self.KVA, self.C if self.layout == Layout.NDHWC else 1)
-    @property
-    def VB(self): return _vector(self.KVB, self.C if self.layout == Layout.NDHWC else 1)
+    NTM = property(lambda s: s.TM // s.RM)
+    NTN = property(lambda s: s.TN // s.RN)
+    NT = property(lambda s: s.NTM * s.NTN)
+    TKP = property(lambda s: s.TK + ROW_PAD)
+    taps = property(lambda s: s.KD * s.KH * s.KW)
+    KVA = property(lambda s: s.TK * s.TM // s.NT)   # A values a thread stages per tile
+    KVB = property(lambda s: s.TK * s.TN // s.NT)   # B values a thread stages per tile
+
+    @classmethod
+    def of(cls, layer: Layer, layout: Layout, params, **more):
+        """The constants of ``layer`` in ``layout`` with the tiles of ``params``."""
+        L = layer_constants(layer, layout)
+        return cls(layout, L.N, L.C, L.K, L.D, L.H, L.W, L.KD, L.KH, L.KW, L.SD, L.SH, L.SW,
+                   L.PD, L.PH, L.PW, L.OD, L.OH, L.OW, params["CTAtileM"], params["CTAtileN"],
+                   params["CTAtileK"], params["threadTileM"], params["threadTileN"],
+                   params["stages"], **more)
 
 
-def _vector(run: int, contiguous: int) -> int:
+@dataclasses.dataclass(frozen=True)
+class Shape(Tiles):
+    """The forward's (and the data gradient's) constants."""
+
+    #: The data gradient: the layer is ``transposed_layer`` of the forward one, and B is
+    #: the forward filter flipped in space with its channel dimensions swapped, read so
+    #: while it is staged (no copy): B[(tap, c), n] = w[c, n, taps - 1 - tap].
+    flip: bool = False
+
+    CB = property(lambda s: -(-s.C // s.TK))
+    KT = property(lambda s: s.taps * s.CB)
+    GM = property(lambda s: s.N * s.OD * s.OH * s.OW)
+    GMp = property(lambda s: T.round_up(s.GM, s.TM))
+    GNp = property(lambda s: T.round_up(s.K, s.TN))
+
+    @property
+    def VA(self): return vector_width(self.KVA, self.C if self.layout == Layout.NDHWC else 1)
+
+    @property
+    def VB(self):  # the flipped filter's reduction channels are a whole filter apart
+        return vector_width(self.KVB, self.C if self.layout == Layout.NDHWC and not self.flip
+                            else 1)
+
+
+def vector_width(run: int, contiguous: int) -> int:
     """Floats per copy: the largest of 4, 2, 1 that divides the run a thread copies and
     the contiguous extent (the channels in NDHWC, 1 where channels are strided)."""
     return next(v for v in (4, 2, 1) if run % v == 0 and contiguous % v == 0)
 
 
-def shape(layer: Layer, layout: Layout, params) -> Shape:
-    L = layer_constants(layer, layout)
-    return Shape(layout, L.N, L.C, L.K, L.D, L.H, L.W, L.KD, L.KH, L.KW, L.SD, L.SH, L.SW,
-                 L.PD, L.PH, L.PW, L.OD, L.OH, L.OW, params["CTAtileM"], params["CTAtileN"],
-                 params["CTAtileK"], params["threadTileM"], params["threadTileN"],
-                 params["stages"])
+def shape(layer: Layer, layout: Layout, params, flip: bool = False) -> Shape:
+    return Shape.of(layer, layout, params, flip=flip)
 
 
 def check_params(params) -> Optional[str]:
@@ -171,54 +179,6 @@ def supports(layer: Layer, params) -> Optional[str]:
 # The tasklets' C++
 # ---------------------------------------------------------------------------------------------
 
-#: Helpers the tasklets call, per target: the asynchronous copy with zero-fill, its
-#: commit and wait, and a 4-float load (``cb_f4``).
-GPU_HELPERS = r"""
-#ifndef CB_PIPELINED_HELPERS
-#define CB_PIPELINED_HELPERS
-struct cb_f4 { float x, y, z, w; };
-__device__ __forceinline__ cb_f4 cb_ld4(const float* p) {
-    const float4 v = *reinterpret_cast<const float4*>(p);
-    return {v.x, v.y, v.z, v.w};
-}
-template <int BYTES>
-__device__ __forceinline__ void cb_cp_async(float* dst, const float* src, bool valid) {
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-    const size_t g = __cvta_generic_to_global(src);
-    const int n = valid ? BYTES : 0;  // 0: nothing is read, the destination is zero-filled
-    if constexpr (BYTES == 16)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                     :: "r"(s), "l"(g), "r"(n) : "memory");
-    else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n"
-                     :: "r"(s), "l"(g), "n"(BYTES), "r"(n) : "memory");
-}
-__device__ __forceinline__ void cb_cp_commit() {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void cb_cp_wait() {
-    asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
-}
-#endif
-"""
-
-CPU_HELPERS = r"""
-#ifndef CB_PIPELINED_HELPERS
-#define CB_PIPELINED_HELPERS
-#include <cstring>
-struct cb_f4 { float x, y, z, w; };
-static inline cb_f4 cb_ld4(const float* p) { return {p[0], p[1], p[2], p[3]}; }
-template <int BYTES>
-static inline void cb_cp_async(float* dst, const float* src, bool valid) {
-    if (valid) std::memcpy(dst, src, BYTES); else std::memset(dst, 0, BYTES);
-}
-static inline void cb_cp_commit() {}
-template <int N> static inline void cb_cp_wait() {}
-#endif
-"""
-
-
 #: The per-thread state, in registers across the K loop.  ``st`` (int32): the staged
 #: pixel's window origin; the next K tile to stage (its tap ``kd, kh, kw`` and first
 #: channel ``c0``; ``kd`` reaches the filter depth past the last tile); the stage it goes
@@ -250,6 +210,8 @@ def _stage_code(s: Shape) -> str:
     full = s.C % s.TK == 0
     spatial = "((dd * {H} + hh) * {W} + ww)".format(H=s.H, W=s.W)
     a_step, b_step = (1, 1) if ndhwc else (s.D * s.H * s.W, s.taps)
+    if s.flip:  # a reduction channel of the flipped filter is an output channel of w
+        b_step = s.taps * s.K
     # a run's first channel; where a K tile may reach past the last channel, clamped to it
     # (the copies past it are zero fills), so that no offset leaves the image's int32 range
     ca = "(c0 + akv)" if full else f"(c0 + akv < {s.C} ? c0 + akv : {s.C - 1})"
@@ -257,8 +219,13 @@ def _stage_code(s: Shape) -> str:
     a_off = (f"abase + (int64_t)({spatial} * {s.C} + {ca})" if ndhwc else
              f"abase + (int64_t)({ca} * {a_step} + {spatial})")
     tap = f"((kd * {s.KH} + kh) * {s.KW} + kw)"
-    b_off = (f"bbase + (int64_t)({tap} * {s.C} + {cb})" if ndhwc
-             else f"bbase + (int64_t)({cb} * {b_step} + {tap})")
+    if s.flip:  # w[c][n][taps-1-tap] (NCDHW), w[c][taps-1-tap][n] (NDHWC); bbase: n's part
+        flipped = f"({s.taps - 1} - {tap})"
+        b_off = (f"bbase + (int64_t)({cb} * {b_step} + {flipped} * {s.K})" if ndhwc
+                 else f"bbase + (int64_t)({cb} * {b_step} + {flipped})")
+    else:
+        b_off = (f"bbase + (int64_t)({tap} * {s.C} + {cb})" if ndhwc
+                 else f"bbase + (int64_t)({cb} * {b_step} + {tap})")
 
     def copies(dst, run, vec, step, ok):
         if full:
@@ -352,12 +319,12 @@ int64_t abase = -1, bbase = -1;
         abase = b * {image};
     }}
     const int64_t n = (int64_t)blk_n + bn;
-    if (n < {s.K}) bbase = n * {s.taps * s.C};
+    if (n < {s.K}) bbase = n * {_b_row_stride(s)};
 }}
 int kd = 0, kh = 0, kw = 0, c0 = 0, sslot = 0;
 const int cslot = 0;
 for (int j = 0; j < {s.S - 1}; ++j) {{
-{_indent(_stage_code(s), 4)}
+{indent(_stage_code(s), 4)}
 }}
 {_store_state(ST)}
 sbo[tp * {len(SB)}] = abase;
@@ -366,7 +333,14 @@ cb_cp_wait<{s.S - 2}>();
 """
 
 
-def _indent(text: str, n: int) -> str:
+def _b_row_stride(s: Shape) -> int:
+    """Elements between the filter values of consecutive GEMM columns (output channels)."""
+    if not s.flip:
+        return s.taps * s.C
+    return s.taps if s.layout == Layout.NCDHW else 1
+
+
+def indent(text: str, n: int) -> str:
     return "\n".join(" " * n + line for line in text.splitlines())
 
 
@@ -404,7 +378,7 @@ def step_code(s: Shape, gpu: bool) -> str:
 {_stage_code(s)}
 {{
     float* acc = acco + tp * {s.RM * s.RN};
-{_indent(fma_loop(s), 4)}
+{indent(fma_loop(s), 4)}
 }}
 cslot = cslot + 1 == {s.S} ? 0 : cslot + 1;
 {_store_state(("kd", "kh", "kw", "c0", "sslot", "cslot"))}
@@ -434,24 +408,33 @@ for (int r = 0; r < {s.RM}; ++r) {{
 """
 
 
+def forward_code():
+    """The forward's tasklet code, by role (looked up when called)."""
+    return {"prologue": prologue_code, "step": step_code, "epilogue": epilogue_code}
+
+
 # ---------------------------------------------------------------------------------------------
 # The program
 # ---------------------------------------------------------------------------------------------
 
-def program(layer: Layer, layout: Layout, dtype, params) -> dace.SDFG:
+def program(layer: Layer, layout: Layout, dtype, params, flip: bool = False,
+            w_shape=None) -> dace.SDFG:
     """The pipelined implicit GEMM of ``layer`` in ``layout`` (module docstring); the
-    tasklets hold the CPU's C++ until a schedule sets its target's."""
-    s = shape(layer, layout, params)
+    tasklets hold the CPU's C++ until a schedule sets its target's.  ``flip``: ``layer``
+    is a data gradient's ``transposed_layer`` and the program takes the forward filter,
+    of shape ``w_shape``."""
+    s = shape(layer, layout, params, flip)
     L = layer_constants(layer, layout)
-    x_shape = _unpadded(layer, layout)
-    XS, WS, YS = int(np.prod(x_shape)), int(np.prod(L.w_shape)), int(np.prod(L.y_shape))
+    x_shape = unpadded(layer, layout)
+    w_shape = tuple(w_shape or L.w_shape)
+    XS, WS, YS = int(np.prod(x_shape)), int(np.prod(w_shape)), int(np.prod(L.y_shape))
     dt = dtype.dace
     NT, RR, S, KT = s.NT, s.RM * s.RN, s.S, s.KT
     NSI, NSB = len(ST), len(SB)
     AS, BS = S * s.TM * s.TKP, S * s.TN * s.TKP
 
     @dace.program
-    def igemm_pipelined(x: dt[x_shape], w: dt[L.w_shape], y: dt[L.y_shape]):
+    def igemm_pipelined(x: dt[x_shape], w: dt[w_shape], y: dt[L.y_shape]):
         xf = np.reshape(x, [XS])
         wf = np.reshape(w, [WS])
         yf = np.reshape(y, [YS])
@@ -504,15 +487,18 @@ def program(layer: Layer, layout: Layout, dtype, params) -> dace.SDFG:
     return sdfg
 
 
-def _unpadded(layer: Layer, layout: Layout):
+def unpadded(layer: Layer, layout: Layout):
     from convbench.registry import stored_shape
     return stored_shape(layout, "x", layer.input_shape)
 
 
-#: The tasklets, by their output connectors.
+#: The tasklets, by their output connectors ("reduce": the filter gradient's sum of its
+#: slices, ``impls/_pipelined_bwd.py``).
 _ROLES = {frozenset({"acco", "sto", "sbo", "ao", "bo"}): "prologue",
           frozenset({"acco", "sto", "ao", "bo"}): "step",
-          frozenset({"yo"}): "epilogue"}
+          frozenset({"acco", "sto", "sbs", "ao", "bo"}): "step",  # steps 64-bit state too
+          frozenset({"yo"}): "epilogue",
+          frozenset({"wo"}): "reduce"}
 
 
 def tasklets(sdfg):
@@ -531,14 +517,16 @@ _PREAMBLE = {
     "step": "float* As_ = reinterpret_cast<float*>(ao);\n"
             "float* Bs_ = reinterpret_cast<float*>(bo);\n",
     "epilogue": "",
+    "reduce": "",
 }
 
 
-def set_code(sdfg, s: Shape, gpu: bool) -> None:
-    """Give the tasklets the C++ of the target, and the generated file its helpers.
-    Every connector reads or writes a whole array: it is typed a pointer to the array's
-    elements (DaCe 1.0.2 cannot infer the type of a connector on a reshaped view)."""
-    code = {"prologue": prologue_code, "step": step_code, "epilogue": epilogue_code}
+def set_code(sdfg, s, gpu: bool, code=None) -> None:
+    """Give the tasklets the C++ of the target (``code``: role -> ``f(s, gpu)``, the
+    forward's by default), and the generated file its helpers.  Every connector reads or
+    writes a whole array: it is typed a pointer to the array's elements (DaCe 1.0.2
+    cannot infer the type of a connector on a reshaped view)."""
+    code = code or forward_code()
     found = set()
     for role, node in tasklets(sdfg):
         node.code = dace.properties.CodeBlock(_PREAMBLE[role] + code[role](s, gpu),
@@ -563,52 +551,43 @@ def set_code(sdfg, s: Shape, gpu: bool) -> None:
 # Schedules and registration
 # ---------------------------------------------------------------------------------------------
 
-def _aligned_stages(sdfg) -> None:
-    """The shared stages as arrays of 16-byte vectors: DaCe 1.0.2 declares a shared array
-    with its element type's alignment, and the fragment loads and 16-byte copies need 16."""
-    vec = dace.vector(dace.float32, 4)
-    for sd, name, desc in T._transients(sdfg, ("As", "Bs")):
-        (size,), = [desc.shape]
-        desc.dtype = vec
-        desc.set_shape((size // 4,))
-        for state in sd.states():
-            for edge in state.edges():
-                if edge.data.data == name:
-                    edge.data.subset = dace.subsets.Range([(0, size // 4 - 1, 1)])
-                for node in (edge.src, edge.dst):
-                    if isinstance(node, dace.nodes.Tasklet):
-                        for conns in (node.in_connectors, node.out_connectors):
-                            for conn in conns:
-                                if conn in ("ai", "ao", "bi", "bo"):
-                                    conns[conn] = dace.pointer(vec)
-
-
-def schedule(target: str, layout: Layout):
+def schedule(target: str, layout: Layout, kernel=None):
     """The tiled schedule (``_tiling.tiled_schedule``: block map on the grid or the CPU's
     cores, the thread map on a block's threads or a loop, the stages in shared memory, the
-    accumulators and the staging state in registers), then the target's C++."""
+    accumulators and the staging state in registers), then the target's C++.  ``kernel(
+    layer, params) -> (shape, code)``: what :func:`set_code` gets (the forward's by
+    default).  On the GPU a transient between kernels (the filter gradient's partials)
+    is allocated once, with the program."""
     base = T.tiled_schedule(target, threads=("t",), sequential=("kt",), shared=("As", "Bs"),
                             private={"acc": 1, "st": 1, "sb": 1})
+    kernel = kernel or (lambda layer, params: (shape(layer, layout, params), forward_code()))
 
     def apply(sdfg, layer, params):
         base(sdfg, layer, params)
         gpu = target == "gpu"
-        set_code(sdfg, shape(layer, layout, params), gpu)
+        s, code = kernel(layer, params)
+        set_code(sdfg, s, gpu, code)
         if gpu:
-            _aligned_stages(sdfg)
+            T.vector_shared(sdfg, ("As", "Bs"), ("ai", "ao", "bi", "bo"))
             T.const_inputs(sdfg, ("xa", "wb"))
+            for desc in sdfg.arrays.values():
+                if (desc.transient and desc.storage == dace.StorageType.GPU_Global
+                        and not isinstance(desc, dace.data.View)):
+                    desc.lifetime = dace.AllocationLifetime.Persistent
 
     return apply
 
 
 def implementation(**fields):
-    """The registration of a pipelined kernel: ``fields`` (name, summary, layout, ...) and
-    what both layouts share."""
+    """The registration of a pipelined forward kernel: ``fields`` (name, summary, layout)
+    and what both layouts share."""
     from convbench.registry import Implementation, Pass
     layout = fields["layout"]
     return Implementation(
         pass_=Pass.FWD, algorithm=lambda layer, dtype, values: program(layer, layout, dtype,
                                                                          values),
         schedules={t: schedule(t, layout) for t in ("cpu", "gpu")}, params=PARAMS,
-        check_params=check_params, supports=supports, default_for=("best-of",),
-        constraints="one image of the input below 2^31 elements", **fields)
+        check_params=check_params, supports=supports,
+        constraints="one image of the input below 2^31 elements",
+        **dict({"default_for": ("best-of",)}, **fields))
+

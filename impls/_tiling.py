@@ -273,12 +273,13 @@ def kernel_faults(sdfg) -> list:
     * A device-level map inside a kernel: DaCe 1.0.2 launches it as extra grid blocks
       behind a grid-wide barrier (``cub::GridBarrier``), which deadlocks once the grid has
       more blocks than the GPU holds at once.
-    * A transient in global memory that only a kernel's inside uses: DaCe allocates it
+    * A transient in global memory that only one kernel's inside uses: DaCe allocates it
       once, outside the kernel, so every block of the grid shares it (a race that the
-      CPU schedule, which allocates it per iteration, cannot show).
+      CPU schedule, which allocates it per iteration, cannot show).  One that two kernels
+      use (partials one writes and the next reads) is how kernels pass data.
     """
     faults = []
-    inside = {}  # transient name -> True while every access seen is inside a kernel
+    inside = {}  # transient -> (name, every access seen inside a kernel, those kernels)
 
     def walk(graph, around):  # around: the kernel map enclosing this nested SDFG, if any
         for state in graph.states():
@@ -298,14 +299,16 @@ def kernel_faults(sdfg) -> list:
                     desc = graph.arrays[node.data]
                     if desc.transient and desc.storage == ST.GPU_Global:
                         key = (id(graph), node.data)
-                        inside[key] = (node.data, inside.get(key, (0, True))[1]
-                                       and kernel is not None)
+                        _, only, kernels = inside.get(key, (0, True, frozenset()))
+                        inside[key] = (node.data, only and kernel is not None,
+                                       kernels | {id(kernel)})
                 elif isinstance(node, nodes.NestedSDFG):
                     walk(node.sdfg, kernel)
 
     walk(sdfg, None)
     faults += [f"transient {name} is in global memory but used only inside a kernel: "
-               f"every block shares it" for name, only in sorted(inside.values()) if only]
+               f"every block shares it" for name, only, kernels in
+               sorted(inside.values(), key=lambda v: v[0]) if only and len(kernels) == 1]
     return faults
 
 
@@ -332,6 +335,28 @@ def const_inputs(sdfg, connectors):
             same.ctype = same.ctype_unaligned = ("dace::float32" if same.ctype == "float"
                                                  else f"::{same.ctype}")
             node.in_connectors[conn] = dace.pointer(same)
+
+
+def vector_shared(sdfg, names: Sequence[str], connectors: Sequence[str]) -> None:
+    """The shared arrays ``names`` as arrays of 16-byte vectors, and the tasklet
+    ``connectors`` that take them whole as pointers to those: DaCe 1.0.2 declares a
+    shared array with its element type's alignment, and 128-bit loads and 16-byte
+    ``cp.async`` copies need 16."""
+    vec = dace.vector(dace.float32, 4)
+    for sd, name, desc in _transients(sdfg, names):
+        (size,), = [desc.shape]
+        desc.dtype = vec
+        desc.set_shape((size // 4,))
+        for state in sd.states():
+            for edge in state.edges():
+                if edge.data.data == name:
+                    edge.data.subset = dace.subsets.Range([(0, size // 4 - 1, 1)])
+                for node in (edge.src, edge.dst):
+                    if isinstance(node, nodes.Tasklet):
+                        for conns in (node.in_connectors, node.out_connectors):
+                            for conn in conns:
+                                if conn in connectors:
+                                    conns[conn] = dace.pointer(vec)
 
 
 def tiled_schedule(target: str, block: str = "blk_", threads: Sequence[str] = ("ti", "tj"),

@@ -51,7 +51,6 @@ def algorithm(layer, dtype, params):
 
 register(Implementation(
     name="implicitGemm",
-    default_for=("network",),
     summary="implicit GEMM (M=N*Do*Ho*Wo, N=K, K=C*kd*kh*kw) on NDHWC, DaCe auto-optimize",
     layout=Layout.NDHWC,
     pass_=Pass.FWD,

@@ -8,7 +8,7 @@ from impls._common import auto_cpu, auto_gpu
 
 register(Implementation(
     name="implicitGemmBwdData",
-    default_for=("cli", "network"),
+    default_for=("cli",),
     summary="backward data: implicit GEMM dX[N*D*H*W, C] = dY-gather x flipped filter, "
             "per-stride-phase taps from tables (no zero insertion), NDHWC, DaCe auto-optimize",
     layout=Layout.NDHWC,

@@ -8,7 +8,7 @@ from impls._common import auto_cpu, auto_gpu
 
 register(Implementation(
     name="implicitGemmBwdFilter",
-    default_for=("cli", "network"),
+    default_for=("cli",),
     summary="backward filter: implicit GEMM dW[K, C*taps] = dY^T x im2col(x), reduction "
             "over N*Do*Ho*Wo, NDHWC, DaCe auto-optimize",
     layout=Layout.NDHWC,

@@ -9,4 +9,4 @@ register(_pipelined.implementation(
     name="implicitGemmPipelined",
     summary="implicit GEMM with CUTLASS's SIMT main loop on NDHWC: cp.async stages, "
             "LDS.128 fragments, tap-major K tiles, no tables",
-    layout=Layout.NDHWC))
+    layout=Layout.NDHWC, default_for=("best-of", "network")))

@@ -73,7 +73,7 @@ def test_dry_run_core_fits_the_device_budget(main):
     assert result.returncode == 0, result.stderr
     assert "budget 15 min: fits" in result.stdout, result.stdout
     cases = campaign.plan_cases("core", "gpu", planted=False)
-    est = campaign.estimate(cases, "gpu", 16, 50, 5, 2.0)
+    est = campaign.estimate(cases, "gpu", 16, 50, 5, 2.0, skip=campaign.plan.TIER_SKIPS["core"])
     assert est.total_s <= campaign.BUDGET_S["core"]
     assert all(sum(est.phases[p] for p in call) <= campaign.CALL_LIMIT_S for call in est.calls)
     assert "scripts/gpu_campaign.py run --tier core" in result.stdout
@@ -378,3 +378,30 @@ def test_run_flags_before_the_command_are_kept_or_refused(main):
     assert_usage_error(main("--tier", "tune", "run", "--tier", "core", "--target", "cpu"),
                        "--tier given twice", "tune", "core")
     assert_usage_error(main("--dry-run", "unpack", "x.tar.gz"), "--dry-run before `unpack`")
+
+
+# -- the end-to-end phase (tune tier) -----------------------------------------------------------
+
+def test_only_the_tune_tier_runs_the_training_step():
+    skips = campaign.plan.TIER_SKIPS
+    assert [t for t in campaign.plan.TIERS if "end2end" not in skips.get(t, ())] == ["tune"]
+
+
+def test_the_end_to_end_section_reads_the_runs_files(tmp_path):
+    from convbench.campaign.folder import Folder
+    from convbench.campaign.report import end2end_section
+    folder = Folder(tmp_path)
+    assert "Not run" in "\n".join(end2end_section(folder))
+    folder.write_json("end2end.json", {
+        "exit": 0, "command": ["/x/scripts/cosmoflow_end2end.py", "--train", "--outdir", "o"],
+        "summary": "end2end mlperf 128^3 b2 gpu; train step torch 25.0 ms, dace 30.0 ms"})
+    (tmp_path / "end2end").mkdir()
+    rows = ["layer,backend,implementation,batch,median_ms",
+            "train.total,torch,-,2,25.0", "train.total,dace,-,2,30.0",
+            "train.conv1.bwd,torch,-,2,4.0",
+            "train.conv1.bwd,dace,implicitGemmPipelinedBwdFilter,2,6.0"]
+    (tmp_path / "end2end" / "summary.csv").write_text("\n".join(rows) + "\n")
+    text = "\n".join(end2end_section(folder))
+    assert "`cosmoflow_end2end.py --train` with" in text  # no --outdir
+    assert "| train.conv1.bwd | implicitGemmPipelinedBwdFilter | 4.00 | 6.00 | 1.50 |" in text
+    assert "torch 80.0 samples/s, DaCe 66.7 samples/s (batch 2)" in text

@@ -245,19 +245,28 @@ def _space_dir(tmp_path, verdict=lambda impl, c: "ok"):
 
 
 def test_tune_plan_times_defaults_and_ranked_configurations_that_passed(tmp_path):
+    """On the training step's layers, most work first: every pass's pipelined kernel
+    (but the first layer's data gradient, which the step leaves out), its defaults
+    whatever their verdict, and candidates only from the configurations that passed."""
     refused = {"CTAtileK": 16}  # the defaults' K tile is 8: timed whatever its verdict
     space = _space_dir(tmp_path, lambda impl, c: "x spills" if c["CTAtileK"] == 16 and
                        impl == "implicitGemmPipelined" else "ok")
     cases = campaign.plan_cases("tune", "gpu", planted=False, space_dir=space)
     assert len({c.id for c in cases}) == len(cases)
-    layers = {(c.layer_set, c.layer.name) for c in cases}
-    assert len(layers) == 12
-    for layer_set, name in layers:
-        mine = [c for c in cases if (c.layer_set, c.layer.name) == (layer_set, name)]
-        defaults = dict(registry.get("implicitGemmPipelined").resolve_params({}))
-        assert any(c.impl == "implicitGemmPipelined" and dict(c.params) == defaults
-                   for c in mine)
-        assert sum(c.time_refs for c in mine) == 1
+    steps = campaign.plan.end2end_layers()
+    assert [(c.layer_set, c.layer) for c in cases[:1]] == [("cosmoflow_mlperf", steps[1])]
+    flops = [c.layer.flops() for c in cases]
+    assert flops == sorted(flops, reverse=True)
+    assert {c.layer for c in cases} == set(steps)
+    for layer in steps:
+        for impl in campaign.plan.TUNE_PER_LAYER:
+            mine = [c for c in cases if c.layer == layer and c.impl == impl]
+            if layer == steps[0] and registry.get(impl).pass_ == "bwd_data":
+                assert not mine
+                continue
+            defaults = dict(registry.get(impl).resolve_params({}))
+            assert any(dict(c.params) == defaults for c in mine)
+            assert sum(c.time_refs for c in mine) == 1
     assert {c.impl for c in cases} == set(campaign.plan.TUNE_PER_LAYER)
     assert not [c for c in cases if c.impl == "implicitGemmPipelined"
                 and dict(c.params)["CTAtileK"] == refused["CTAtileK"]]
@@ -271,7 +280,7 @@ def test_tune_plan_times_the_incumbents_again(tmp_path, monkeypatch):
     and takes the place of the lowest-ranked candidate, so that a new search never
     files a winner slower than the last one."""
     space = _space_dir(tmp_path)
-    layer = _layer("cosmoflow", "conv3", 16)
+    layer = _layer("cosmoflow_mlperf", "conv3", 2)
     impl = "implicitGemmPipelined"
     configs = [dict(c, _blocks_per_sm=3) for c in gpuspace.space(impl)]
     ranked = gpuspace.rank(impl, layer, configs)
@@ -281,7 +290,7 @@ def test_tune_plan_times_the_incumbents_again(tmp_path, monkeypatch):
         impl: {layer.key(): incumbent}}}}}))
     monkeypatch.setenv("CONVBENCH_TUNING", str(tuned))
     cases = [c for c in campaign.plan_cases("tune", "gpu", planted=False, space_dir=space)
-             if c.impl == impl and c.layer.name == "conv3" and c.layer_set == "cosmoflow"]
+             if c.impl == impl and c.layer == layer]
     params = [dict(c.params) for c in cases]
     default = dict(registry.get(impl).resolve_params({}))
     n = campaign.plan.TUNE_PER_LAYER[impl]
@@ -289,16 +298,17 @@ def test_tune_plan_times_the_incumbents_again(tmp_path, monkeypatch):
     assert params[2:] == [p for p in ranked if p not in (default, incumbent)][:n - 1]
 
 
-def test_tune_dry_run_fits_with_core(tmp_path, capsys):
+def test_tune_dry_run_fits_with_the_end_to_end_run(tmp_path, capsys):
     result = in_process(script, capsys)("--dry-run", "--tier", "tune", "--space",
                                         str(_space_dir(tmp_path)))
     assert result.returncode == 0, result.stderr
-    assert "plus the core tier's" in result.stdout and "budget 15 min: fits" in result.stdout
+    assert "end2end" in result.stdout and "budget 15 min: fits" in result.stdout
 
 
 def test_the_committed_space_plans_a_tune_tier_that_fits():
     """The table `gpu_campaign.py space` wrote: every configuration compiled or refused
-    with its reason, and the tune plan from it within 25 device-minutes with core."""
+    with its reason, and the tune plan from it, with the end-to-end run, within 15
+    device-minutes."""
     data = json.loads((gpuspace.DEFAULT_OUT / "space.json").read_text())
     for impl, text in gpuspace.SPACES.items():
         entry = data["implementations"][impl]
@@ -366,16 +376,17 @@ def test_winners_are_the_fastest_verified_configuration(tmp_path, monkeypatch):
 
 @pytest.mark.full
 def test_tune_rehearsal_on_the_cpu_writes_winners_that_unpack_leaves_out(tmp_path, capsys):
-    """The tune tier end to end on the CPU (the smoke layer, two configurations per
-    implementation): every case verified and timed, the Tuning table and tuning.json
-    written; unpack files no CPU rehearsal in tuning/gpu.json."""
+    """The tune tier end to end on the CPU (the smoke layer; per pass's pipelined kernel
+    its defaults and the best-ranked of its first four configurations): every case
+    verified and timed, the Tuning table and tuning.json written, the training step run
+    with the winners; unpack files no CPU rehearsal in tuning/gpu.json."""
     import tarfile
-    pick = {"implicitGemmNCDHWinplace": ("M64N64K16r4x4", "M64N32K16r8x4"),
-            "implicitGemmsplitK": ("M64N64K16r4x4s4", "M64N64K32r8x4s2")}
+    pick = {impl: [gpuspace.tag(c) for c in gpuspace.space(impl)][:4]
+            for impl in campaign.plan.TUNE_PER_LAYER}
     data = {"arch": "sm_90", "implementations": {
         impl: {"space": gpuspace.SPACES[impl], "configs": [
             {"params": c, "verdict": "ok", "layers": [], "registers": [40, 40],
-             "blocks_per_sm": 4} for c in gpuspace.space(impl) if gpuspace.tag(c) in tags]}
+             "blocks_per_sm": 1} for c in gpuspace.space(impl) if gpuspace.tag(c) in tags]}
         for impl, tags in pick.items()}}
     (tmp_path / "space.json").write_text(json.dumps(data))
     out = tmp_path / "tunecpu"
@@ -385,10 +396,13 @@ def test_tune_rehearsal_on_the_cpu_writes_winners_that_unpack_leaves_out(tmp_pat
                                         "--warmup", "1")
     assert result.returncode == 0, result.stdout + result.stderr
     records = [json.loads(p.read_text()) for p in (out / "cases").glob("*.json")]
-    assert len(records) == 4 and all(r["status"] == "verified" for r in records)
+    assert {r["case"]["impl"] for r in records} == set(pick)
+    assert all(r["status"] == "verified" for r in records)
     won = json.loads((out / "tuning.json").read_text())
     assert set(won["entries"]) == set(pick) and won["target"] == "cpu"
-    assert "## Tuning" in (out / "README.md").read_text()
+    readme = (out / "README.md").read_text()
+    assert "## Tuning" in readme and "## End to end" in readme
+    assert json.loads((out / "end2end.json").read_text())["exit"] == 0, readme
     with tarfile.open(tmp_path / "c.tar.gz", "w:gz") as tar:
         tar.add(out, arcname=out.name)
     result = in_process(script, capsys)("unpack", str(tmp_path / "c.tar.gz"), "--into",

@@ -22,15 +22,15 @@ IMPLS = ("implicitGemmPipelined", "implicitGemmPipelinedNCDHW")
 LAYER = Layer("c36_k70", 2, 36, 70, 5, 6, 7, 3, 3, 3, pad=1)
 
 
-def _plant(monkeypatch, function, old, new):
-    """Replace ``old`` by ``new`` in the C++ that ``_pipelined.<function>`` returns."""
-    real = getattr(_pipelined, function)
+def plant(monkeypatch, function, old, new, module=_pipelined):
+    """Replace ``old`` by ``new`` in the C++ that ``module.<function>`` returns."""
+    real = getattr(module, function)
 
     def planted(*args, **kwargs):
         text = real(*args, **kwargs)
         assert old in text, f"{function} no longer holds {old!r}"
         return text.replace(old, new)
-    monkeypatch.setattr(_pipelined, function, planted)
+    monkeypatch.setattr(module, function, planted)
 
 
 #: (name, function, old, new): each a bug the CPU check must catch.
@@ -60,7 +60,7 @@ def test_the_unplanted_kernel_passes(impl, builds, reference):
 @pytest.mark.parametrize("bug", BUGS, ids=[b[0] for b in BUGS])
 def test_planted_bugs_fail_the_check(monkeypatch, builds, reference, impl, bug):
     name, function, old, new = bug
-    _plant(monkeypatch, function, old, new)
+    plant(monkeypatch, function, old, new)
     spec = toolchain.make_spec(registry.get(impl), LAYER, planted=name)
     check = verify.verify_build(builds(spec), reference(LAYER))[0]
     assert not check.ok, f"{impl} with {name} passed: {check.summary()}"
@@ -125,6 +125,12 @@ def test_the_committed_table_covers_every_deep_layer_at_the_defaults(impl):
     """``results/gpu/sass/pipelined/``: the default configuration on every CosmoFlow
     layer with at least 32 channels (both sets at the original batches) meets the bar;
     a change of the defaults without a new table fails here."""
+    check_committed_table(impl)
+
+
+def check_committed_table(impl):
+    """:func:`test_the_committed_table_covers_every_deep_layer_at_the_defaults` for
+    ``impl`` (the backward kernels' tests call it too)."""
     defaults = ";".join(f"{k}={v}" for k, v in registry.get(impl).resolve_params({}).items())
     for layer_set, batch in (("cosmoflow", 16), ("cosmoflow_mlperf", 8)):
         path = TABLE / f"{impl}-{layer_set}.csv"

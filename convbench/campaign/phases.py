@@ -1,9 +1,10 @@
-"""The phases a campaign runs around its cases: identity, ceilings, builds, the GPU
-tests and the Nsight Compute roofline."""
+"""The phases a campaign runs around its cases: identity, ceilings, builds, the
+end-to-end training step (tune tier), the GPU tests and the Nsight Compute roofline."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -242,3 +243,43 @@ def run_roofline(folder: Folder, target: str, cachedir, workers: int, timeout: f
                        str(rdir / "roofline.png"))
     return {"status": "done", "detail": f"{len(points)} target(s)" +
             (", roofline/roofline.png" if plotted else ", no plot (matplotlib missing)")}
+
+
+#: The end-to-end phase's run on the CPU rehearsal: the training step at 32^3 (128^3 is
+#: the GPU's, minutes on a CPU).
+END2END_CPU_SIZE = 32
+
+
+def run_end2end(folder: Folder, target: str, cachedir, timeout: float,
+                say: Callable[[str], None]) -> dict:
+    """The training step (``scripts/cosmoflow_end2end.py --train --check``, TF32 off) with
+    the tune tier's winners as its tuned entries (``end2end/tuning.json``), sharing the
+    campaign's build cache; its files in ``end2end/``, its output in ``logs/end2end.log``."""
+    from ..files import write_atomic
+    from ..toolchain import PROJECT_ROOT
+    from .plan import END2END
+    from .report import tune_winners
+    out = folder.root / "end2end"
+    out.mkdir(parents=True, exist_ok=True)
+    tuned = out / "tuning.json"
+    write_atomic(tuned, json.dumps({"entries": tune_winners(folder.records())["entries"]},
+                                   indent=1, sort_keys=True) + "\n")
+    model, size, batch = END2END
+    size = size if target == "gpu" else END2END_CPU_SIZE
+    cmd = [sys.executable, str(PROJECT_ROOT / "scripts" / "cosmoflow_end2end.py"),
+           "--model", model, "--size", str(size), "--batch", str(batch), "--device", target,
+           "--train", "--check", "--outdir", str(out)]
+    if cachedir:
+        cmd += ["--cachedir", str(cachedir)]
+    log = folder.root / "logs" / "end2end.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    say(f"[end2end] {' '.join(cmd[1:])} (tuned entries: {tuned.relative_to(folder.root)})")
+    env = dict(os.environ, CONVBENCH_TUNING=str(tuned))
+    with open(log, "w") as f:
+        code = _run_group(cmd, timeout, f, subprocess.STDOUT, env=env)
+    last = next((line for line in reversed(_tail(log, 40).splitlines())
+                 if line.startswith("end2end ")), "")
+    folder.write_json("end2end.json", {"exit": code, "summary": last, "command": cmd[1:],
+                                       "log": "logs/end2end.log"})
+    return {"status": "done" if code == 0 else "failed",
+            "detail": last or f"exit {code}, see logs/end2end.log"}

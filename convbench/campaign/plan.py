@@ -16,7 +16,7 @@ from .folder import _load
 
 
 TIERS = ("smoke", "core", "full", "tune", "precision")
-PHASES = ("identity", "ceilings", "builds", "cases", "tests", "roofline", "table")
+PHASES = ("identity", "ceilings", "builds", "cases", "end2end", "tests", "roofline", "table")
 TARGETS = ("gpu", "cpu")
 PLANTED = ("crash", "hang", "wrong")
 
@@ -51,31 +51,42 @@ ESTIMATE_GFLOPS = {"gpu": {"dace": 1000.0, "ref": 15000.0},
 #: Per-case overhead (s): loading the build, the reference, verification, the result file.
 CASE_OVERHEAD_S = {"gpu": 1.5, "cpu": 0.5}
 WORKER_START_S = 4.0
+#: The end-to-end phase (tune tier): the builds its layers miss (one round of the host's
+#: cores: the winners are in the cache already), the check of both models, and the timed
+#: steps.  The CPU rehearsal runs it at 32^3.
+END2END_S = {"gpu": 150.0, "cpu": 120.0}
 #: Device set-up per call (machine start, wheel install), from the device tool's notes.
 CALL_SETUP_S = 120.0
 #: One call's command limit, and the share of it the plan fills.
 CALL_LIMIT_S = 600.0
 CALL_FILL = 0.9
-#: Phases a tier leaves out: smoke is the quick check; tune times configurations only.
-#: precision times the tensor-core kernels in each of their precisions.
-#: core leaves out the GPU tests and the roofline too (about 5 of its minutes): full runs
-#: them.
-TIER_SKIPS = {"smoke": ("tests", "roofline"), "core": ("tests", "roofline"),
-              "tune": ("tests", "roofline"), "precision": ("tests", "roofline")}
+#: Phases a tier leaves out: smoke is the quick check; tune times configurations, then the
+#: training step with the winners (end2end), and only tune runs that.  precision times the
+#: tensor-core kernels in each of their precisions.  core leaves out the GPU tests and the
+#: roofline too (about 5 of its minutes): full runs them.
+TIER_SKIPS = {"smoke": ("end2end", "tests", "roofline"), "core": ("end2end", "tests", "roofline"),
+              "full": ("end2end",), "tune": ("tests", "roofline"),
+              "precision": ("end2end", "tests", "roofline")}
 #: The whole campaign's device-time budget, set-up included: a lent GPU comes with 15
-#: minutes in all, the machine's start counted.  The tune tier runs beside core in the
-#: same window: the two together must fit it.  full spans several windows.
+#: minutes in all, the machine's start counted.  full spans several windows.
 BUDGET_S = {"smoke": 10 * 60.0, "core": 15 * 60.0, "full": 30 * 60.0, "tune": 15 * 60.0,
             "precision": 15 * 60.0}
-#: Tiers whose budget is shared with another tier's plan (the dry run adds that plan).
-BUDGET_WITH = {"tune": "core"}
-#: The tune tier: the implementations it times, and how many configurations per layer,
-#: the best-ranked first (:func:`convbench.gpuspace.rank`), besides the defaults and the
-#: incumbents.  The plan must fit beside core in 15 device-minutes on the slowest GPU host
-#: recorded: the pipelined kernels, the newest, one candidate each.  The older spaces
-#: (``implicitGemmNCDHW``, ``implicitGemmNCDHWinplace``, ``implicitGemmsplitK``) keep
-#: their tables and their tuned entries of 2026-11-27.
-TUNE_PER_LAYER = {"implicitGemmPipelined": 1, "implicitGemmPipelinedNCDHW": 1}
+#: Tiers whose budget is shared with another tier's plan (the dry run adds that plan):
+#: none since tune took the end-to-end run, which with it fills a window of its own.
+BUDGET_WITH: Dict[str, str] = {}
+#: The tune tier: the implementations it times (the pipelined kernel of each pass, NDHWC,
+#: the network's layout), and how many configurations per layer, the best-ranked first
+#: (:func:`convbench.gpuspace.rank`), besides the defaults and the incumbents.  The older
+#: spaces (``implicitGemmNCDHW``, ``implicitGemmNCDHWinplace``, ``implicitGemmsplitK``,
+#: ``implicitGemmPipelinedNCDHW``) keep their tables and their tuned entries.
+TUNE_PER_LAYER = {"implicitGemmPipelined": 2, "implicitGemmPipelinedBwdData": 2,
+                  "implicitGemmPipelinedBwdFilter": 2}
+#: The tune tier's layers on the GPU: those of the end-to-end training step
+#: (``scripts/cosmoflow_end2end.py``'s defaults: MLPerf CosmoFlow at 128^3, batch 2), the
+#: pass-layer pairs with the most work first, so that a window cut short has tuned what
+#: weighs most in the step; the first layer's data gradient is left out, as the step
+#: leaves it out (the network's input needs no gradient).
+END2END = ("mlperf", 128, 2)
 #: Timing of a tune case: fewer samples than core (a ranking, not the reported figure;
 #: the winners are timed again by the next core campaign with the full count).
 TUNE_TIMING = {"iterations": 20, "warmup": 3}
@@ -170,48 +181,61 @@ def plan_cases(tier: str, target: str, planted: bool, space_dir: Optional[os.Pat
 
 
 def tune_cases(target: str, space_dir: Optional[os.PathLike] = None) -> List[Case]:
-    """The tune tier: on every CosmoFlow layer at the original batch (on the CPU, the
-    rehearsal, on the smoke layer), per implementation with a GPU search space, its
-    defaults, the configurations already tuned for the layer on any GPU (the
-    incumbents, so that a new winner is never one slower than the last), and its
-    best-ranked configurations that passed the resource filter."""
+    """The tune tier: on the layers of the end-to-end training step (:data:`END2END`; on
+    the CPU, the rehearsal, on the smoke layer), most work first, per implementation of
+    :data:`TUNE_PER_LAYER`, its defaults, the configurations already tuned for the layer
+    on any GPU (the incumbents, so that a new winner is never one slower than the last),
+    and its best-ranked configurations that passed the resource filter."""
     from .. import gpuspace, registry, tuning
+    from ..layouts import Pass
     passed = gpuspace.passed(Path(space_dir) if space_dir else gpuspace.DEFAULT_OUT)
     if target == "gpu":
-        layers = [(s, layer.with_batch(ORIGINAL_BATCH[s])) for s in ORIGINAL_BATCH
-                  for layer in load_layers(s)]
+        layers = [("cosmoflow_mlperf", layer) for layer in end2end_layers()]
     else:
         layers = [(SMOKE_LAYER[0], _layer(*SMOKE_LAYER))]
+    pairs = sorted(((layer.flops(), layer_set, layer, impl_name) for layer_set, layer in layers
+                    for impl_name in TUNE_PER_LAYER), key=lambda p: -p[0])
     cases, timed = [], set()
-    for layer_set, layer in layers:
-        for impl_name, configs in passed.items():
-            impl = registry.get(impl_name)
-            if target not in impl.targets or impl_name not in TUNE_PER_LAYER:
+    first = layers[0][1].name if target == "gpu" else None
+    for _, layer_set, layer, impl_name in pairs:
+        configs = passed.get(impl_name)
+        impl = registry.get(impl_name)
+        if configs is None or target not in impl.targets:
+            continue
+        if layer.name == first and impl.pass_ == Pass.BWD_DATA:
+            continue
+        ranked = gpuspace.rank(impl_name, layer, configs)
+        if not ranked:
+            continue
+        # the defaults, the incumbents, then the best-ranked candidates: TUNE_PER_LAYER
+        # cases beside the defaults, incumbents first
+        # (every incumbent is kept, passed the resource filter or not: it is verified
+        # and timed like the rest; one whose names the implementation no longer has
+        # is left out)
+        chosen = [dict(impl.resolve_params({}))]
+        for incumbent in tuning.entries_anywhere(impl_name, layer, "gpu"):
+            try:
+                params = dict(impl.resolve_params(incumbent, source="tuning/gpu.json"))
+            except UsageError:
                 continue
-            ranked = gpuspace.rank(impl_name, layer, configs)
-            if not ranked:
-                continue
-            # the defaults, the incumbents, then the best-ranked candidates: TUNE_PER_LAYER
-            # cases beside the defaults, incumbents first
-            # (every incumbent is kept, passed the resource filter or not: it is verified
-            # and timed like the rest; one whose names the implementation no longer has
-            # is left out)
-            chosen = [dict(impl.resolve_params({}))]
-            for incumbent in tuning.entries_anywhere(impl_name, layer, "gpu"):
-                try:
-                    params = dict(impl.resolve_params(incumbent, source="tuning/gpu.json"))
-                except UsageError:
-                    continue
-                if params not in chosen:
-                    chosen.append(params)
-            room = max(0, 1 + TUNE_PER_LAYER[impl_name] - len(chosen))
-            chosen += [p for p in ranked if p not in chosen][:room]
-            for params in chosen:
-                case = Case(impl_name, layer, layer_set, target, group="tune",
-                            params=tuple(params.items()))
-                cases.append(dataclasses.replace(case, time_refs=case.refs_key not in timed))
-                timed.add(case.refs_key)
+            if params not in chosen:
+                chosen.append(params)
+        room = max(0, 1 + TUNE_PER_LAYER[impl_name] - len(chosen))
+        chosen += [p for p in ranked if p not in chosen][:room]
+        for params in chosen:
+            case = Case(impl_name, layer, layer_set, target, group="tune",
+                        params=tuple(params.items()))
+            cases.append(dataclasses.replace(case, time_refs=case.refs_key not in timed))
+            timed.add(case.refs_key)
     return cases
+
+
+def end2end_layers() -> List[Layer]:
+    """The layers of the end-to-end training step the tune tier tunes for (:data:`END2END`),
+    named as in ``cosmoflow_mlperf``."""
+    from .. import network
+    model, size, batch = END2END
+    return network.conv_layers(network.MODELS[model], size, batch)
 
 
 def measured_build_seconds(target: str, cachedir: Optional[os.PathLike]) -> Tuple[float, str]:
@@ -285,6 +309,7 @@ def estimate(cases: Sequence[Case], target: str, cores: int, iterations: int, wa
                                             for c in cases)
               + sum(WORKER_START_S for c in cases if c.planted)
               + sum(PLANTED_HANG_TIMEOUT_S for c in cases if c.planted == "hang"),
+              "end2end": END2END_S[target],
               # test_gpu.py: 13 implementations x 3 shapes of GPU builds, then the runs.
               "tests": math.ceil(39 / max(1, cores)) * per_build + 60.0 if gpu else 0.0,
               # ncu: one profiled process, a few replays per kernel, two targets per layer.

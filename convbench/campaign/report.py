@@ -201,6 +201,8 @@ def write_table(folder: Folder, target: str, meta: dict) -> Path:
                                    "best config", "best ms", "speed-up"],
                                   rows or [["(no configuration verified)"] + [""] * 7],
                                   "llrlrlrr"), ""]
+    if meta.get("tier") == "tune":
+        lines += end2end_section(folder)
     if gpu:
         code, sentence = machine_code(records, folder.read_json("builds.json", {}) or {})
         lines += ["## Machine code beside the times", "",
@@ -222,7 +224,7 @@ def write_table(folder: Folder, target: str, meta: dict) -> Path:
                           "fma_peak_gflops") if key in ceilings]
     lines += ["", "Files: `campaign.json` (plan, options), `identity/`, `ceilings.json`, "
               "`builds.json`, `cases/<case>.json` (checks, every timing sample), "
-              "`logs/<case>.log`, `summary.csv`, `roofline/` (GPU).", ""]
+              "`logs/<case>.log`, `summary.csv`, `end2end/` (tune), `roofline/` (GPU).", ""]
     path = folder.root / "README.md"
     write_atomic(path, "\n".join(lines))
     csv = ["id,impl,layer_set,layer,batch,group,planted,status,dace_ms,cudnn_ms,torch_ms,"
@@ -241,6 +243,44 @@ def write_table(folder: Folder, target: str, meta: dict) -> Path:
             + [rec.get("gflop", ""), detail]))
     write_atomic(folder.root / "summary.csv", "\n".join(csv) + "\n")
     return path
+
+
+def end2end_section(folder: Folder) -> List[str]:
+    """The end-to-end phase's lines: its summary line, and per part of the forward pass
+    and the training step, torch's median, DaCe's (with the implementations) and the
+    ratio; samples per second of the training step."""
+    import csv as csvlib
+    done = folder.read_json("end2end.json")
+    lines = ["## End to end", ""]
+    if not done:
+        return lines + ["Not run (the end2end phase has no record).", ""]
+    command = list(done.get("command") or ["?"])
+    command = [Path(command[0]).name] + command[1:command.index("--outdir")
+                                                 if "--outdir" in command else None]
+    lines += [f"`{' '.join(command)}` with the tuned entries "
+              f"above (`end2end/tuning.json`), TF32 off: exit {done.get('exit')}; "
+              f"{done.get('summary') or 'no summary line (logs/end2end.log)'}.", ""]
+    path = folder.root / "end2end" / "summary.csv"
+    if not path.is_file():
+        return lines
+    ms: Dict[str, Dict[str, float]] = {}
+    impl: Dict[str, str] = {}
+    batch = None
+    for row in csvlib.DictReader(open(path)):
+        ms.setdefault(row["layer"], {})[row["backend"]] = float(row["median_ms"])
+        if row["backend"] != "torch":
+            impl[row["layer"]] = row.get("implementation", "")
+        batch = batch or row.get("batch")
+    rows = [[part, impl.get(part, ""), _fmt(v.get("torch"), ".2f"), _fmt(v.get("dace"), ".2f"),
+             _fmt(v["dace"] / v["torch"] if v.get("torch") and v.get("dace") else None, ".2f")]
+            for part, v in ms.items()]
+    lines += [tables.markdown(["part", "DaCe implementation", "torch ms", "DaCe ms", "ratio"],
+                              rows, "llrrr"), ""]
+    step = ms.get("train.total", {})
+    if batch and step.get("torch") and step.get("dace"):
+        lines += [f"Training step: torch {int(batch) / step['torch'] * 1e3:.1f} samples/s, "
+                  f"DaCe {int(batch) / step['dace'] * 1e3:.1f} samples/s (batch {batch}).", ""]
+    return lines
 
 
 def _fmt(value, spec: str) -> str:

@@ -14,7 +14,8 @@ from typing import Callable, Dict, Optional, Sequence
 from .. import tables
 from ..errors import UsageError, check_at_least, check_choice
 from .folder import Folder, _now
-from .phases import identity, measure_ceilings, roofline_rows, run_builds, run_gpu_tests, run_roofline
+from .phases import (identity, measure_ceilings, roofline_rows, run_builds, run_end2end,
+                     run_gpu_tests, run_roofline)
 from .plan import (BUDGET_S, BUDGET_WITH, CALL_SETUP_S, DEFAULT_TIMING, PHASES, TARGETS, TIERS,
                    TIER_SKIPS, TUNE_TIMING, Case, estimate, plan_cases)
 from .report import update_index, write_table
@@ -243,6 +244,7 @@ def run_campaign(o: Options, say: Callable[[str], None] = print) -> int:
             say(f"[builds] failed ({type(err).__name__}: {err}); cases build on a miss")
         folder.mark("builds", status, detail, time.perf_counter() - t0)
     phase("cases", cases_phase)
+    phase("end2end", lambda: run_end2end(folder, o.target, o.cachedir, limit(420.0), say))
     phase("tests", lambda: run_gpu_tests(folder, o.target, limit(540.0), o.workers))
     phase("roofline", lambda: run_roofline(folder, o.target, o.cachedir, o.workers,
                                            limit(420.0), say))

@@ -62,14 +62,15 @@ def _project_root() -> Path:
     return PROJECT_ROOT
 
 
-def _spawn(cmd: List[str], **kwargs) -> subprocess.Popen:
+def _spawn(cmd: List[str], env=None, **kwargs) -> subprocess.Popen:
     """``cmd`` in the project root, importing this checkout, in a process group of its own
     (so that :func:`_kill` ends what it started too: pytest's build workers, the process
-    ncu profiles)."""
+    ncu profiles); ``env``: its environment (default: this process's)."""
     root = str(_project_root())
-    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ if env is None else env)
+    path = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     return subprocess.Popen(cmd, cwd=root, start_new_session=True,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=path), **kwargs)
+                            env=dict(env, PYTHONUNBUFFERED="1", PYTHONPATH=path), **kwargs)
 
 
 def _kill(proc: subprocess.Popen) -> int:
@@ -80,9 +81,10 @@ def _kill(proc: subprocess.Popen) -> int:
     return proc.wait()
 
 
-def _run_group(cmd: List[str], timeout: float, stdout, stderr) -> object:
-    """``cmd``'s exit status, or "timeout" (its process group killed)."""
-    proc = _spawn(cmd, stdout=stdout, stderr=stderr)
+def _run_group(cmd: List[str], timeout: float, stdout, stderr, env=None) -> object:
+    """``cmd``'s exit status, or "timeout" (its process group killed); ``env``: its
+    environment (default: this process's)."""
+    proc = _spawn(cmd, stdout=stdout, stderr=stderr, env=env)
     try:
         return proc.wait(timeout=max(1.0, timeout))
     except subprocess.TimeoutExpired:
