@@ -342,6 +342,7 @@ def test_blocked_bwd_filter_reads_only_the_input(rows, plant, builds, reference)
      "--pass bwd_data: implicitGemm computes fwd, not bwd_data (implementations of "
      "bwd_data: directConvNCDHWBwdData, directConvNDHWCblockedBwdData, "
      "directConvNDHWCdotBwdData, implicitGemmBwdData, implicitGemmMMABwdData, "
+     "implicitGemmPipelinedBwdData, implicitGemmPipelinedNCDHWBwdData, "
      "winogradF2BwdData, winogradF2BwdDataAdjoint, winogradF2TiledBwdData)"),
     (["--pass", "fwd", "--implementation", "implicitGemmBwdFilter"],
      "--pass fwd: implicitGemmBwdFilter computes bwd_filter, not fwd"),
@@ -357,7 +358,9 @@ def test_list_filters_by_pass(capsys):
     out = capsys.readouterr().out
     names = [line for line in out.splitlines() if line and not line.startswith(" ")]
     assert names == ["directConvNCDHWBwdFilter", "directConvNDHWCblockedBwdFilter",
-                     "implicitGemmBwdFilter", "implicitGemmsplitKBwdFilter", "winogradF2BwdFilter"]
+                     "implicitGemmBwdFilter", "implicitGemmPipelinedBwdFilter",
+                     "implicitGemmPipelinedNCDHWBwdFilter", "implicitGemmsplitKBwdFilter",
+                     "winogradF2BwdFilter"]
     assert "pass: bwd_filter" in out
 
 

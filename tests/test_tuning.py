@@ -483,7 +483,8 @@ def test_bench_cpu_backward_passes(tmp_path, cachedir, capsys, tuning_file):
         assert network.default_implementation(layer, Pass.BWD_DATA, "cpu") == stored
         assert network.default_implementation(layer.with_batch(3), Pass.BWD_DATA, "cpu") == \
             registry.default("network-cpu", Pass.BWD_DATA)  # no winner stored: the blocked kernel
-    assert network.default_implementation(layer, Pass.BWD_DATA, "gpu") == "implicitGemmBwdData"
+    assert network.default_implementation(layer, Pass.BWD_DATA, "gpu") == \
+        registry.default("network", Pass.BWD_DATA)  # the GPU takes no CPU winner
 
 
 def test_fma_peak_probe(monkeypatch):
