@@ -482,6 +482,14 @@ class Experiment:
                  "params": record.params}
         if self.verify:
             extra["verified"] = bool(record.verified)
+            # which tolerance judged each check (verify.RULES), in the row and the run's
+            # metadata.json (written when the run finishes)
+            extra["rules"] = {c.reference: c.rule for c in record.checks}
+            rules = self.writer.metadata.setdefault("verification_rules", {})
+            for c in record.checks:
+                rules.setdefault(c.reference, [])
+                if c.rule not in rules[c.reference]:
+                    rules[c.reference].append(c.rule)
         if record.infos:
             extra["references"] = record.infos
         if record.errors:

@@ -171,6 +171,7 @@ class DaceConv:
             recorder.checks.append({
                 "layer": self.layer.name, "pass": str(pass_), "implementation": impl.name,
                 "ok": check.ok, "worst_ratio": check.worst_ratio, "max_abs": check.max_abs,
+                "rule": check.rule,
                 "nonfinite": check.nonfinite})
         return result
 

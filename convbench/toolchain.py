@@ -334,6 +334,7 @@ def make_sdfg(spec: BuildSpec):
     sdfg = program if isinstance(program, dace.SDFG) else program.to_sdfg(simplify=True)
     sdfg.name = spec.name
     spec.impl.schedules[spec.target](sdfg, spec.layer, dict(spec.params))
+    index_single_elements(sdfg)
     if spec.target == "gpu":
         launch.fit_grids(sdfg)
         problems = launch.grid_problems(sdfg)
@@ -341,6 +342,33 @@ def make_sdfg(spec: BuildSpec):
             raise ValueError(f"{spec.name}: " + "; ".join(problems))
     sdfg.validate()
     return sdfg
+
+
+def index_single_elements(sdfg) -> int:
+    """Type as pointers the tasklet connectors that the tasklet's code indexes but whose
+    memlet is one element; returns how many.  DaCe 1.0.2 makes such a connector a scalar
+    and then cannot generate the index ("Missing dimensions in expression"): a whole
+    array read as ``a[i]`` is one element on a layer with one channel or a 1x1x1 filter.
+    A pointer keeps every stride of the array."""
+    import ast
+
+    import dace
+    changed = 0
+    for node, state in sdfg.all_nodes_recursive():
+        if not isinstance(node, dace.nodes.Tasklet) or node.language != dace.Language.Python:
+            continue
+        indexed = {n.value.id for n in ast.walk(ast.parse(node.code.as_string))
+                   if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name)}
+        edges = [(e, e.dst_conn, node.in_connectors) for e in state.in_edges(node)] + \
+                [(e, e.src_conn, node.out_connectors) for e in state.out_edges(node)]
+        for edge, conn, conns in edges:
+            memlet = edge.data
+            if (conn in indexed and memlet.data is not None and memlet.wcr is None
+                    and memlet.subset.num_elements() == 1
+                    and not isinstance(conns.get(conn), dace.pointer)):
+                conns[conn] = dace.pointer(state.sdfg.arrays[memlet.data].dtype)
+                changed += 1
+    return changed
 
 
 def compile_spec(spec: BuildSpec, folder: Path,

@@ -87,7 +87,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Dict
+from typing import TYPE_CHECKING, Dict, Optional
 
 from .layers import Layer
 from .layouts import PASS_SIGNATURE, Pass, from_layout, stored_shape, to_layout
@@ -110,6 +110,12 @@ def _rounding(value) -> Rounding:
     return Rounding(accumulate=float(value))
 
 
+#: The rules a :class:`Check` is judged by: ``l2`` (the ground truth of random inputs:
+#: ``min(||t||_2 + |s|, sum|t|)``), ``sum-abs`` (any inputs, or another float32 result as
+#: the reference: ``sum|t|``) and ``bound`` (an implementation's own error bound).
+RULES = ("l2", "sum-abs", "bound")
+
+
 @dataclasses.dataclass
 class Check:
     """The outcome of comparing one output with its reference."""
@@ -124,10 +130,12 @@ class Check:
     #: elements that are NaN or infinite (unwritten or broken).
     nonfinite: int
     numel: int
+    #: The rule that gave the tolerance (:data:`RULES`).
+    rule: str = ""
 
     def summary(self) -> str:
         text = (f"max abs {self.max_abs:.3e}  max rel {self.max_rel:.3e}  "
-                f"err/tol {self.worst_ratio:.3g}")
+                f"err/tol {self.worst_ratio:.3g}" + (f" ({self.rule})" if self.rule else ""))
         if self.nonfinite:
             text += f"  non-finite {self.nonfinite}/{self.numel}"
         return text
@@ -232,7 +240,8 @@ def truth_for(layer: Layer, pass_: Pass, inputs, device: str = "cpu",
 
 
 def compare(out, truth: GroundTruth, rounding, name: str = "torch-fp64",
-            ref=None, slack: float = 1.0, chunk: int = 1 << 22) -> Check:
+            ref=None, slack: float = 1.0, chunk: int = 1 << 22,
+            rule: Optional[str] = None) -> Check:
     """Check ``out`` (logical layout, any device) against ``ref`` (default: the float64
     ground truth) with the tolerance of the module docstring times ``slack``: the l2
     one against the ground truth of random inputs, the sum|t| one otherwise (another
@@ -240,10 +249,19 @@ def compare(out, truth: GroundTruth, rounding, name: str = "torch-fp64",
     precision's :class:`~convbench.precision.Rounding` (a DType, or a bare unit roundoff
     for float32 sums), which adds the terms of "Other precisions" in the docstring.
 
+    ``rule`` (:data:`RULES`) says which tolerance judges; by default ``l2`` where ``ref``
+    is not given and the truth's inputs are random, else ``sum-abs``.  ``l2`` against a
+    reference other than the ground truth of random inputs is refused.
+
     Works through ``chunk`` elements at a time on the device ``out`` lives on, so that
     large layers need no full-size float64 temporaries beyond the reference itself.
     """
     import torch
+    if rule is None:
+        rule = "l2" if ref is None and truth.random_inputs else "sum-abs"
+    if rule not in RULES[:2] or (rule == "l2" and not truth.random_inputs):
+        raise ValueError(f"compare: rule {rule!r} (l2 needs the ground truth of random "
+                         "inputs; sum-abs holds for any)")
     ref = truth.ref if ref is None else ref
     dev = out.device
     if tuple(out.shape) != tuple(ref.shape):
@@ -251,7 +269,7 @@ def compare(out, truth: GroundTruth, rounding, name: str = "torch-fp64",
     rounding = _rounding(rounding)
     scale = slack * TOL_FACTOR * math.sqrt(truth.reduction_len) * rounding.accumulate
     flat_out, flat_ref = out.detach().reshape(-1), ref.detach().reshape(-1)
-    l2 = truth.random_inputs and ref is truth.ref
+    l2 = rule == "l2"
     flat_abs = truth.absref.reshape(-1)
     flat_l2 = truth.l2ref.reshape(-1) if l2 else None
 
@@ -268,7 +286,8 @@ def compare(out, truth: GroundTruth, rounding, name: str = "torch-fp64",
                    + slack * (rounding.output * r.abs() + rounding.tiny))
         return tol
 
-    return _chunked_check(name, flat_out, flat_ref, dev, chunk, tolerance)
+    return dataclasses.replace(_chunked_check(name, flat_out, flat_ref, dev, chunk, tolerance),
+                               rule=rule)
 
 
 def _chunked_check(name: str, flat_out, flat_ref, dev, chunk: int, tolerance) -> Check:
@@ -390,8 +409,9 @@ def compare_to_bound(out, truth: GroundTruth, bound, name: str = "torch-fp64",
         raise ValueError(f"output {tuple(out.shape)} and bound {tuple(bound.shape)} do not "
                          f"match the reference {tuple(truth.ref.shape)}")
     dev = out.device
-    return _chunked_check(name, flat_out, flat_ref, dev, chunk,
-                          lambda piece, r: flat_bound[piece].to(dev, torch.float64))
+    return dataclasses.replace(
+        _chunked_check(name, flat_out, flat_ref, dev, chunk,
+                       lambda piece, r: flat_bound[piece].to(dev, torch.float64)), rule="bound")
 
 
 def check_result(out, truth: GroundTruth, spec) -> Check:

@@ -124,6 +124,10 @@ ODD_SHAPES = [
     Layer("k5x5x5", 1, 3, 4, 7, 8, 9, 5, 5, 5, pad=2),
     Layer("k_mixed", 1, 2, 3, 6, 5, 9, 3, 1, 5, stride=2, pad=1),
     Layer("single_out", 1, 1, 1, 3, 3, 3, 3, 3, 3),
+    # every dimension 1 but the input's extents: a one-element filter
+    Layer("ones", 1, 1, 1, 4, 4, 4, 1, 1, 1),
+    # a one-deep input and filter (a 2D layer written as 3D), two channels in, three out
+    Layer("depth1", 1, 2, 3, 1, 5, 6, 1, 3, 3),
     # K = 130 > every output-channel tile; GK = 27 * 3 = 81 is a tail for every K step
     Layer("k130_batch3", 3, 3, 130, 5, 6, 4, 3, 3, 3, pad=1),
 ]

@@ -288,7 +288,7 @@ def test_onnx_layers_take_every_3d_convolution(tmp_path):
     assert [name for name, _ in skipped] == ["flat"] and "2D" in skipped[0][1]
 
 
-def test_onnx_layers_need_a_shape_where_the_model_has_none(tmp_path):
+def test_onnx_layers_need_a_shape_where_the_model_has_none(tmp_path, capsys):
     """A dynamic batch: every node is skipped with the reason, until --input-shape fixes
     it; then the written file verifies with profile_conv3d.py."""
     from convbench import cli
@@ -300,8 +300,10 @@ def test_onnx_layers_need_a_shape_where_the_model_has_none(tmp_path):
     assert layers_cmd._main(["--from-onnx", str(path), "--input-shape", "1,2,8,8,8",
                              "--out", str(out)], "convbench layers") == 0
     assert [x.name for x in load_layers(str(out))] == ["enc1", "down", "up"]
+    capsys.readouterr()
     assert cli.main(["--implementation", "implicitGemm", "--paramscsv", str(out),
-                     "--verify"]) == 0
+                     "--verify", "--strict"]) == 0
+    assert "3 passed, 0 failed, 0 unsupported (of 3 layers)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("make, words", [
@@ -323,7 +325,7 @@ def test_bad_onnx_input_is_one_line(tmp_path, make, words):
     assert proc.returncode == 2 and len(lines) == 1 and words in lines[0], proc.stderr
 
 
-def test_a_torch_exported_3d_unet_verifies(tmp_path):
+def test_a_torch_exported_3d_unet_verifies(tmp_path, capsys):
     """A small 3D U-Net, exported to ONNX by torch: its six convolutions (a SAME_UPPER
     one with an even kernel, a transposed one) come out of --from-onnx, and profile_conv3d
     verifies them."""
@@ -360,8 +362,10 @@ def test_a_torch_exported_3d_unet_verifies(tmp_path):
     assert len(layers) == 6 and sum(x.transposed for x in layers) == 1
     dec = next(x for x in layers if "dec" in x.name)
     assert (dec.pads, dec.pads_end) == ((0, 1, 1), (1, 1, 2))
+    capsys.readouterr()
     assert cli.main(["--implementation", "implicitGemm", "--paramscsv", str(out),
-                     "--verify"]) == 0
+                     "--verify", "--strict"]) == 0
+    assert "6 passed, 0 failed, 0 unsupported (of 6 layers)" in capsys.readouterr().out
 
 
 #: torch_conv3d_samples' rows as torch's test suite calls conv3d (kwargs of F.conv3d).

@@ -275,6 +275,39 @@ def test_tolerance_for_other_inputs_is_the_general_one():
     assert not verify.compare(out, truth, u).ok
 
 
+def test_each_check_names_the_rule_that_judged_it():
+    """The rule comes from an argument, not from which object the reference is: a copy
+    of the ground truth passed as the reference is judged by sum|t| and says so; l2
+    where it does not hold is refused; the rule is in the summary line."""
+    layer = POWER_LAYERS[0]
+    truth = verify.make_truth(layer, "bwd_filter", seed=2)
+    other = verify.truth_for(layer, "bwd_filter", truth.inputs)
+    u = toolchain.get_dtype("float32").unit_roundoff
+    out = truth.ref.float()
+    assert verify.compare(out, truth, u).rule == "l2"
+    copied = verify.compare(out, truth, u, ref=truth.ref.clone())
+    assert copied.rule == "sum-abs" and copied.summary().endswith("(sum-abs)")
+    assert verify.compare(out, truth, u, ref=truth.ref.clone(), rule="l2").rule == "l2"
+    with pytest.raises(ValueError, match="l2 needs"):
+        verify.compare(out, other, u, rule="l2")
+    with pytest.raises(ValueError, match="rule"):
+        verify.compare(out, truth, u, rule="loose")
+
+
+#: One channel in and out, a 1x1x1 filter: the filter is one element, which DaCe 1.0.2
+#: made a scalar connector in the tasklets that index it (a code-generation error).
+ONE_ELEMENT_FILTER = Layer("k1c1", 1, 1, 1, 4, 4, 4, 1, 1, 1)
+
+
+@pytest.mark.parametrize("name", ["implicitGemmNCDHWinplace", "directConvNCDHWnobuffer",
+                                  "directConvNCDHWtileIC"])
+def test_a_one_element_filter_verifies(name, builds, reference):
+    check = verify.verify_build(builds(toolchain.make_spec(registry.get(name),
+                                                           ONE_ELEMENT_FILTER)),
+                                reference(ONE_ELEMENT_FILTER))[0]
+    assert check.ok, check.summary()
+
+
 def test_coverage_journal_keeps_a_dead_workers_records(tmp_path, monkeypatch):
     """Each coverage record is journalled as it is made; the controller takes a dead
     worker's records from the journal (a line cut short by the death is dropped), and the
