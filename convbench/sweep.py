@@ -19,7 +19,10 @@ as that command.  docs/sweep.md is the manual; the folder::
 A part is finished when its ``status.json`` says ``complete`` (or ``refused``: it selects
 nothing its implementation supports).  Running the same sweep again into the same folder
 keeps the finished parts and runs the others again: failed ones, and ones whose job was
-killed or timed out (their status still says ``running``).
+killed or timed out (their status still says ``running``) once ``squeue``/``sacct`` (Slurm)
+or the process table (local) confirms that the job ended; one whose job still runs, or
+whose end cannot be confirmed, is left alone.  A part run again keeps its earlier files
+in ``parts/<part>.previous`` until the new run has written its end.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Sequence
 
 from . import schema
 from .errors import UsageError
@@ -231,8 +234,25 @@ class Sweep:
                                                                      default=str))
 
     def pending(self) -> List[Part]:
-        """The parts to run: every one not finished."""
-        return [p for p in self.parts() if self.status(p).get("state") not in FINISHED]
+        """The parts to run: every one not finished, but those whose job may still run."""
+        return self.triage()[0]
+
+    def triage(self):
+        """``(to run, left alone)``: the parts not finished, and of those left ``running``
+        the ones whose job is still running or whose end nobody can confirm (with why),
+        which a re-run leaves alone rather than run twice into one folder."""
+        todo, alone = [], []
+        for part in self.parts():
+            status = self.status(part)
+            if status.get("state") in FINISHED:
+                continue
+            if status.get("state") == RUNNING:
+                alive, how = job_alive(status)
+                if alive is not False:
+                    alone.append((part, how))
+                    continue
+            todo.append(part)
+        return todo, alone
 
     def record_lost(self, part: Part, why: str, logs: Sequence[str] = ()) -> Dict[str, Any]:
         """A part whose job ended without finishing (killed, timed out, never started):
@@ -245,6 +265,54 @@ class Sweep:
         make_folder(self.part_dir(part))
         self.write_status(part, status)
         return status
+
+
+#: Slurm states of a job that has not ended.
+LIVE_SLURM_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED",
+                     "REQUEUED", "REQUEUE_HOLD", "RESIZING", "STOPPED", "SIGNALING"}
+
+
+def job_alive(status: Dict[str, Any]):
+    """``(alive, how)`` for the job that wrote a part's ``running`` status: ``alive`` True,
+    False (it ended), or None (nothing here can tell: no ``squeue`` or ``sacct`` for a
+    Slurm job, a process on another host); ``how`` says what was asked."""
+    job = str(status.get("job_id") or "")
+    if status.get("scheduler") == "slurm" and job:
+        state = _slurm_state(job)
+        if state is None:
+            return None, f"Slurm job {job}: neither squeue nor sacct answered"
+        return state in LIVE_SLURM_STATES, f"Slurm job {job} is {state}"
+    pid, host = status.get("pid"), status.get("host")
+    if not pid or host != platform.node():
+        return None, f"process {pid} on {host}, not this host"
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False, f"process {pid} has ended"
+    except PermissionError:  # someone else's process: alive
+        pass
+    return True, f"process {pid} on this host is running"
+
+
+def _slurm_state(job: str):
+    """The state Slurm gives ``job`` (``ENDED`` where squeue lists it no more), or None
+    where neither ``squeue`` nor ``sacct`` answers."""
+    asks = (["squeue", "-h", "-j", job, "-o", "%T"],
+            ["sacct", "-n", "-X", "-P", "-j", job, "-o", "State"])
+    for cmd in asks:
+        if shutil.which(cmd[0]) is None:
+            continue
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        states = [line.split()[0].rstrip("+") for line in out.stdout.splitlines()
+                  if line.strip()]
+        if out.returncode == 0 and states:
+            return states[0]
+        if cmd[0] == "squeue" and out.returncode == 0:
+            return "ENDED"  # no longer queued; sacct would say how it ended
+    return None
 
 
 def _tail(logs: Sequence[str], lines: int = 15) -> str:
@@ -273,13 +341,19 @@ def run_part(root: str, part_json: Dict[str, Any], phase: str = "run") -> Dict[s
     killed leaves ``running``, which the sweep records as failed."""
     sweep, part = Sweep(root), Part.from_json(part_json)
     folder = sweep.part_dir(part)
+    previous = folder.with_name(folder.name + ".previous")
     if phase == "run" and folder.exists() and part.mode != "campaign":
-        shutil.rmtree(folder)  # a re-run starts from nothing (the campaign resumes itself)
+        # A re-run starts from nothing (the campaign resumes itself); the earlier run's
+        # files are kept aside until this run has written its end.
+        if previous.exists():
+            shutil.rmtree(previous)
+        folder.rename(previous)
     make_folder(folder)
+    slurm = os.environ.get("SLURM_JOB_ID")
     status: Dict[str, Any] = {"state": RUNNING, "phase": phase, "host": platform.node(),
                               "pid": os.getpid(), "started": _now(),
-                              "job_id": os.environ.get("SLURM_JOB_ID")
-                              or os.environ.get("SUBMITIT_LOCAL_JOB_ID"),
+                              "scheduler": "slurm" if slurm else "local",
+                              "job_id": slurm or os.environ.get("SUBMITIT_LOCAL_JOB_ID"),
                               "command": part.argv}
     if phase == "run":
         sweep.write_status(part, status)
@@ -298,6 +372,8 @@ def run_part(root: str, part_json: Dict[str, Any], phase: str = "run") -> Dict[s
     status.update(finished=_now(), seconds=round(time.perf_counter() - t0, 1))
     if phase == "run":
         sweep.write_status(part, status)
+        if previous.exists():
+            shutil.rmtree(previous, ignore_errors=True)
     print(f"part {part.id}: {status['state']}" + (f" ({status['error']})"
                                                   if status.get("error") else ""), flush=True)
     return status
@@ -336,210 +412,6 @@ def _run_campaign(part: Part, out: Path) -> Dict[str, Any]:
     if rc not in (0, 1):  # 1: a case failed its check, which the campaign's table records
         raise RuntimeError(f"the campaign exited with status {rc}")
     return {"campaign_exit": rc}
-
-
-# -- submitting ------------------------------------------------------------------------------
-
-@dataclasses.dataclass
-class ExecutorOptions:
-    """Where and how the jobs run (``convbench sweep``'s executor flags)."""
-
-    executor: str = "local"
-    partition: Optional[str] = None
-    gpus_per_node: Optional[int] = None
-    cpus_per_task: Optional[int] = None
-    #: Minutes a job may run.
-    time: int = 240
-    #: Jobs at a time (local: this many processes; slurm: the array's ``%N``).
-    array_parallelism: int = 1
-    #: Extra ``#SBATCH --KEY=VALUE`` lines.
-    slurm: Dict[str, str] = dataclasses.field(default_factory=dict)
-    #: Commands before the job's Python starts (``module load ...``), slurm only.
-    setup: List[str] = dataclasses.field(default_factory=list)
-
-
-def make_executor(folder: Path, opts: ExecutorOptions, name: str, dependency: str = "",
-                  light: bool = False):
-    """A submitit executor for ``opts`` whose job files go into ``folder``; ``light``: for
-    the merge job (one core, no GPU, half an hour)."""
-    try:
-        import submitit
-    except ImportError:
-        raise UsageError("--executor: submitit is not installed (pip install submitit)") \
-            from None
-    if opts.executor == "slurm" and shutil.which("srun") is None:
-        raise UsageError("--executor slurm: no srun on PATH (run the sweep on a Slurm login "
-                         "node, or use --executor local)")
-    ex = submitit.AutoExecutor(folder=str(folder), cluster=opts.executor)
-    params: Dict[str, Any] = {"timeout_min": opts.time, "name": name}
-    if opts.executor == "slurm":
-        extra = dict(opts.slurm)
-        if dependency:
-            extra["dependency"] = dependency
-        params.update(slurm_array_parallelism=opts.array_parallelism,
-                      slurm_additional_parameters=extra)
-        if opts.partition:
-            params["slurm_partition"] = opts.partition
-        if opts.setup:
-            params["slurm_setup"] = list(opts.setup)
-    if light:
-        params.update(timeout_min=30, cpus_per_task=1)
-        return ex.update_parameters(**params) or ex
-    if opts.gpus_per_node is not None:
-        params["gpus_per_node"] = opts.gpus_per_node
-    if opts.cpus_per_task is not None:
-        params["cpus_per_task"] = opts.cpus_per_task
-    ex.update_parameters(**params)
-    return ex
-
-
-class Submitted:
-    """A job, the part it runs and the phase (``run``, or ``build``)."""
-
-    def __init__(self, part: Part, job, phase: str = "run"):
-        self.part, self.job, self.phase = part, job, phase
-
-    @property
-    def logs(self) -> List[str]:
-        paths = getattr(self.job, "paths", None)
-        if paths is None:
-            return []
-        return [str(p) for p in (paths.stdout, paths.stderr)]
-
-
-def submit(sweep: Sweep, parts: Sequence[Part], opts: ExecutorOptions, phase: str = "run",
-           dependency: str = "") -> List[Submitted]:
-    """Submit ``parts`` as one job array (slurm, debug), or start the first
-    ``array_parallelism`` of them (local: :func:`wait` starts the others as jobs end)."""
-    ex = make_executor(sweep.logs_dir, opts, f"convbench-{phase}", dependency)
-    args = [str(sweep.root)], [p.to_json() for p in parts], [phase]
-    if opts.executor == "local":
-        return [LocalSlot(ex, part, phase, str(sweep.root)) for part in parts]
-    n = len(parts)
-    jobs = ex.map_array(run_part, args[0] * n, args[1], args[2] * n)
-    return [Submitted(p, j, phase) for p, j in zip(parts, jobs)]
-
-
-class LocalSlot(Submitted):
-    """A local part that starts when :func:`wait` gives it a slot (submitit's local
-    executor starts every job at once, which would time the parts against each other)."""
-
-    def __init__(self, ex, part: Part, phase: str, root: str):
-        super().__init__(part, None, phase)
-        self._start = lambda: ex.submit(run_part, root, part.to_json(), phase)
-
-    def start(self) -> None:
-        self.job = self._start()
-
-
-def wait(sweep: Sweep, submitted: Sequence[Submitted], opts: ExecutorOptions,
-         report=print, poll: Optional[float] = None) -> Dict[str, Dict[str, Any]]:
-    """Wait for every job (starting local ones ``array_parallelism`` at a time); a job that
-    ends without its part finishing is recorded as failed with its log.  Returns the
-    statuses by part id.  ``poll``: seconds between looks (default: 0.2 for local
-    processes, whose next part waits on it; 10 on Slurm, where each look asks sacct)."""
-    if poll is None:
-        poll = 10.0 if opts.executor == "slurm" else 0.2
-    waiting = list(submitted)
-    running: List[Submitted] = []
-    done: Dict[str, Dict[str, Any]] = {}
-    try:
-        _wait(sweep, waiting, running, done, opts, report, poll)
-    except KeyboardInterrupt:
-        if opts.executor == "local":  # this machine's jobs stop with the sweep
-            for item in running:
-                try:
-                    item.job.cancel(check=False)
-                except Exception:  # noqa: BLE001 - it may have ended already
-                    pass
-        else:
-            report(f"interrupted: {len(running)} job(s) keep running on the cluster; "
-                   f"convbench sweep --merge {sweep.root} merges them when they end")
-        raise
-    return done
-
-
-def _wait(sweep, waiting, running, done, opts, report, poll) -> None:
-    total, t0 = len(waiting) + len(running), time.time()
-    while waiting or running:
-        while waiting and (not isinstance(waiting[0], LocalSlot)
-                           or len(running) < max(1, opts.array_parallelism)):
-            item = waiting.pop(0)
-            if isinstance(item, LocalSlot):
-                item.start()
-            running.append(item)
-        still = []
-        for item in running:
-            if opts.executor == "debug":
-                _debug_result(item)
-            if not item.job.done():
-                still.append(item)
-                continue
-            status = (_settle(sweep, item) if item.phase == "run"
-                      else _job_result(item))  # a build job writes no status file
-            done[item.part.id] = status
-            report(f"[{len(done)}/{total}] {item.part.id}: {_describe(status)} "
-                   f"({time.time() - t0:.0f}s)")
-        running[:] = still
-        if running:
-            time.sleep(poll)
-
-
-def _settle(sweep: Sweep, item: Submitted) -> Dict[str, Any]:
-    """The status of a part whose job ended: a part left ``running`` is recorded as
-    failed; a failed one gets the job's log files."""
-    status = sweep.status(item.part)
-    if status.get("state") not in FINISHED + (FAILED,):
-        return sweep.record_lost(item.part, _lost_reason(item.job), item.logs)
-    if status.get("state") == FAILED and not status.get("logs") and item.logs:
-        status["logs"] = item.logs
-        sweep.write_status(item.part, status)
-    return status
-
-
-def _job_result(item: Submitted) -> Dict[str, Any]:
-    """What :func:`run_part` returned, or why there is nothing (the job died)."""
-    try:
-        return item.job.result()
-    except Exception:  # noqa: BLE001 - the job's state and log say why
-        return {"state": FAILED, "error": _lost_reason(item.job), "logs": item.logs}
-
-
-def _debug_result(item: Submitted) -> None:
-    try:
-        item.job.result()  # the debug executor runs the job here, in this process
-    except Exception:  # noqa: BLE001 - the part's status says what happened
-        pass
-
-
-def _lost_reason(job) -> str:
-    state = "unknown"
-    try:
-        state = job.state
-    except Exception:  # noqa: BLE001 - the state is only informative
-        pass
-    why = ""
-    try:
-        exc = job.exception()
-        if exc is not None:
-            why = ": " + str(exc).strip().splitlines()[-1][:300]
-    except Exception as err:  # noqa: BLE001 - same
-        why = f": {type(err).__name__}"
-    return f"the job ended before the part finished (job state {state}{why})"
-
-
-def _describe(status: Dict[str, Any]) -> str:
-    state = status.get("state", "?")
-    counts = status.get("counts")
-    text = state
-    if counts:
-        text += (f", {counts['passed']} passed, {counts['failed']} failed, "
-                 f"{counts['unsupported']} unsupported")
-    if status.get("builds"):
-        text += ", builds " + ", ".join(f"{n} {k}" for k, n in sorted(status["builds"].items()))
-    if status.get("error"):
-        text += f": {status['error']}"
-    return text
 
 
 # -- merging ---------------------------------------------------------------------------------

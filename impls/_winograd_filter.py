@@ -29,8 +29,10 @@ import numpy as np
 from convbench import winograd
 from convbench.isa import accumulator_budget, vector_registers
 from impls._blocked import largest_divisor
-from impls._winograd import (R, _matrix, call_map, finish, layer_sdfg, micro_code, padded,
-                             tile_count, tile_padded, tiles, vector_code, vector_of)
+from impls._winograd import (R, _matrix, micro_code, padded, tile_count, tiles, vector_code,
+                             vector_of)
+from impls._winograd_fields import tile_padded
+from impls._winograd_sdfg import call_map, finish, layer_sdfg
 
 M_OUT = 2
 N_IN = M_OUT + R - 1

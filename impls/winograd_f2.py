@@ -5,7 +5,7 @@ the price of a larger rounding error, which its check bounds with
 (docs/winograd.md)."""
 
 from convbench.registry import Implementation, Layout, Pass, register
-from impls import _winograd
+from impls import _winograd, _winograd_fields
 from impls._blocked import cpu_schedule
 
 register(Implementation(
@@ -17,8 +17,8 @@ register(Implementation(
     layout=Layout.NDHWC,
     pass_=Pass.FWD,
     schedules={"cpu": cpu_schedule},
-    params=_winograd.params(),
-    search_space=_winograd.SEARCH_SPACE,
-    registers=_winograd.registers_of(Pass.FWD),
-    **_winograd.pass_fields(Pass.FWD, _winograd.program),
+    params=_winograd_fields.params(),
+    search_space=_winograd_fields.SEARCH_SPACE,
+    registers=_winograd_fields.registers_of(Pass.FWD),
+    **_winograd_fields.pass_fields(Pass.FWD, _winograd.program),
 ))

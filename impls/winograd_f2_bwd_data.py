@@ -7,7 +7,7 @@ filter is transformed, which the kernel does anyway: the original filter's outpu
 channels are already its innermost dimension, the vector dimension of the transform."""
 
 from convbench.registry import Implementation, Layout, Pass, register
-from impls import _winograd
+from impls import _winograd, _winograd_fields
 from impls._blocked import cpu_schedule
 
 register(Implementation(
@@ -17,8 +17,8 @@ register(Implementation(
     layout=Layout.NDHWC,
     pass_=Pass.BWD_DATA,
     schedules={"cpu": cpu_schedule},
-    params=_winograd.params(),
-    search_space=_winograd.SEARCH_SPACE,
-    registers=_winograd.registers_of(Pass.BWD_DATA),
-    **_winograd.pass_fields(Pass.BWD_DATA, _winograd.program),
+    params=_winograd_fields.params(),
+    search_space=_winograd_fields.SEARCH_SPACE,
+    registers=_winograd_fields.registers_of(Pass.BWD_DATA),
+    **_winograd_fields.pass_fields(Pass.BWD_DATA, _winograd.program),
 ))

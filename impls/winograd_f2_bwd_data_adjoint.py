@@ -5,7 +5,7 @@ dL/dx where the patches overlap (:mod:`impls._winograd_adjoint`).  It does the f
 products where ``winogradF2BwdData`` tiles the larger dL/dx of an unpadded layer."""
 
 from convbench.registry import Implementation, Layout, Pass, register
-from impls import _winograd, _winograd_adjoint
+from impls import _winograd, _winograd_adjoint, _winograd_fields
 from impls._blocked import cpu_schedule
 from impls._common import layer_constants
 
@@ -28,7 +28,7 @@ register(Implementation(
     supports=lambda layer, params=None: _winograd.refusal(layer) or None,
     error_bound=lambda layer, inputs, tol_factor=None, random_inputs=False: _winograd_adjoint.bound(
         layer, inputs["y"], inputs["w"]),
-    constraints=_winograd.CONSTRAINTS,
+    constraints=_winograd_fields.CONSTRAINTS,
     anisotropic_pad=True,
     handles=("asymmetric padding",),  # only the output size depends on it
 ))

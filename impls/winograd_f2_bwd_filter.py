@@ -6,7 +6,7 @@ input patch with its 2^3 values of dL/dy: the forward F(2, 3)'s matrices in othe
 tiles (:mod:`impls._winograd_filter`; the error bound in docs/winograd.md)."""
 
 from convbench.registry import Implementation, Layout, Pass, register
-from impls import _winograd, _winograd_filter
+from impls import _winograd, _winograd_fields, _winograd_filter
 from impls._blocked import cpu_schedule
 from impls._common import layer_constants
 
@@ -29,7 +29,7 @@ register(Implementation(
     supports=lambda layer, params=None: _winograd.refusal(layer, algorithm="F(3^3, 2^3)") or None,
     error_bound=lambda layer, inputs, tol_factor, random_inputs=False: _winograd_filter.bound(
         layer, inputs["x"], inputs["y"], tol_factor, random_inputs),
-    constraints=_winograd.CONSTRAINTS,
+    constraints=_winograd_fields.CONSTRAINTS,
     anisotropic_pad=True,
     handles=("asymmetric padding",),  # only the output size depends on it
 ))

@@ -5,7 +5,7 @@ runs the same blocks and threads (slowly), so the CPU check verifies what the GP
 ``winogradF2`` is the CPU kernel."""
 
 from convbench.registry import Implementation, Layout, Pass, register
-from impls import _winograd, _winograd_tiled
+from impls import _winograd_fields, _winograd_tiled
 
 register(Implementation(
     name="winogradF2Tiled",
@@ -17,5 +17,5 @@ register(Implementation(
     schedules={"cpu": _winograd_tiled.schedule("cpu"), "gpu": _winograd_tiled.schedule("gpu")},
     params=_winograd_tiled.params(),
     check_params=_winograd_tiled.check_params,
-    **_winograd.pass_fields(Pass.FWD, _winograd_tiled.program),
+    **_winograd_fields.pass_fields(Pass.FWD, _winograd_tiled.program),
 ))

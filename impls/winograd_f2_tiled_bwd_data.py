@@ -3,7 +3,7 @@ program on the transposed layer (:mod:`impls._transposed`), the filter flipped a
 channels swapped where the filter transform reads it."""
 
 from convbench.registry import Implementation, Layout, Pass, register
-from impls import _winograd, _winograd_tiled
+from impls import _winograd_fields, _winograd_tiled
 
 register(Implementation(
     name="winogradF2TiledBwdData",
@@ -15,5 +15,5 @@ register(Implementation(
                "gpu": _winograd_tiled.schedule("gpu", transposed=True)},
     params=_winograd_tiled.params(),
     check_params=_winograd_tiled.check_params,
-    **_winograd.pass_fields(Pass.BWD_DATA, _winograd_tiled.program),
+    **_winograd_fields.pass_fields(Pass.BWD_DATA, _winograd_tiled.program),
 ))

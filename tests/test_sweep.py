@@ -289,3 +289,79 @@ def test_the_campaign_part_runs_and_resumes_in_its_own_layout(tmp_path, capsys):
     out = tmp_path / "run" / "parts" / "campaign-smoke" / "result"
     assert (out / "campaign.json").is_file()
     assert "1 finished already, 0 to run" in call(*args).stdout
+
+
+# -- a re-run and the parts still running --------------------------------------------------
+
+def _stand_ins(tmp_path, monkeypatch, squeue=None, sacct=None):
+    """``squeue`` and ``sacct`` stand-ins on PATH (None: absent) that print their text,
+    the job's id in it as ``$JOB``; PATH holds nothing else, so the real ones are out."""
+    bin_dir = tmp_path / "slurm-bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, text in (("squeue", squeue), ("sacct", sacct)):
+        path = bin_dir / name
+        if path.exists():
+            path.unlink()
+        if text is not None:
+            path.write_text(f"#!/bin/sh\n{text}\n")
+            path.chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+
+
+def test_a_rerun_leaves_the_parts_whose_job_may_still_run_alone(tmp_path, monkeypatch,
+                                                                layer_csv):
+    """A part left ``running`` runs again only once its job is known to have ended: the
+    local process gone, or Slurm saying so (squeue no longer lists it, sacct gives its
+    end); while it runs, or where nothing can tell, it is left alone."""
+    import platform
+    parts = sweep.plan("verify", FWD + BWD_DATA[:2], [str(layer_csv)], ["float32"], [])
+    root = sweep.Sweep(tmp_path / "run")
+    root.create(parts, {})
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    here = {"host": platform.node(), "scheduler": "local"}
+    statuses = [
+        dict(here, pid=os.getpid()),                            # this process: running
+        dict(here, pid=dead.pid),                               # ended
+        {"scheduler": "slurm", "job_id": "7001", "pid": 1, "host": "node9"},  # per squeue
+        {"scheduler": "slurm", "job_id": "7002", "pid": 1, "host": "node9"},
+        {"pid": 1, "host": "another-host"},                     # nothing can tell
+    ]
+    for part, status in zip(parts, statuses):
+        root.part_dir(part).mkdir(parents=True)
+        root.write_status(part, dict(status, state=sweep.RUNNING))
+    _stand_ins(tmp_path, monkeypatch,
+               squeue='case "$3" in 7001) echo RUNNING;; *) ;; esac',
+               sacct='echo "CANCELLED by 0"')
+    todo, alone = root.triage()
+    assert [p.id for p in todo] == [parts[1].id, parts[3].id]
+    assert [p.id for p, _ in alone] == [parts[0].id, parts[2].id, parts[4].id]
+    assert "Slurm job 7001 is RUNNING" in dict((p.id, how) for p, how in alone)[parts[2].id]
+    # squeue gone, sacct says it ended; then neither: the Slurm job's end is unknown
+    _stand_ins(tmp_path, monkeypatch, squeue=None, sacct='echo "TIMEOUT"')
+    assert parts[2].id in [p.id for p in root.triage()[0]]
+    _stand_ins(tmp_path, monkeypatch, squeue=None, sacct=None)
+    todo, alone = root.triage()
+    assert parts[2].id in [p.id for p, _ in alone] and parts[3].id in [p.id for p, _ in alone]
+
+
+def test_a_part_run_again_keeps_its_earlier_files_until_it_ends(tmp_path, monkeypatch,
+                                                                layer_csv):
+    parts = sweep.plan("verify", FWD[:1], [str(layer_csv)], ["float32"], [])
+    root = sweep.Sweep(tmp_path / "run")
+    root.create(parts, {})
+    folder = root.part_dir(parts[0])
+    folder.mkdir(parents=True)
+    (folder / "records.json").write_text("earlier")
+    seen = {}
+
+    def run(part, out, phase):
+        previous = out.with_name(out.name + ".previous")
+        seen["kept"] = (previous / "records.json").read_text()
+        seen["fresh"] = sorted(p.name for p in out.iterdir())
+        return {"counts": {"passed": 1, "failed": 0, "unsupported": 0}}
+    monkeypatch.setattr(sweep, "_run_experiment", run)
+    status = sweep.run_part(str(root.root), parts[0].to_json())
+    assert status["state"] == sweep.COMPLETE and seen["kept"] == "earlier"
+    assert seen["fresh"] == ["status.json"]
+    assert not folder.with_name(folder.name + ".previous").exists()

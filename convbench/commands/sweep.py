@@ -93,7 +93,8 @@ def _split(values) -> List[str]:
 
 
 def _options(args):
-    from ..sweep import EXECUTORS, ExecutorOptions
+    from ..sweep import EXECUTORS
+    from ..sweep_jobs import ExecutorOptions
     check_choice("--executor", args.executor, EXECUTORS, "executor")
     check_at_least(("--array-parallelism", args.array_parallelism, 1), ("--time", args.time, 1),
                    ("--gpus-per-node", args.gpus_per_node, 0),
@@ -194,8 +195,11 @@ def _main(argv, prog: str = PROG) -> int:
         return 0
     root.create(parts, {"executor": opts.executor, "build_first": args.build_first,
                         "plots": args.enableplots})
-    todo = root.pending()
-    kept = len(parts) - len(todo)
+    todo, alone = root.triage()
+    for part, how in alone:
+        print(f"{part.id}: left alone, it may still run ({how}); it runs again once its job "
+              "has ended", flush=True)
+    kept = len(parts) - len(todo) - len(alone)
     print(f"sweep {root.root}/: {len(parts)} part(s), {kept} finished already, {len(todo)} "
           f"to run (executor {opts.executor}, {opts.array_parallelism} at a time)", flush=True)
     if todo:
@@ -206,28 +210,28 @@ def _main(argv, prog: str = PROG) -> int:
 
 
 def _run(root, todo, opts, args) -> None:
-    from .. import sweep
+    from .. import sweep, sweep_jobs
     dependency = ""
     if args.build_first:
         builds = [p for p in todo if p.mode != "campaign"]
         print(f"builds: {len(builds)} job(s)", flush=True)
-        jobs = sweep.submit(root, builds, opts, phase="build")
+        jobs = sweep_jobs.submit(root, builds, opts, phase="build")
         if args.no_wait:
             dependency = "afterany:" + ":".join(sorted({str(j.job.job_id).split("_")[0]
                                                         for j in jobs}))
         else:
-            sweep.wait(root, jobs, opts, report=lambda line: print("  build " + line,
+            sweep_jobs.wait(root, jobs, opts, report=lambda line: print("  build " + line,
                                                                   flush=True))
-    jobs = sweep.submit(root, todo, opts, dependency=dependency)
+    jobs = sweep_jobs.submit(root, todo, opts, dependency=dependency)
     if args.no_wait:
         ids = sorted({str(j.job.job_id).split("_")[0] for j in jobs})
-        merge = sweep.make_executor(root.logs_dir, opts, "convbench-merge",
+        merge = sweep_jobs.make_executor(root.logs_dir, opts, "convbench-merge",
                                     "afterany:" + ":".join(ids), light=True)
         merge_job = merge.submit(sweep.merge, str(root.root), args.enableplots)
         print(f"submitted job array {', '.join(ids)} ({len(jobs)} part(s)) and merge job "
               f"{merge_job.job_id}; when they end: convbench sweep --merge {root.root}")
         return
-    sweep.wait(root, jobs, opts, report=lambda line: print(line, flush=True))
+    sweep_jobs.wait(root, jobs, opts, report=lambda line: print(line, flush=True))
 
 
 def _merge(root, plots: bool) -> int:
