@@ -307,15 +307,23 @@ def build_model(spec: ModelSpec, size: int, batch: int, dropout: Optional[float]
 Choice = Dict[str, Dict[Pass, str]]  # layer name -> pass -> implementation name (or torch)
 
 
+#: The implementations that handle every layer of the model (groups, dilation, strides,
+#: asymmetric padding: docs/layers.md), the last resort of :func:`default_implementation`.
+GENERAL = {Pass.FWD: "implicitGemm", Pass.BWD_DATA: "implicitGemmBwdData",
+           Pass.BWD_FILTER: "implicitGemmBwdFilter"}
+
+
 def default_implementation(layer: Layer, pass_: Pass, device: str, dtype=None) -> str:
     """On the CPU the fastest implementation of ``pass_`` on ``layer`` as measured here
     (``bench_cpu.py --store``, :func:`convbench.tuning.best_implementation`), else the
     implementation that declares ``network-cpu`` where it supports ``layer``; else (and on
-    the GPU) the one that declares ``network`` (:data:`convbench.registry.ROLES`).  In a
+    the GPU) the one that declares ``network`` (:data:`convbench.registry.ROLES`), else the
+    ``cli`` one, else the general one (:data:`GENERAL`), the first that supports ``layer``.  In a
     precision other than float32 (``dtype``, a :class:`~convbench.precision.DType`), only
     implementations that build for it count; the first role default that does serves."""
     general = registry.default("network", pass_)
-    candidates = [registry.default("network", pass_), registry.default("cli", pass_)]
+    candidates = [registry.default("network", pass_), registry.default("cli", pass_),
+                  GENERAL[Pass(pass_)]]
     if device == "cpu":
         candidates[:0] = [tuning.best_implementation(str(pass_), layer, "cpu"),
                           registry.default("network-cpu", pass_)]

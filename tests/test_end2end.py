@@ -361,3 +361,15 @@ def test_bfloat16_training_step_checks(builds, cachedir, tmp_path):
     assert last.startswith("end2end mlperf 32^3 b2 cpu bfloat16;") and "check passed" in last
     meta = json.loads((tmp_path / "metadata.json").read_text())
     assert meta["precision"]["label"] == "bfloat16" and meta["check"]["ok"]
+
+
+def test_a_layer_the_network_kernels_refuse_takes_the_general_ones():
+    """Groups (which the pipelined kernels, the GPU's network defaults, refuse) fall back
+    to the implementations that handle every layer, not to a kernel that refuses it."""
+    from convbench.layers import Layer
+    grouped = Layer("g", 1, 4, 4, 6, 6, 6, 3, 3, 3, pad=1, groups=2)
+    plain = Layer("p", 1, 4, 4, 6, 6, 6, 3, 3, 3, pad=1)
+    for pass_ in network.PASSES:
+        assert network.default_implementation(grouped, pass_, "gpu") == network.GENERAL[pass_]
+        assert network.default_implementation(plain, pass_, "gpu").startswith(
+            "implicitGemmPipelined")
