@@ -426,10 +426,6 @@ def wgrad_program(layer: Layer, layout: Layout, dtype, params) -> dace.SDFG:
     return sdfg
 
 
-def wgrad_check_params(params) -> Optional[str]:
-    return P.check_params(params)
-
-
 def wgrad_implementation(**fields):
     """The registration of a pipelined filter-gradient kernel."""
     from convbench.registry import Implementation, Pass
@@ -441,5 +437,5 @@ def wgrad_implementation(**fields):
         pass_=Pass.BWD_FILTER,
         algorithm=lambda layer, dtype, values: wgrad_program(layer, layout, dtype, values),
         schedules={t: P.schedule(t, layout, kernel) for t in ("cpu", "gpu")},
-        params=WGRAD_PARAMS, check_params=wgrad_check_params, supports=wgrad_supports,
+        params=WGRAD_PARAMS, check_params=P.check_params, supports=wgrad_supports,
         constraints="one image of the input and of dL/dy below 2^31 elements", **fields)
