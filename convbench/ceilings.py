@@ -124,7 +124,22 @@ def _time_copy(nbytes: int, tdev: str, device: str) -> float:
     return _best_seconds(lambda: dst.copy_(src), 5, device)
 
 
+#: Ceilings measured in this process, per device and thread count (:func:`measure`).
+_MEASURED: Dict[tuple, Dict[str, object]] = {}
+
+
 def measure(device: str) -> Dict[str, object]:
+    """The device's GEMM and copy ceilings (and the CPU's FMA peak), measured once per
+    process, device and thread count: a later run in the same process (a test session, a
+    campaign) reuses them rather than spending seconds on them again."""
+    import torch
+    key = (device, torch.get_num_threads())
+    if key not in _MEASURED:
+        _MEASURED[key] = _measure(device)
+    return dict(_MEASURED[key])
+
+
+def _measure(device: str) -> Dict[str, object]:
     import torch
     if device == "gpu":
         n, copy_bytes, tdev = 8192, 1 << 30, "cuda"

@@ -218,7 +218,8 @@ class Implementation:
     def source_files(self) -> Sequence[str]:
         """Files whose text defines this implementation (for cache keys): the registering
         module, the modules of its algorithm and schedules, and every shared helper module
-        (``_*.py``) of the package it lives in, since helpers import each other."""
+        (``_*.py``) of the package it lives in, since helpers import each other, and the
+        C++ headers of its ``include`` folder that helpers paste into generated code."""
         files = {self.module_file, inspect.getsourcefile(self.algorithm)}
         files.update(inspect.getsourcefile(s) for s in self.schedules.values())
         files.discard(None)
@@ -226,6 +227,7 @@ class Implementation:
         for folder in {os.path.dirname(f) for f in files}:
             if os.path.isfile(os.path.join(folder, "__init__.py")):
                 files.update(str(p) for p in Path(folder).glob("_*.py"))
+                files.update(str(p) for p in Path(folder, "include").glob("*.h"))
         return sorted(os.path.abspath(f) for f in files)
 
 

@@ -9,6 +9,7 @@ as that command.  docs/sweep.md is the manual; the folder::
 
     RUN/sweep.json                        the selection and its parts (written once)
     RUN/parts/<part>/status.json          state, host, times, counts, error, log paths
+    RUN/parts/<part>.job.json             the part's last job as submitted: its id
     RUN/parts/<part>/result/              the part's own result files (profile)
     RUN/parts/<part>/records.json         per layer: status, reason, checks
     RUN/logs/                             submitit's job files and logs
@@ -21,8 +22,10 @@ nothing its implementation supports).  Running the same sweep again into the sam
 keeps the finished parts and runs the others again: failed ones, and ones whose job was
 killed or timed out (their status still says ``running``) once ``squeue``/``sacct`` (Slurm)
 or the process table (local) confirms that the job ended; one whose job still runs, or
-whose end cannot be confirmed, is left alone.  A part run again keeps its earlier files
-in ``parts/<part>.previous`` until the new run has written its end.
+whose end cannot be confirmed, is left alone.  So is a part whose job was submitted but
+has not started it (queued: ``<part>.job.json`` names a job that ``status.json`` does not),
+until that job is known to have ended.  A part run again keeps its earlier files in
+``parts/<part>.previous`` until the new run has written its end.
 """
 
 from __future__ import annotations
@@ -43,14 +46,16 @@ from typing import Any, Dict, Iterable, List, Sequence
 
 from . import schema
 from .errors import UsageError
-from .files import make_folder, write_atomic
+from .files import WriteError, make_folder, write_atomic
 from .results import csv_text
 
 SWEEP_FILE = "sweep.json"
 PARTS_CSV = "parts.csv"
 VERIFY_CSV = "verify.csv"
-#: A part's states.  ``running`` on disk after its job ended means the job died.
+#: A part's states.  ``running`` on disk after its job ended means the job died;
+#: ``submitted``: its job is queued or starting (``<part>.job.json``, not ``status.json``).
 RUNNING, COMPLETE, FAILED, REFUSED = "running", "complete", "failed", "refused"
+SUBMITTED = "submitted"
 FINISHED = (COMPLETE, REFUSED)
 MODES = ("verify", "profile")
 EXECUTORS = ("local", "slurm", "debug")
@@ -233,34 +238,84 @@ class Sweep:
         write_atomic(self.part_dir(part) / "status.json", json.dumps(status, indent=1,
                                                                      default=str))
 
+    def job_file(self, part: Part) -> Path:
+        return self.parts_dir / f"{part.id}.job.json"
+
+    def record_submitted(self, part: Part, scheduler: str, job_id, pid=None) -> None:
+        """The part's job as submitted (Slurm's id; locally the job's process), so that a
+        re-run asks about that job rather than submit the part again while it is queued.
+        The part's own ``status.json`` takes over once the job writes it."""
+        record = {"state": SUBMITTED, "scheduler": scheduler, "job_id": str(job_id),
+                  "host": platform.node(), "submitted": _now()}
+        if pid is not None:
+            record["pid"] = pid
+        make_folder(self.parts_dir)
+        write_atomic(self.job_file(part), json.dumps(record, indent=1))
+
+    def forget_submitted(self, part: Part) -> None:
+        """No record of a job (one that runs in this process: ``debug``)."""
+        try:
+            self.job_file(part).unlink(missing_ok=True)
+        except OSError as err:
+            raise WriteError(self.job_file(part), err) from None
+
+    def queued(self, part: Part, status=None):
+        """The record of the part's last job where that job has not started the part (its
+        ``status.json`` names another job, or there is none), else None."""
+        try:
+            record = json.loads(self.job_file(part).read_text())
+        except (OSError, ValueError):
+            return None
+        status = self.status(part) if status is None else status
+        if status.get("state") in FINISHED or str(status.get("job_id")) == record.get("job_id"):
+            return None
+        return record
+
+    def state(self, part: Part) -> Dict[str, Any]:
+        """The part's status, or its job's record while the job has not started it."""
+        status = self.status(part)
+        return self.queued(part, status) or status
+
     def pending(self) -> List[Part]:
         """The parts to run: every one not finished, but those whose job may still run."""
         return self.triage()[0]
 
     def triage(self):
         """``(to run, left alone)``: the parts not finished, and of those left ``running``
-        the ones whose job is still running or whose end nobody can confirm (with why),
-        which a re-run leaves alone rather than run twice into one folder."""
-        todo, alone = [], []
+        or ``submitted`` the ones whose job is still queued or running or whose end nobody
+        can confirm (with why), which a re-run leaves alone rather than run twice."""
+        todo, alone, _ = self.review()
+        return todo, [(part, how) for part, how, _ in alone]
+
+    def review(self):
+        """``(to run, left alone, ended)``: :meth:`triage` with ``(part, how, state)`` for
+        each left alone, and the same for the parts to run whose job ended unfinished."""
+        todo, alone, ended = [], [], []
         for part in self.parts():
             status = self.status(part)
             if status.get("state") in FINISHED:
                 continue
-            if status.get("state") == RUNNING:
-                alive, how = job_alive(status)
+            job = self.queued(part, status) or status
+            if job.get("state") in (RUNNING, SUBMITTED):
+                alive, how = job_alive(job)
+                (ended if alive is False else alone).append((part, how, job["state"]))
                 if alive is not False:
-                    alone.append((part, how))
                     continue
             todo.append(part)
-        return todo, alone
+        return todo, alone, ended
 
     def record_lost(self, part: Part, why: str, logs: Sequence[str] = ()) -> Dict[str, Any]:
         """A part whose job ended without finishing (killed, timed out, never started):
-        marked failed, with the job's state and log; its results stay until it runs again."""
+        marked failed, with the job's state and log; its results stay until it runs again.
+        A job that never started the part leaves its record, not an earlier run's status."""
         status = self.status(part)
-        if status.get("state") in FINISHED + (FAILED,):
+        queued = self.queued(part, status)
+        if queued is not None:
+            status = dict(queued)
+        elif status.get("state") in FINISHED + (FAILED,):
             return status
-        status.update(state=FAILED, error=why, logs=list(logs), recorded=_now(),
+        logs = [log for log in logs if os.path.exists(log)]
+        status.update(state=FAILED, error=why, logs=logs, recorded=_now(),
                       log_tail=_tail(logs))
         make_folder(self.part_dir(part))
         self.write_status(part, status)
@@ -350,6 +405,10 @@ def run_part(root: str, part_json: Dict[str, Any], phase: str = "run") -> Dict[s
         folder.rename(previous)
     make_folder(folder)
     slurm = os.environ.get("SLURM_JOB_ID")
+    task = os.environ.get("SLURM_ARRAY_TASK_ID")
+    if slurm and task:  # an array element: ARRAY_INDEX, which squeue and sacct take for this
+        # element alone (the first element's SLURM_JOB_ID is the array's: every element)
+        slurm = f"{os.environ.get('SLURM_ARRAY_JOB_ID', slurm)}_{task}"
     status: Dict[str, Any] = {"state": RUNNING, "phase": phase, "host": platform.node(),
                               "pid": os.getpid(), "started": _now(),
                               "scheduler": "slurm" if slurm else "local",
@@ -423,7 +482,7 @@ def merge(root: os.PathLike, plots: bool = False, report=print) -> Dict[str, Any
     run the sweep again to run them.  Returns ``{"groups": ..., "states": ...}``."""
     sweep = Sweep(root)
     parts = sweep.parts()
-    states = {p.id: sweep.status(p) for p in parts}
+    states = {p.id: sweep.state(p) for p in parts}
     _write_parts_csv(sweep, parts, states)
     groups: Dict[str, List[Part]] = {}
     for part in parts:

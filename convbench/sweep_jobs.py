@@ -6,6 +6,7 @@ died is recorded as failed, with the job's log).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import shutil
 import time
@@ -84,14 +85,20 @@ class Submitted:
 
 def submit(sweep: Sweep, parts: Sequence[Part], opts: ExecutorOptions, phase: str = "run",
            dependency: str = "") -> List[Submitted]:
-    """Submit ``parts`` as one job array (slurm, debug), or start the first
-    ``array_parallelism`` of them (local: :func:`wait` starts the others as jobs end)."""
+    """Submit ``parts`` as one job array (slurm, debug; one part: a plain job), or start
+    the first ``array_parallelism`` of them (local: :func:`wait` starts the others as jobs
+    end).  Each part's run job is recorded as submitted (:meth:`Sweep.record_submitted`)."""
     ex = make_executor(sweep.logs_dir, opts, f"convbench-{phase}", dependency)
     args = [str(sweep.root)], [p.to_json() for p in parts], [phase]
     if opts.executor == "local":
         return [LocalSlot(ex, part, phase, str(sweep.root)) for part in parts]
     n = len(parts)
     jobs = ex.map_array(run_part, args[0] * n, args[1], args[2] * n)
+    for part, job in zip(parts, jobs):
+        if phase == "run" and opts.executor == "slurm":  # ARRAYID_INDEX, or the job's id
+            sweep.record_submitted(part, "slurm", job.job_id)
+        elif phase == "run":  # debug: runs in this process, nothing to ask about later
+            sweep.forget_submitted(part)
     return [Submitted(p, j, phase) for p, j in zip(parts, jobs)]
 
 
@@ -102,9 +109,13 @@ class LocalSlot(Submitted):
     def __init__(self, ex, part: Part, phase: str, root: str):
         super().__init__(part, None, phase)
         self._start = lambda: ex.submit(run_part, root, part.to_json(), phase)
+        self.root = root
 
     def start(self) -> None:
         self.job = self._start()
+        if self.phase == "run":  # the job's id is its process's (SUBMITIT_LOCAL_JOB_ID)
+            Sweep(self.root).record_submitted(self.part, "local", self.job.job_id,
+                                              pid=int(self.job.job_id))
 
 
 def wait(sweep: Sweep, submitted: Sequence[Submitted], opts: ExecutorOptions,
@@ -127,6 +138,9 @@ def wait(sweep: Sweep, submitted: Sequence[Submitted], opts: ExecutorOptions,
                     item.job.cancel(check=False)
                 except Exception:  # noqa: BLE001 - it may have ended already
                     pass
+        elif any(item.phase == "build" for item in submitted):  # no run job submitted yet
+            report(f"interrupted: {len(running)} build job(s) keep running on the cluster; "
+                   f"no part was submitted: run the same sweep again to submit them")
         else:
             report(f"interrupted: {len(running)} job(s) keep running on the cluster; "
                    f"convbench sweep --merge {sweep.root} merges them when they end")
@@ -161,10 +175,13 @@ def _wait(sweep, waiting, running, done, opts, report, poll) -> None:
 
 
 def _settle(sweep: Sweep, item: Submitted) -> Dict[str, Any]:
-    """The status of a part whose job ended: a part left ``running`` is recorded as
-    failed; a failed one gets the job's log files."""
+    """The status of a part whose job ended: a part left ``running``, or not started by
+    the job (an earlier run's status), is recorded as failed; a failed one gets the job's
+    log files."""
     status = sweep.status(item.part)
-    if status.get("state") not in FINISHED + (FAILED,):
+    if status.get("state") in FINISHED:
+        return status
+    if status.get("state") != FAILED or sweep.queued(item.part, status) is not None:
         return sweep.record_lost(item.part, _lost_reason(item.job), item.logs)
     if status.get("state") == FAILED and not status.get("logs") and item.logs:
         status["logs"] = item.logs
@@ -174,10 +191,12 @@ def _settle(sweep: Sweep, item: Submitted) -> Dict[str, Any]:
 
 def _job_result(item: Submitted) -> Dict[str, Any]:
     """What :func:`run_part` returned, or why there is nothing (the job died)."""
-    try:
-        return item.job.result()
-    except Exception:  # noqa: BLE001 - the job's state and log say why
-        return {"state": FAILED, "error": _lost_reason(item.job), "logs": item.logs}
+    if not _no_result(item.job, _state(item.job)):
+        try:
+            return item.job.result()
+        except Exception:  # noqa: BLE001 - the job's state and log say why
+            pass
+    return {"state": FAILED, "error": _lost_reason(item.job), "logs": item.logs}
 
 
 def _debug_result(item: Submitted) -> None:
@@ -187,19 +206,50 @@ def _debug_result(item: Submitted) -> None:
         pass
 
 
-def _lost_reason(job) -> str:
-    state = "unknown"
+#: Slurm's states of a job it ended itself: the job wrote no result and will write none.
+KILLED_STATES = {"CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
+                 "BOOT_FAIL", "DEADLINE"}
+
+
+def _state(job) -> str:
     try:
-        state = job.state
+        return str(job.state)
     except Exception:  # noqa: BLE001 - the state is only informative
-        pass
-    why = ""
+        return "unknown"
+
+
+def _no_result(job, state: str) -> bool:
+    """Whether the job ended without a result file that will never come: Slurm killed
+    it, or a local process ended (its files are this machine's).  Then submitit's wait for
+    the file (15 s, for a shared file system's lag) is spared."""
+    paths = getattr(job, "paths", None)
+    if paths is None or paths.result_pickle.exists():
+        return False
+    name = (state.split() or [""])[0].rstrip("+")
+    return name in KILLED_STATES or type(job).__name__ == "LocalJob"
+
+
+def _last_line(path) -> str:
     try:
-        exc = job.exception()
-        if exc is not None:
-            why = ": " + str(exc).strip().splitlines()[-1][:300]
-    except Exception as err:  # noqa: BLE001 - same
-        why = f": {type(err).__name__}"
+        with open(path, errors="replace") as f:
+            lines = [line.strip() for line in collections.deque(f, 40) if line.strip()]
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""
+
+
+def _lost_reason(job) -> str:
+    state, why = _state(job), ""
+    if _no_result(job, state):  # the log's last line, as submitit's exception ends
+        why = _last_line(job.paths.stderr) or _last_line(job.paths.stdout)
+        why = f": {why[:300]}" if why else ""
+    else:
+        try:
+            exc = job.exception()
+            if exc is not None:
+                why = ": " + str(exc).strip().splitlines()[-1][:300]
+        except Exception as err:  # noqa: BLE001 - the log says more
+            why = f": {type(err).__name__}"
     return f"the job ended before the part finished (job state {state}{why})"
 
 

@@ -135,12 +135,33 @@ def path_roundings(m: int, channels: int, points: Sequence = ()) -> int:
             + 1 + (channels - 1))
 
 
+def gamma(n: int, unit_roundoff: float = 2.0 ** -24) -> float:
+    """``gamma_n = n u / (1 - n u)``: the most ``n`` roundings move a product of values."""
+    return n * unit_roundoff / (1 - n * unit_roundoff)
+
+
+def _composed(left, right, u):
+    """``kern[k, c, o1, o2, o3, q1, q2, q3] = sum_abc u[k, c, a, b, c] prod_axis left[a, o]
+    right[a, q]``: a filter-domain array ``u`` [K, C, n, n, n] between two transforms along
+    each axis (``left`` [n, O], ``right`` [n, Q]), as three contractions of two operands
+    each (one einsum of seven takes seconds on a deep layer)."""
+    import torch
+    m3 = left[:, :, None] * right[:, None, :]  # [n, O, Q]
+    y = torch.einsum("aip,kxabc->kxbcip", m3, u)
+    y = torch.einsum("bjq,kxbcip->kxcipjq", m3, y)
+    y = torch.einsum("clr,kxcipjq->kxijlpqr", m3, y)
+    return y
+
+
 def error_bound(x, w, m: int = 2, points: Sequence = (),
-                unit_roundoff: float = 2.0 ** -24) -> np.ndarray:
-    """A rigorous bound on each output element's error of F(m^3, 3^3) in a precision of
-    unit roundoff ``u``, per output element: ``gamma_n Y_abs``, with ``n`` =
-    :func:`path_roundings` and ``gamma_n = n u / (1 - n u)``, and ``Y_abs`` the same algorithm in
-    float64 on ``|x|``, ``|w|`` and the transforms' absolute values.
+                unit_roundoff: float = 2.0 ** -24, tol_factor: float = 0.0,
+                random_inputs: bool = False) -> np.ndarray:
+    """A bound on each output element's error of F(m^3, 3^3) in a precision of unit
+    roundoff ``u``.  With ``random_inputs`` (the harness's: independent, symmetric about
+    zero) and a ``tol_factor``, the smaller of the statistical one
+    (:func:`statistical_bound`) and the rigorous one; otherwise the rigorous one, ``gamma_n Y_abs``, with ``n`` = :func:`path_roundings`
+    and ``Y_abs`` the same algorithm in float64 on ``|x|``, ``|w|`` and the transforms'
+    absolute values.
 
     Each term of the result is a product of input, filter and transform values carried
     through at most ``n`` roundings, each a factor ``(1 + delta)`` with ``|delta| <= u``;
@@ -155,8 +176,10 @@ def error_bound(x, w, m: int = 2, points: Sequence = (),
     float64 ground truth.  ``x`` (N, C, D, H, W; padded) and ``w`` (K, C, 3, 3, 3): numpy
     or torch."""
     import torch
+    if random_inputs and tol_factor:  # both hold: the smaller, element by element
+        return np.minimum(statistical_bound(x, w, m, points, unit_roundoff, tol_factor).numpy(),
+                          error_bound(x, w, m, points, unit_roundoff))
     n = path_roundings(m, x.shape[1], points)
-    gamma = n * unit_roundoff / (1 - n * unit_roundoff)
     at, g, bt = (torch.from_numpy(np.abs(a)) for a in transforms(m, 3, points))
     xa = torch.as_tensor(x).to(torch.float64).abs()
     wa = torch.as_tensor(w).to(torch.float64).abs()
@@ -165,12 +188,87 @@ def error_bound(x, w, m: int = 2, points: Sequence = (),
     # |U| = |G| (x) 3 |w|: [K, C, t, t, t]
     u = torch.einsum("ad,be,cf,kxdef->kxabc", g, g, g, wa)
     # kernel[o1, o2, o3, k, c, q1, q2, q3] = sum_p |A|[o, p] |U|[k, c, p] |B^T|[p, q]
-    kern = torch.einsum("ia,jb,lc,kxabc,ad,be,cf->ijlkxdef", at, at, at, u, bt, bt, bt)
+    kern = _composed(at.T, bt, u).permute(2, 3, 4, 0, 1, 5, 6, 7)  # o1 o2 o3 K C q1 q2 q3
     kern = kern.reshape(m ** 3 * K, C, t, t, t)
     y = torch.nn.functional.conv3d(xa, kern, stride=m)  # [N, m^3 K, TD, TH, TW]
     N, _, TD, TH, TW = y.shape
     y = y.reshape(N, m, m, m, K, TD, TH, TW).permute(0, 4, 5, 1, 6, 2, 7, 3)
-    return (gamma * y.reshape(N, K, TD * m, TH * m, TW * m)).numpy()
+    return (gamma(n, unit_roundoff) * y.reshape(N, K, TD * m, TH * m, TW * m)).numpy()
+
+
+#: Elements of one float64 work array of the statistical bounds (a slab of tile planes).
+SLAB_ELEMENTS = 1 << 22
+
+
+def _along(mats, t, spec: str):
+    """``t`` with ``mats`` (one per axis) applied along three axes, by ``spec`` (an einsum
+    whose three leading operands are the matrices)."""
+    import torch
+    return torch.einsum(spec, *mats, t)
+
+
+def _domain_sums(u, v, ua, va, terms: int, n0: int, unit_roundoff: float,
+                 tol_factor: float):
+    """Per transform point, the error bound of a sum of ``terms`` products ``u v`` over
+    their shared index (the channels): ``gamma_n0 S + tol_factor sqrt(terms) u E``, with
+    ``S = |U| |V|`` (every term's magnitude through the transforms' absolute values) and
+    ``E = min(sqrt(U^2 V^2) + |U V|, S)`` (:mod:`convbench.verify`'s model of a long sum).
+    ``u``: [P, I, J], ``v``: [P, J, X] (``ua``, ``va`` their bounds in magnitude); the
+    result [P, I, X]."""
+    import torch
+    s = torch.bmm(ua, va)
+    e = torch.bmm(u * u, v * v).sqrt_().add_(torch.bmm(u, v).abs_())
+    e = torch.minimum(e, s)
+    return s.mul_(gamma(n0, unit_roundoff)).add_(
+        e, alpha=tol_factor * math.sqrt(terms) * unit_roundoff)
+
+
+def statistical_bound(x, w, m: int = 2, points: Sequence = (),
+                      unit_roundoff: float = 2.0 ** -24, tol_factor: float = 8.0):
+    """The forward F(m^3, 3^3)'s bound on random inputs, as a float64 torch tensor shaped
+    like the output.
+
+    A result element is ``A^T [M]`` along three axes, ``M_p = sum_c P_cp`` the channel sum
+    at transform point ``p`` of the products ``P_cp = U_cp V_cp``.  Everything outside that
+    sum (both operands' transforms, the product, the output transform: ``n0`` =
+    :func:`path_roundings` at one channel) keeps its rigorous bound, ``gamma_n0 S_p`` with
+    ``S_p = sum_c |U_cp| |V_cp|`` through the transforms' absolute values.  The ``C``-term
+    sum itself gets :mod:`convbench.verify`'s model of a long sum of independent terms
+    with mean zero (the channels' inputs are), with its safety factor ``tol_factor``:
+    ``tol_factor sqrt(C) u min(||P_p||_2 + |M_p|, S_p)``.  The bound is the sum of both
+    terms carried through ``|A^T|``.  Where the rigorous bound grows as ``C u`` times the
+    magnitudes, this one grows as ``sqrt(C) u`` times the result's scale, as the direct
+    sums' tolerance does: a result 1% off, or without 1% of its terms, fails it at every
+    channel count.  ``x`` (N, C, D, H, W; padded), ``w`` (K, C, 3, 3, 3): numpy or torch."""
+    import torch
+    at, g, bt = (torch.from_numpy(a) for a in transforms(m, 3, points))
+    n = m + 2
+    P = n ** 3
+    xs, ws = (torch.as_tensor(a).to(torch.float64) for a in (x, w))
+    N, C = xs.shape[:2]
+    K = ws.shape[0]
+    TD, TH, TW = ((s - 2) // m for s in xs.shape[2:])
+    if any((s - 2) % m for s in xs.shape[2:]):
+        raise ValueError(f"output {tuple(s - 2 for s in xs.shape[2:])} is not a multiple of "
+                         f"the tile {m}")
+    spec = "ad,be,cf,kxdef->abckx"
+    u = _along((g, g, g), ws, spec).reshape(P, K, C)
+    ua = _along((g.abs(),) * 3, ws.abs(), spec).reshape(P, K, C)
+    tiles = xs.unfold(2, n, m).unfold(3, n, m).unfold(4, n, m)  # N, C, TD, TH, TW, n, n, n
+    n0 = path_roundings(m, 1, points)
+    out = torch.empty(N, K, TD, TH, TW, m, m, m, dtype=torch.float64)
+    slab = max(1, SLAB_ELEMENTS // (P * N * max(K, C) * TH * TW))
+    spec = "pa,qb,rc,nxsuvabc->pqrxnsuv"
+    for d0 in range(0, TD, slab):
+        d1 = min(TD, d0 + slab)
+        t = tiles[:, :, d0:d1]
+        v = _along((bt, bt, bt), t, spec).reshape(P, C, -1)
+        va = _along((bt.abs(),) * 3, t.abs(), spec).reshape(P, C, -1)
+        inner = _domain_sums(u, v, ua, va, C, n0, unit_roundoff, tol_factor)  # P, K, N t
+        y = _along((at.abs(),) * 3, inner.reshape(n, n, n, K, N, -1),
+                   "ia,jb,lc,abcknt->nktijl")
+        out[:, :, d0:d1] = y.reshape(N, K, d1 - d0, TH, TW, m, m, m)
+    return out.permute(0, 1, 2, 5, 3, 6, 4, 7).reshape(N, K, TD * m, TH * m, TW * m)
 
 
 def filter_gradient_bound(x, dy, tol_factor: float, random_inputs: bool = False,
@@ -223,12 +321,19 @@ def filter_gradient_bound(x, dy, tol_factor: float, random_inputs: bool = False,
     tiles = N * (OD // 2) * (OH // 2) * (OW // 2)
     s = sums["abs"]
     e = torch.minimum(sums["sq"].sqrt() + sums["signed"].abs(), s) if random_inputs else s
-    gamma = n * u / (1 - n * u)
-    inner = (gamma * s + tol_factor * math.sqrt(tiles) * u * e).reshape(4, 4, 4, K, C)
+    inner = (gamma(n, u) * s + tol_factor * math.sqrt(tiles) * u * e).reshape(4, 4, 4, K, C)
     return torch.einsum("ap,bq,er,pqrkx->kxabe", GT.abs(), GT.abs(), GT.abs(), inner).numpy()
 
 
-def adjoint_error_bound(dy, w, out_shape, pads, unit_roundoff: float = 2.0 ** -24):
+def _adjoint_roundings(channels: int) -> int:
+    """The adjoint's roundings per term (see :func:`adjoint_error_bound`)."""
+    at, g, bt = transforms(2, 3)
+    return (3 * (roundings_per_axis(g) + roundings_per_axis(at.T) + roundings_per_axis(bt.T))
+            + 1 + (channels - 1) + 7)
+
+
+def adjoint_error_bound(dy, w, out_shape, pads, unit_roundoff: float = 2.0 ** -24,
+                        tol_factor: float = 0.0, random_inputs: bool = False):
     """A bound on each element's error of dL/dx by the forward F(2^3, 3^3)'s adjoint (the
     kernel ``winogradF2BwdDataAdjoint``): per forward tile, ``B [sum_k U_k (A dy_k)]`` added
     into dL/dx where the 4^3 patches overlap.  ``dy`` (N, K, OD, OH, OW), ``w`` (K, C, 3, 3,
@@ -239,20 +344,24 @@ def adjoint_error_bound(dy, w, out_shape, pads, unit_roundoff: float = 2.0 ** -2
     dy's and the patch's transforms, the product, the ``K - 1`` additions over the output
     channels and the 7 that add up to eight overlapping patches; ``Y_abs`` is the same
     algorithm in float64 on absolute values, computed as one transposed convolution of
-    dy's tiles (8 K channels) with the composed kernel at stride 2."""
+    dy's tiles (8 K channels) with the composed kernel at stride 2.  With
+    ``random_inputs`` and a ``tol_factor``, the smaller of that and the statistical bound
+    (:func:`adjoint_statistical_bound`: :func:`statistical_bound`'s argument for the sum
+    over the ``K`` output channels)."""
     import torch
+    if random_inputs and tol_factor:  # both hold: the smaller, element by element
+        return np.minimum(adjoint_statistical_bound(dy, w, out_shape, pads, unit_roundoff,
+                                                    tol_factor).numpy(),
+                          adjoint_error_bound(dy, w, out_shape, pads, unit_roundoff))
     at, g, bt = transforms(2, 3)
     a, b = at.T, bt.T
     wa = torch.as_tensor(w).to(torch.float64).abs()
     da = torch.as_tensor(dy).to(torch.float64).abs()
     K, C = wa.shape[:2]
-    n = 3 * (roundings_per_axis(g) + roundings_per_axis(a) + roundings_per_axis(b)) + 1 \
-        + (K - 1) + 7
-    gamma = n * unit_roundoff / (1 - n * unit_roundoff)
     G, A, B = (torch.from_numpy(np.abs(mat)) for mat in (g, a, b))
     u = torch.einsum("ad,be,cf,kxdef->kxabc", G, G, G, wa)
     # kern[k, o, c, q] = sum_p |B|[q, p] |U|[k, c, p] |A|[p, o] (o: a tile's pixel)
-    kern = torch.einsum("qa,rb,sc,kxabc,ai,bj,cl->kijlxqrs", B, B, B, u, A, A, A)
+    kern = _composed(A, B.T, u).permute(0, 2, 3, 4, 1, 5, 6, 7)  # K o1 o2 o3 C q1 q2 q3
     kern = kern.reshape(K * 8, C, 4, 4, 4)
     N, _, OD, OH, OW = da.shape
     da = torch.nn.functional.pad(da, (0, OW % 2, 0, OH % 2, 0, OD % 2))
@@ -260,4 +369,44 @@ def adjoint_error_bound(dy, w, out_shape, pads, unit_roundoff: float = 2.0 ** -2
     tiles = da.reshape(N, K, TD, 2, TH, 2, TW, 2).permute(0, 1, 3, 5, 7, 2, 4, 6)
     y = torch.nn.functional.conv_transpose3d(tiles.reshape(N, K * 8, TD, TH, TW), kern, stride=2)
     (D, H, W), (pd, ph, pw) = out_shape, pads
-    return (gamma * y[:, :, pd:pd + D, ph:ph + H, pw:pw + W]).numpy()
+    return gamma(_adjoint_roundings(K), unit_roundoff) * y[:, :, pd:pd + D, ph:ph + H,
+                                                            pw:pw + W].numpy()
+
+
+def adjoint_statistical_bound(dy, w, out_shape, pads, unit_roundoff: float = 2.0 ** -24,
+                              tol_factor: float = 8.0):
+    """:func:`adjoint_error_bound` on random inputs, a float64 torch tensor: per forward
+    tile and transform point, ``gamma_n0 S + tol_factor sqrt(K) u E`` for the sum over the
+    ``K`` output channels (``n0``: every rounding but that sum's), carried through ``|B|``
+    and added where the patches overlap."""
+    import torch
+    at, g, bt = (torch.from_numpy(mat) for mat in transforms(2, 3))
+    a, b = at.T, bt.T
+    ws = torch.as_tensor(w).to(torch.float64)
+    ds = torch.as_tensor(dy).to(torch.float64)
+    K, C = ws.shape[:2]
+    N, _, OD, OH, OW = ds.shape
+    spec = "ad,be,cf,kxdef->abcxk"  # U^T per point: [P, C, K]
+    u = _along((g, g, g), ws, spec).reshape(64, C, K)
+    ua = _along((g.abs(),) * 3, ws.abs(), spec).reshape(64, C, K)
+    ds = torch.nn.functional.pad(ds, (0, OW % 2, 0, OH % 2, 0, OD % 2))
+    TD, TH, TW = (-(-s // 2) for s in (OD, OH, OW))
+    tiles = ds.reshape(N, K, TD, 2, TH, 2, TW, 2)
+    patch = torch.einsum("ia,jb,lc->abcijl", b.abs(), b.abs(), b.abs()).reshape(64, 1, 4, 4, 4)
+    patch = patch.repeat(C, 1, 1, 1, 1)  # [C * 64, 1, 4, 4, 4]: |B| along 3 axes per point
+    n0 = _adjoint_roundings(1)
+    out = torch.zeros(N, C, 2 * TD + 2, 2 * TH + 2, 2 * TW + 2, dtype=torch.float64)
+    slab = max(1, SLAB_ELEMENTS // (64 * N * max(K, C) * TH * TW))
+    spec = "pa,qb,rc,nksaubvc->pqrknsuv"
+    for d0 in range(0, TD, slab):
+        d1 = min(TD, d0 + slab)
+        t = tiles[:, :, d0:d1]
+        v = _along((a, a, a), t, spec).reshape(64, K, -1)
+        va = _along((a.abs(),) * 3, t.abs(), spec).reshape(64, K, -1)
+        inner = _domain_sums(u, v, ua, va, K, n0, unit_roundoff, tol_factor)  # 64, C, N t
+        inner = inner.reshape(64, C, N, d1 - d0, TH, TW).permute(2, 1, 0, 3, 4, 5)
+        y = torch.nn.functional.conv_transpose3d(
+            inner.reshape(N, C * 64, d1 - d0, TH, TW), patch, stride=2, groups=C)
+        out[:, :, 2 * d0:2 * d1 + 2] += y
+    (D, H, W), (pd, ph, pw) = out_shape, pads
+    return out[:, :, pd:pd + D, ph:ph + H, pw:pw + W].contiguous()

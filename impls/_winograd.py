@@ -27,6 +27,10 @@ memory at all, the choice for layers of few tiles and many channels, where ``U``
 be the largest array of the call).  Training changes the filter every step, so neither
 keeps it across calls.
 
+The kernel's C++ is ``include/winograd_forward.h`` (and ``include/winograd_common.h``, which
+the other Winograd CPU kernels share); :func:`global_code` puts a prelude of the layer's
+and the blocking's constants before it.
+
 ``flip``: the data gradient of a stride-1 layer, the same kernel on the transposed layer
 (:mod:`impls._transposed`) with the original filter ``w[k, taps, c]`` read flipped in
 space and with its channels swapped while it is transformed.
@@ -189,47 +193,40 @@ def padded(floats: int) -> int:
     return floats + 16
 
 
+#: The C++ the Winograd kernels share and the forward kernel (``impls/include``), included
+#: by content in each kernel's generated code (so each build's source, and the cache's
+#: hash of the package's files, holds them).
+INCLUDE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "include")
+
+
+def header(name: str) -> str:
+    """The text of ``impls/include/<name>``."""
+    with open(os.path.join(INCLUDE, name)) as f:
+        return f.read()
+
+
 def vector_code(vl: int) -> str:
     """The C++ every Winograd kernel starts with: the vector types of ``vl`` floats, the
-    in-register transposition and the transform passes."""
+    in-register transposition, the transform passes and the GEMM step
+    (``include/winograd_common.h``)."""
     return "\n".join([f"typedef float wg_v __attribute__((vector_size({4 * vl})));",
                       f"typedef float wg_vu __attribute__((vector_size({4 * vl}), aligned(4)));",
-                      f"static constexpr int VL = {vl};", transpose_code(vl), PASSES])
+                      f"static constexpr int VL = {vl};", transpose_code(vl),
+                      header("winograd_common.h")])
 
 
 def micro_code(name: str, nv: int, vl: int, row_b: int, step_b: int, step_v: int,
                row_m: int) -> str:
-    """``name<RR>(b, v, m, n, add)``: the register-blocked GEMM step of every Winograd
-    kernel, ``m[r][NV VL] (+)= sum_{j < n} b[r row_b + j step_b] v[j step_v + .]`` for ``RR``
-    rows: ``RR x nv`` accumulator vectors, one broadcast of ``b`` per row and reduction
-    step, ``nv`` vectors of ``v`` per step.  ``add``: start from ``m`` instead of zeros.
-    Inlined where it is called, so a constant ``n`` or ``add`` folds there."""
+    """``name<RR>(b, v, m, n, add)``: the register-blocked GEMM step of a Winograd kernel,
+    ``m[r][NV VL] (+)= sum_{j < n} b[r row_b + j step_b] v[j step_v + .]`` for ``RR`` rows
+    (``wg_gemm`` of ``include/winograd_common.h`` with these strides; ``vl`` is the
+    kernel's ``VL``)."""
     return f"""
 template <int RR>
 static inline __attribute__((always_inline)) void {name}(
         const float* __restrict b, const float* __restrict v, float* __restrict m, int n,
         bool add) {{
-    wg_v acc[RR][{nv}];
-    #pragma GCC unroll 32
-    for (int r = 0; r < RR; ++r)
-        #pragma GCC unroll 8
-        for (int q = 0; q < {nv}; ++q)
-            acc[r][q] = add ? *(const wg_vu*)(m + (long)r * {row_m} + q * {vl}) : (wg_v){{}};
-    for (int j = 0; j < n; ++j) {{
-        wg_v w[{nv}];
-        #pragma GCC unroll 8
-        for (int q = 0; q < {nv}; ++q) w[q] = *(const wg_vu*)(v + (long)j * {step_v} + q * {vl});
-        #pragma GCC unroll 32
-        for (int r = 0; r < RR; ++r) {{
-            const wg_v s = (wg_v){{}} + b[(long)r * {row_b} + (long)j * {step_b}];
-            #pragma GCC unroll 8
-            for (int q = 0; q < {nv}; ++q) acc[r][q] += s * w[q];
-        }}
-    }}
-    #pragma GCC unroll 32
-    for (int r = 0; r < RR; ++r)
-        #pragma GCC unroll 8
-        for (int q = 0; q < {nv}; ++q) *(wg_vu*)(m + (long)r * {row_m} + q * {vl}) = acc[r][q];
+    wg_gemm<RR, {nv}, {row_b}, {step_b}, {step_v}, {row_m}>(b, v, m, n, add);
 }}"""
 
 
@@ -264,294 +261,28 @@ def transpose_code(vl: int) -> str:
     return "\n".join(lines)
 
 
-PASSES = r"""
-// The 1D transform M (NO x NI, a constant: its zeros and ones fold away) applied to
-// vectors of V floats.  A point (i, j, l) of a 3D array lies at base + i si + j sj + l sl.
-template <int NO, int NI, int V>
-static inline __attribute__((always_inline)) void wg_line(
-        const float (&M)[NO][NI], const float* __restrict in, long sa, long sb, long se,
-        float* __restrict out, long oa, long ob, long oe) {
-    // along the first axis, for each of the NI x NI lines (b, e)
-    for (int b = 0; b < NI; ++b)
-    for (int e = 0; e < NI; ++e) {
-        const float* src = in + b * sb + e * se;
-        float* dst = out + b * ob + e * oe;
-        for (int v = 0; v + VL <= V; v += VL) {
-            wg_v x[NI];
-            #pragma GCC unroll 8
-            for (int j = 0; j < NI; ++j) x[j] = *(const wg_vu*)(src + j * sa + v);
-            #pragma GCC unroll 8
-            for (int i = 0; i < NO; ++i) {
-                wg_v o = (wg_v){};
-                #pragma GCC unroll 8
-                for (int j = 0; j < NI; ++j) {
-                    const float c = M[i][j];
-                    if (c == 1.0f) o += x[j];
-                    else if (c == -1.0f) o -= x[j];
-                    else if (c != 0.0f) o += c * x[j];
-                }
-                *(wg_vu*)(dst + i * oa + v) = o;
-            }
-        }
-        for (int v = V / VL * VL; v < V; ++v)  // fewer channels than a vector
-            for (int i = 0; i < NO; ++i) {
-                float o = 0.0f;
-                for (int j = 0; j < NI; ++j) o += M[i][j] * src[j * sa + v];
-                dst[i * oa + v] = o;
-            }
-    }
-}
-template <int NO, int NI, int V>
-static inline __attribute__((always_inline)) void wg_plane(
-        const float (&M)[NO][NI], const float* __restrict in, long sb, long se,
-        float* __restrict out, long ob, long oe) {
-    // both axes of an NI x NI plane in registers
-    for (int v = 0; v + VL <= V; v += VL) {
-        wg_v x[NI][NI], t[NO][NI];
-        #pragma GCC unroll 8
-        for (int b = 0; b < NI; ++b)
-            #pragma GCC unroll 8
-            for (int e = 0; e < NI; ++e) x[b][e] = *(const wg_vu*)(in + b * sb + e * se + v);
-        #pragma GCC unroll 8
-        for (int j = 0; j < NO; ++j)
-            #pragma GCC unroll 8
-            for (int e = 0; e < NI; ++e) {
-                wg_v o = (wg_v){};
-                #pragma GCC unroll 8
-                for (int b = 0; b < NI; ++b) {
-                    const float c = M[j][b];
-                    if (c == 1.0f) o += x[b][e];
-                    else if (c == -1.0f) o -= x[b][e];
-                    else if (c != 0.0f) o += c * x[b][e];
-                }
-                t[j][e] = o;
-            }
-        #pragma GCC unroll 8
-        for (int j = 0; j < NO; ++j)
-            #pragma GCC unroll 8
-            for (int l = 0; l < NO; ++l) {
-                wg_v o = (wg_v){};
-                #pragma GCC unroll 8
-                for (int e = 0; e < NI; ++e) {
-                    const float c = M[l][e];
-                    if (c == 1.0f) o += t[j][e];
-                    else if (c == -1.0f) o -= t[j][e];
-                    else if (c != 0.0f) o += c * t[j][e];
-                }
-                *(wg_vu*)(out + j * ob + l * oe + v) = o;
-            }
-    }
-    for (int v = V / VL * VL; v < V; ++v) {
-        float t[NO][NI];
-        for (int j = 0; j < NO; ++j)
-            for (int e = 0; e < NI; ++e) {
-                float o = 0.0f;
-                for (int b = 0; b < NI; ++b) o += M[j][b] * in[b * sb + e * se + v];
-                t[j][e] = o;
-            }
-        for (int j = 0; j < NO; ++j)
-            for (int l = 0; l < NO; ++l) {
-                float o = 0.0f;
-                for (int e = 0; e < NI; ++e) o += M[l][e] * t[j][e];
-                out[j * ob + l * oe + v] = o;
-            }
-    }
-}
-// the 3D transform: the first axis into tmp ([NO][NI][NI] vectors), then a plane per output
-template <int NO, int NI, int V>
-static inline void wg_3d(const float (&M)[NO][NI], const float* in, long sa, long sb, long se,
-                         float* out, long oa, long ob, long oe, float* tmp) {
-    wg_line<NO, NI, V>(M, in, sa, sb, se, tmp, NI * NI * V, NI * V, V);
-    for (int i = 0; i < NO; ++i)
-        wg_plane<NO, NI, V>(M, tmp + (long)i * NI * NI * V, NI * V, V, out + i * oa, ob, oe);
-}
-"""
-
-
 def global_code(L, b: Blocking, m: int = M_OUT, flip: bool = False, matrices=None) -> str:
-    """The C++ of the kernel (see the module) for layer constants ``L`` and blocking
-    ``b``, with the transforms ``matrices`` (default :func:`convbench.winograd.transforms`'
-    for ``m``) written in as constants."""
+    """The C++ of the kernel (``include/winograd_forward.h``, see the module) for layer
+    constants ``L`` and blocking ``b``: a prelude of compile-time constants, with the
+    transforms ``matrices`` (default :func:`convbench.winograd.transforms`' for ``m``)
+    written in, before the header's text."""
     at, g, bt = matrices or winograd.transforms(m, R)
     n = m + R - 1
-    P = n ** 3
-    C, K = L.C, L.K
-    count = tile_count(L, m)
-    TD, TH, TW = tiles(L.OD, m), tiles(L.OH, m), tiles(L.OW, m)
-    T, KG, CB, KB, RT, NV, VL = b.T, b.KG, b.CB, b.KB, b.RT, b.NV, b.VL
-    wide = max(CB, KB)
-    VP, MP, UP = padded(T * CB), padded(T * KB), padded(CB * KB)
-    parts = input_parts(b)
-    if flip:  # w[c][taps][k] of the forward layer; its tap 26 - t is the transposed's t
-        gather = f"""
-    for (int c = 0; c < {CB}; ++c)
-        for (int t = 0; t < 27; ++t)
-            std::memcpy(g + (long)t * {UP} + (long)c * {KB}, w + ((long)(c0 + c) * 27 + 26 - t) * {K} + k0,
-                        sizeof(float) * {KB});"""
-    elif CB % VL == 0 and VL > 1:  # w[k][taps][c]: transposed in VL x VL blocks as read
-        gather = f"""
-    for (int j0 = 0; j0 < {KB}; j0 += {VL})
-        for (int t = 0; t < 27; ++t)
-            for (int c = 0; c < {CB}; c += {VL}) {{
-                wg_v r[{VL}];
-                #pragma GCC unroll 16
-                for (int j = 0; j < {VL}; ++j)
-                    r[j] = *(const wg_vu*)(w + ((long)(k0 + j0 + j) * 27 + t) * {C} + c0 + c);
-                wg_transpose(r);
-                #pragma GCC unroll 16
-                for (int j = 0; j < {VL}; ++j)
-                    *(wg_vu*)(g + (long)t * {UP} + (long)(c + j) * {KB} + j0) = r[j];
-            }}"""
-    else:  # a channel chunk narrower than a vector: element by element
-        gather = f"""
-    for (int j = 0; j < {KB}; ++j)
-        for (int t = 0; t < 27; ++t)
-            for (int c = 0; c < {CB}; ++c)
-                g[(long)t * {UP} + (long)c * {KB} + j] = w[((long)(k0 + j) * 27 + t) * {C} + c0 + c];"""
-    rem = T % RT
-    micro_calls = f"""
-            for (int t = 0; t + {RT} <= {T}; t += {RT})
-                wg_micro<{RT}>(Vp + (long)t * {CB}, up, Mp + (long)t * {KB}, {CB}, add);"""
-    if rem:
-        micro_calls += f"""
-            wg_micro<{rem}>(Vp + (long)({T - rem}) * {CB}, up, Mp + (long)({T - rem}) * {KB}, {CB}, add);"""
-    return "\n".join([
-        "#include <vector>", "#include <cstring>",
-        _matrix("WG_AT", at), _matrix("WG_G", g), _matrix("WG_BT", bt),
-        vector_code(VL),
-        f"""
-// U chunk [p][CB][KB] of output channels k0.. and input channels c0.. (g: 27 x CB x KB)
-static void wg_filter(const float* __restrict w, float* __restrict u, long k0, long c0,
-                      float* g, float* tmp) {{{gather}
-    for (int c = 0; c < {CB}; ++c)
-        wg_3d<{n}, {R}, {KB}>(WG_G, g + (long)c * {KB}, {9 * UP}, {3 * UP}, {UP},
-                              u + (long)c * {KB}, {n * n * UP}, {n * UP}, {UP}, tmp);
-}}
-
-// the tile's first output pixel (batch nb, depth d0, height h0, width w0) of tile i
-static inline void wg_tile(long i, long& nb, long& d0, long& h0, long& w0) {{
-    w0 = {m} * (i % {TW});
-    h0 = {m} * (i / {TW} % {TH});
-    d0 = {m} * (i / {TW * TH} % {TD});
-    nb = i / {TW * TH * TD};
-}}
-
-// V[p][t][CB] of the block's tiles from input channels c0.. (x: NDHWC, unpadded)
-static void wg_input(const float* __restrict x, float* __restrict V, long tile0, long c0,
-                     float* patch, float* tmp, int t0 = 0, int t1 = {T}) {{
-    for (int t = t0; t < t1; ++t) {{
-        const long i = tile0 + t;
-        float* Vt = V + (long)t * {CB};
-        if (i >= {count}) {{
-            for (int p = 0; p < {P}; ++p) std::memset(Vt + (long)p * {VP}, 0, sizeof(float) * {CB});
-            continue;
-        }}
-        long nb, d0, h0, w0;
-        wg_tile(i, nb, d0, h0, w0);
-        d0 -= {L.PD}; h0 -= {L.PH}; w0 -= {L.PW};
-        if (d0 >= 0 && h0 >= 0 && w0 >= 0 && d0 + {n} <= {L.D} && h0 + {n} <= {L.H}
-                && w0 + {n} <= {L.W}) {{  // inside: read in place
-            wg_3d<{n}, {n}, {CB}>(WG_BT, x + (((nb * {L.D} + d0) * {L.H} + h0) * {L.W} + w0) * {C} + c0,
-                                  {L.H * L.W * C}, {L.W * C}, {C},
-                                  Vt, {n * n * VP}, {n * VP}, {VP}, tmp);
-            continue;
-        }}
-        for (int a = 0; a < {n}; ++a)  // on the border: padding and cut-short tiles read zeros
-        for (int bb = 0; bb < {n}; ++bb)
-        for (int e = 0; e < {n}; ++e) {{
-            float* to = patch + ((a * {n} + bb) * {n} + e) * {CB};
-            const long d = d0 + a, h = h0 + bb, ww = w0 + e;
-            if (d >= 0 && h >= 0 && ww >= 0 && d < {L.D} && h < {L.H} && ww < {L.W})
-                std::memcpy(to, x + (((nb * {L.D} + d) * {L.H} + h) * {L.W} + ww) * {C} + c0,
-                            sizeof(float) * {CB});
-            else
-                std::memset(to, 0, sizeof(float) * {CB});
-        }}
-        wg_3d<{n}, {n}, {CB}>(WG_BT, patch, {n * n * CB}, {n * CB}, {CB},
-                              Vt, {n * n * VP}, {n * VP}, {VP}, tmp);
-    }}
-}}
-
-{micro_code('wg_micro', NV, VL, row_b=CB, step_b=1, step_v=KB, row_m=KB)}
-
-// the transformed filter of the whole layer, chunk (kb, cb) of {K // KB} x {C // CB}
-static void wg_filter_chunk(const float* w, float* U, long kb, long cb) {{
-    static thread_local std::vector<float> scratch;
-    const long need = {27 * UP} + {P * KB};
-    if ((long)scratch.size() < need) scratch.resize(need);
-    float* g = scratch.data();
-    wg_filter(w, U + (kb * {C // CB} + cb) * {P * UP}, kb * {KB}, cb * {CB}, g,
-              g + {27 * UP});
-}}
-
-// SHARE: the transformed input of block tb, chunk cb, for every work item of the block
-// (its tiles in {parts} parts, so that every thread has some where there is one block)
-static void wg_input_chunk(const float* x, float* Vs, long tb, long cb, long part) {{
-    static thread_local std::vector<float> scratch;
-    if ((long)scratch.size() < {2 * P * CB}) scratch.resize({2 * P * CB});
-    wg_input(x, Vs + (tb * {C // CB} + cb) * {P * VP}, tb * {T}, cb * {CB}, scratch.data(),
-             scratch.data() + {P * CB}, part * {T} / {parts}, (part + 1) * {T} / {parts});
-}}
-
-// one work item: tiles [tb T, tb T + T) x output channels [kg KG, kg KG + KG)
-static void wg_item(const float* x, const float* w, const float* U, const float* Vs, float* y,
-                    long tb, long kg) {{
-    static thread_local std::vector<float> scratch;
-    const long need = {0 if b.share else P * VP} + {KG // KB * P * MP} + 2L * {P * wide} + {27 * UP if b.fuse else 0}
-                      + {P * UP if b.fuse else 0};
-    if ((long)scratch.size() < need) scratch.resize(need);
-    float* Vbuf = scratch.data();                  // [P][T][CB] (SHARE: none)
-    const float* V = Vbuf;
-    float* M = scratch.data() + {0 if b.share else P * VP};  // [KG / KB][P][T][KB] (+ pad)
-    float* patch = M + {KG // KB * P * MP};               // [P][max(CB, KB)] each
-    float* tmp = patch + {P * wide};
-    float* g = tmp + {P * wide};                   // FUSE: [CB][27][KB] and [P][CB][KB]
-    float* uc = g + {27 * UP if b.fuse else 0};
-    (void)g; (void)uc; (void)U; (void)w; (void)Vs; (void)x;
-    const long tile0 = tb * {T};
-    for (int cb = 0; cb < {C // CB}; ++cb) {{
-        {"V = Vs + (tb * %d + cb) * %dL;" % (C // CB, P * VP) if b.share
-         else "wg_input(x, Vbuf, tile0, cb * %d, patch, tmp);" % CB}
-        const bool add = cb > 0;
-        for (int kq = 0; kq < {KG // KB}; ++kq) {{
-            const long kb = kg * {KG // KB} + kq;
-            const float* u;
-            {"wg_filter(w, uc, kb * %d, cb * %d, g, tmp); u = uc;" % (KB, CB) if b.fuse
-             else "u = U + (kb * %d + cb) * %dL;" % (C // CB, P * UP)}
-            for (int p = 0; p < {P}; ++p) {{
-                const float* Vp = V + (long)p * {VP};
-                const float* up = u + (long)p * {UP};
-                float* Mp = M + ((long)kq * {P} + p) * {MP};{micro_calls}
-            }}
-        }}
-    }}
-    for (int kq = 0; kq < {KG // KB}; ++kq) {{
-        const long k0 = kg * {KG} + kq * {KB};
-        for (int t = 0; t < {T}; ++t) {{
-            const long i = tile0 + t;
-            if (i >= {count}) break;
-            long nb, d0, h0, w0;
-            wg_tile(i, nb, d0, h0, w0);
-            const float* Mt = M + (long)kq * {P * MP} + (long)t * {KB};
-            if (d0 + {m} <= {L.OD} && h0 + {m} <= {L.OH} && w0 + {m} <= {L.OW}) {{
-                wg_3d<{m}, {n}, {KB}>(WG_AT, Mt, {n * n * MP}, {n * MP}, {MP},
-                                      y + (((nb * {L.OD} + d0) * {L.OH} + h0) * {L.OW} + w0) * {K} + k0,
-                                      {L.OH * L.OW * K}, {L.OW * K}, {K}, tmp);
-                continue;
-            }}
-            // a cut-short tile: only the pixels inside the output
-            wg_3d<{m}, {n}, {KB}>(WG_AT, Mt, {n * n * MP}, {n * MP}, {MP},
-                                  patch, {m * m * KB}, {m * KB}, {KB}, tmp);
-            for (int a = 0; a < {m}; ++a)
-            for (int bb = 0; bb < {m}; ++bb)
-            for (int e = 0; e < {m}; ++e)
-                if (d0 + a < {L.OD} && h0 + bb < {L.OH} && w0 + e < {L.OW})
-                    std::memcpy(y + (((nb * {L.OD} + d0 + a) * {L.OH} + h0 + bb) * {L.OW} + w0 + e) * {K} + k0,
-                                patch + ((a * {m} + bb) * {m} + e) * {KB}, sizeof(float) * {KB});
-        }}
-    }}
-}}
-"""])
+    ints = dict(WG_M=m, WG_N=n, WG_R=R, WG_P=n ** 3, WG_T=b.T, WG_KG=b.KG, WG_CB=b.CB,
+                WG_KB=b.KB, WG_RT=b.RT, WG_NV=b.NV, WG_PARTS=input_parts(b))
+    longs = dict(WG_C=L.C, WG_K=L.K, WG_D=L.D, WG_H=L.H, WG_W=L.W, WG_PD=L.PD, WG_PH=L.PH,
+                 WG_PW=L.PW, WG_OD=L.OD, WG_OH=L.OH, WG_OW=L.OW, WG_TD=tiles(L.OD, m),
+                 WG_TH=tiles(L.OH, m), WG_TW=tiles(L.OW, m), WG_COUNT=tile_count(L, m),
+                 WG_VP=padded(b.T * b.CB), WG_MP=padded(b.T * b.KB), WG_UP=padded(b.CB * b.KB),
+                 WG_WIDE=max(b.CB, b.KB))
+    flags = dict(WG_FUSE=b.fuse, WG_SHARE=b.share, WG_FLIP=flip)
+    return "\n".join(
+        ["#include <vector>", "#include <cstring>",
+         _matrix("WG_AT", at), _matrix("WG_G", g), _matrix("WG_BT", bt), vector_code(b.VL)]
+        + [f"static constexpr int {k} = {v};" for k, v in ints.items()]
+        + [f"static constexpr long {k} = {v};" for k, v in longs.items()]
+        + [f"static constexpr bool {k} = {str(bool(v)).lower()};" for k, v in flags.items()]
+        + [header("winograd_forward.h")])
 
 
 def program(layer, L, params, m: int = M_OUT, flip: bool = False, matrices=None, w_shape=None):

@@ -210,11 +210,12 @@ def registers(layer, params):
     return b.RT * b.NV
 
 
-def bound(layer, dy, w):
+def bound(layer, dy, w, tol_factor=None, random_inputs: bool = False):
     """:func:`convbench.winograd.adjoint_error_bound` for ``layer`` (dL/dy and the filter
-    NCDHW), shaped like dL/dx."""
+    NCDHW), shaped like dL/dx: statistical in the sum over the output channels on random
+    inputs (with ``tol_factor``), else rigorous."""
     import numpy as np
     import torch
     shape = (layer.in_d, layer.in_h, layer.in_w)
-    return torch.from_numpy(np.ascontiguousarray(
-        winograd.adjoint_error_bound(dy, w, shape, layer.pads)))
+    return torch.from_numpy(np.ascontiguousarray(winograd.adjoint_error_bound(
+        dy, w, shape, layer.pads, tol_factor=tol_factor or 0.0, random_inputs=random_inputs)))

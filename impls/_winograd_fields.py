@@ -64,15 +64,18 @@ def tile_padded(layer, x, m: int = M_OUT):
     return torch.nn.functional.pad(x.double(), (pw, ew + ow, ph, eh + oh, pd, ed + od)), extra
 
 
-def forward_bound(layer, x, w, m: int = M_OUT):
+def forward_bound(layer, x, w, m: int = M_OUT, tol_factor: float = 0.0,
+                  random_inputs: bool = False):
     """The bound of :func:`convbench.winograd.error_bound` for the forward ``layer`` on
     ``x`` (unpadded, NCDHW) and ``w`` (K, C, 3, 3, 3), as a float64 tensor shaped like the
-    output.  Where ``m`` does not divide an output size, the kernel's last tile reads zeros
+    output: the statistical one on random inputs (with ``tol_factor``), else the rigorous
+    one.  Where ``m`` does not divide an output size, the kernel's last tile reads zeros
     past the input: the bound pads as many zero planes and crops."""
     import numpy as np
     import torch
     xp, _ = tile_padded(layer, x, m)
-    bound = winograd.error_bound(xp.numpy(), w.double().numpy(), m)
+    bound = winograd.error_bound(xp.numpy(), w.double().numpy(), m, tol_factor=tol_factor or 0.0,
+                                 random_inputs=random_inputs)
     bound = bound[:, :, :layer.out_d, :layer.out_h, :layer.out_w]
     return torch.from_numpy(np.ascontiguousarray(bound))
 
@@ -101,8 +104,9 @@ def _forward_fields(program) -> dict:
     def supports(layer, params=None):
         return refusal(layer) or None
 
-    def error_bound(layer, inputs, tol_factor=None, random_inputs=False):  # short sums
-        return forward_bound(layer, inputs["x"], inputs["w"])
+    def error_bound(layer, inputs, tol_factor=None, random_inputs=False):
+        return forward_bound(layer, inputs["x"], inputs["w"], tol_factor=tol_factor,
+                             random_inputs=random_inputs)
 
     # the kernel reads zeros outside the input and tiles the output it is given, so
     # the padding at the back only sets the output size
@@ -125,9 +129,10 @@ def _data_gradient_fields(program) -> dict:
     def supports(layer, params=None):
         return flipped_supports(layer, params) or refusal(layer) or None
 
-    def error_bound(layer, inputs, tol_factor=None, random_inputs=False):  # short sums
+    def error_bound(layer, inputs, tol_factor=None, random_inputs=False):
         w = inputs["w"].flip(2, 3, 4).transpose(0, 1)
-        return forward_bound(transposed_layer(layer), inputs["y"], w)
+        return forward_bound(transposed_layer(layer), inputs["y"], w, tol_factor=tol_factor,
+                             random_inputs=random_inputs)
 
     return dict(algorithm=algorithm, supports=supports, error_bound=error_bound,
                 constraints=CONSTRAINTS + ", padding at most 2")

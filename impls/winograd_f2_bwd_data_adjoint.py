@@ -27,7 +27,7 @@ register(Implementation(
     registers=_winograd_adjoint.registers,
     supports=lambda layer, params=None: _winograd.refusal(layer) or None,
     error_bound=lambda layer, inputs, tol_factor=None, random_inputs=False: _winograd_adjoint.bound(
-        layer, inputs["y"], inputs["w"]),
+        layer, inputs["y"], inputs["w"], tol_factor, random_inputs),
     constraints=_winograd_fields.CONSTRAINTS,
     anisotropic_pad=True,
     handles=("asymmetric padding",),  # only the output size depends on it

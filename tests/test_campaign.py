@@ -1,6 +1,7 @@
 """The GPU campaign kit (``scripts/gpu_campaign.py``, ``convbench.campaign``): its plan,
 its CPU rehearsal with three planted failures, resume, pack, unpack and the ncu parser."""
 
+import contextlib
 import json
 import subprocess
 import tarfile
@@ -11,6 +12,7 @@ import pytest
 from conftest import assert_usage_error as _assert_usage_error
 from conftest import in_process, load_script
 from convbench import campaign, campaign_cli, ncu, registry
+from convbench.campaign import worker as campaign_worker
 
 script = load_script("gpu_campaign.py")
 
@@ -116,15 +118,39 @@ def test_gpu_target_without_a_gpu_is_a_usage_error(main, tmp_path):
 
 # -- the CPU rehearsal --------------------------------------------------------------------------
 
+#: The implementations the CPU rehearsal runs: one of each pass, and the one the plants
+#: are made from (its own build verifies beside its three planted failures).  The
+#: rehearsal checks the campaign's harness; every implementation is verified on the
+#: fast tier's layers by tests/test_impls_cpu.py, and the smoke tier's plan of every
+#: implementation is checked by the plan tests above.
+REHEARSED = ("implicitGemm", "implicitGemmPipelinedBwdData", "implicitGemmBwdFilter",
+             campaign.plan.PLANTED_IMPL)
+
+
+@contextlib.contextmanager
+def rehearsed_only():
+    """The registry as the campaign's plan sees it cut to :data:`REHEARSED`, and the planted
+    hang's limit at 2 s (the hang sleeps at once; the worker's start is not counted)."""
+    every = registry.all_implementations
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(registry, "all_implementations",
+                   lambda: {n: i for n, i in every().items() if n in REHEARSED})
+        mp.setattr(campaign_worker, "PLANTED_HANG_TIMEOUT_S", 2.0)
+        yield
+
+
 @pytest.fixture(scope="module")
 def rehearsal(tmp_path_factory, cachedir):
-    """``run --target cpu --tier smoke`` once for the module (about a minute)."""
+    """``run --target cpu --tier smoke`` once for the module, on :data:`REHEARSED`."""
     out = tmp_path_factory.mktemp("campaign") / "rehearsal"
     archive = out.parent / "campaign.tar.gz"
-    status = script.main(["run", "--target", "cpu", "--tier", "smoke", "--out", str(out),
-                          "--cachedir", str(cachedir), "--iterations", "3", "--warmup", "1",
-                          "--time-limit", "0.5", "--archive", str(archive), "--threads", "1"])
-    return types.SimpleNamespace(status=status, out=out, archive=archive)
+    with rehearsed_only():
+        planned = campaign.plan_cases("smoke", "cpu", planted=True)
+        status = script.main(["run", "--target", "cpu", "--tier", "smoke", "--out", str(out),
+                              "--cachedir", str(cachedir), "--iterations", "3", "--warmup",
+                              "1", "--time-limit", "0.5", "--archive", str(archive),
+                              "--threads", "1"])
+    return types.SimpleNamespace(status=status, out=out, archive=archive, planned=planned)
 
 
 def _records(out):
@@ -135,13 +161,14 @@ def _records(out):
 def test_rehearsal_records_every_case_and_the_three_planted_failures(rehearsal):
     assert rehearsal.status == 0
     records = _records(rehearsal.out)
-    planned = campaign.plan_cases("smoke", "cpu", planted=True)
+    planned = rehearsal.planned
+    assert {c.impl for c in planned if not c.planted} == set(REHEARSED)
     assert set(records) == {c.id for c in planned}
     by_kind = {r["case"]["planted"]: r for r in records.values() if r["case"]["planted"]}
     crash, hang, wrong = by_kind["crash"], by_kind["hang"], by_kind["wrong"]
     assert crash["status"] == "crash" and "signal 11" in crash["detail"], crash
     assert "planted crash" in crash["log_tail"]
-    assert hang["status"] == "timeout" and "limit" in hang["detail"], hang
+    assert hang["status"] == "timeout" and "2 s limit" in hang["detail"], hang
     assert wrong["status"] == "wrong", wrong
     assert [c["ok"] for c in wrong["checks"]] == [False]
     assert "timings" not in wrong  # a wrong result is not timed
@@ -181,8 +208,9 @@ def test_rehearsal_writes_the_layout_and_the_table(rehearsal):
 
 def test_resume_skips_what_is_recorded(rehearsal, main):
     before = {p.name: p.stat().st_mtime_ns for p in (rehearsal.out / "cases").iterdir()}
-    result = main("run", "--target", "cpu", "--tier", "smoke", "--out", rehearsal.out,
-                  "--resume", "--cachedir", rehearsal.out.parent / "unused-cache")
+    with rehearsed_only():
+        result = main("run", "--target", "cpu", "--tier", "smoke", "--out", rehearsal.out,
+                      "--resume", "--cachedir", rehearsal.out.parent / "unused-cache")
     assert result.returncode == 0, result.stderr
     assert "[cases] recorded already" in result.stdout and "[ceilings] recorded already" in result.stdout
     after = {p.name: p.stat().st_mtime_ns for p in (rehearsal.out / "cases").iterdir()}
@@ -305,9 +333,10 @@ def test_resume_runs_only_what_is_missing(rehearsal, main, tmp_path, cachedir):
     assert state["phases"]["cases"]["status"] == "done"
     state["phases"]["tests"] = dict(state["phases"]["tests"], status="done", detail="measured")
     (out / "state.json").write_text(json.dumps(state))
-    result = main("run", "--target", "cpu", "--tier", "smoke", "--out", out, "--resume",
-                  "--cachedir", cachedir, "--iterations", "2", "--warmup", "0",
-                  "--skip", "tests")
+    with rehearsed_only():
+        result = main("run", "--target", "cpu", "--tier", "smoke", "--out", out, "--resume",
+                      "--cachedir", cachedir, "--iterations", "2", "--warmup", "0",
+                      "--skip", "tests")
     assert result.returncode == 0, result.stderr
     tests = json.loads((out / "state.json").read_text())["phases"]["tests"]
     assert (tests["status"], tests["detail"]) == ("done", "measured")

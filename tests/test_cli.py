@@ -5,9 +5,10 @@ import subprocess
 
 import pytest
 
+from cases import FIRST_SMALL, Case, fast_layers
 from conftest import ENV, PYTHON, ROOT
 from convbench import cli, devices, registry
-from convbench.layers import Layer
+from convbench.layers import Layer, format_csv
 
 HEADER = "layer,batch,in_channels,out_channels,in_d,in_h,in_w,k_d,k_h,k_w,stride,pad\n"
 TINY = HEADER + "t1,1,2,3,4,5,6,3,3,3,1,0\nt2,2,3,4,5,5,5,3,3,3,2,1\n"
@@ -107,20 +108,33 @@ def test_list(capsys):
     assert "layout: NDHWC" in out and "targets: cpu, gpu" in out
 
 
-def test_verify_end_to_end(write_csv, cachedir, capsys):
-    path = write_csv(TINY)
+#: Two layers of the fast tier's for directConvNCDHW (tests/cases.py): the small first
+#: layer (batch 1) and the odd one (batch 2), whose builds the session makes anyway.
+END2END = [FIRST_SMALL, fast_layers("directConvNCDHW")[-1][1]]
+DEFAULT_IMPL = registry.default("cli", "fwd")
+
+
+@pytest.mark.prebuild(*[Case("directConvNCDHW", layer, "e2e") for layer in END2END],
+                      Case(DEFAULT_IMPL, FIRST_SMALL, "small"))
+def test_verify_end_to_end(write_csv, builds, cachedir, capsys):
+    assert END2END[1].batch != 1
+    path = write_csv(format_csv(END2END))
+    cache = ["--cachedir", str(cachedir), "--loadprecompiled"]  # the session's builds
     assert cli.main(["--verify", "--device", "cpu", "--paramscsv", str(path), "--implementation",
-                     "directConvNCDHW", "--cachedir", str(cachedir)]) == 0
+                     "directConvNCDHW", *cache]) == 0
     out = capsys.readouterr().out
     lines = out.strip().splitlines()
     assert sum("PASS" in line for line in lines) == 2
     assert "max abs" in out and "max rel" in out
     assert lines[-1] == "directConvNCDHW: 2 passed, 0 failed, 0 unsupported (of 2 layers)"
-    # --currlayer/--lastlayer and --batch
+    # --currlayer/--lastlayer and --batch: the second layer alone, at batch 1 (the small
+    # layer, given at batch 2), with the default implementation
+    path = write_csv(format_csv([END2END[1], FIRST_SMALL.with_batch(2)]), "second.csv")
     assert cli.main(["--verify", "--device", "cpu", "--paramscsv", str(path), "--currlayer", "1",
-                     "--lastlayer", "2", "--batch", "1", "--cachedir", str(cachedir)]) == 0
+                     "--lastlayer", "2", "--batch", "1", *cache]) == 0
     out = capsys.readouterr().out
-    assert "t2" in out and "t1 " not in out and " b1" in out
+    assert f"{FIRST_SMALL.name} " in out and f"{END2END[1].name} " not in out
+    assert " b1" in out and " b2" not in out and DEFAULT_IMPL in out
 
 
 def _with_toy(monkeypatch, **changes):
@@ -136,7 +150,7 @@ def test_unsupported_and_strict(monkeypatch, capsys, write_csv, tmp_path):
               if layer.stride != 1 else None, constraints="stride 1")
     path = str(write_csv(TINY))
     args = ["--verify", "--device", "cpu", "--implementation", "toy", "--paramscsv", path,
-            "--cachedir", str(tmp_path)]
+            "--cachedir", str(tmp_path), "--loadprecompiled"]  # the second run loads t1
     assert cli.main(args) == 0
     out = capsys.readouterr().out
     assert "t2" in out and "unsupported: needs stride 1" in out

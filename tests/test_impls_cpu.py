@@ -6,8 +6,8 @@ CosmoFlow sets at batch 1 and 2, for every pass, and every odd shape."""
 
 import pytest
 
-from cases import (IMPLS, ODD_SHAPES, Case, case_params, cases, cosmoflow, fast_cases,
-                   fast_layers, verify_case)
+from cases import (DEGENERATE, IMPLS, ODD, ODD_SHAPES, Case, case_params, cases, cosmoflow,
+                   fast_cases, fast_layers, verify_case)
 from convbench import registry, toolchain, verify
 from convbench.layers import Layer
 
@@ -18,6 +18,35 @@ FULL = cases(IMPLS, cosmoflow((1, 2)) + [("odd", layer) for layer in ODD_SHAPES]
 @pytest.mark.parametrize("case", case_params(FAST, FULL))
 def test_verifies(case, builds, reference, coverage):
     verify_case(case, builds, reference, coverage)
+
+
+#: The general kernel of each pass (the network's fallback, which takes groups) on the
+#: degenerate layer with one channel per group, and the forward's on the one with every
+#: dimension 1 but the input's extents (tests/test_verify.py runs three more kernels on
+#: it); the full tier runs every implementation on all of DEGENERATE (ODD_SHAPES).
+GENERAL = ("implicitGemm", "implicitGemmBwdData", "implicitGemmBwdFilter")
+
+
+@pytest.mark.parametrize("case", case_params(cases(GENERAL, [("odd", ODD["depthwise"])])
+                                             + [Case("implicitGemm", ODD["ones"], "odd")]))
+def test_degenerate_layers_verify(case, builds, reference, coverage):
+    verify_case(case, builds, reference, coverage)
+
+
+@pytest.mark.parametrize("layer", DEGENERATE, ids=lambda layer: layer.name)
+def test_every_implementation_takes_a_degenerate_layer_or_says_why(layer):
+    """No build: each implementation either takes the layer or refuses it with a reason a
+    user can read (one line, naming what it cannot do)."""
+    taken = 0
+    for name in IMPLS:
+        impl = registry.get(name)
+        reason = impl.unsupported_reason(layer, impl.resolve_params())
+        if reason is None:
+            taken += 1
+        else:
+            assert isinstance(reason, str) and 10 < len(reason) < 300 and "\n" not in reason, \
+                (name, reason)
+    assert taken >= 3  # the general kernels of every pass take every layer
 
 
 #: The odd fast layer of each implementation (a build the fast tier has anyway).

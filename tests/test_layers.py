@@ -2,6 +2,7 @@
 
 import pytest
 
+from cases import FIRST_SMALL, Case, fast_layers
 from convbench.errors import LayerFileError, UsageError
 from convbench.layers import Layer, parse_layers
 from convbench.layersets import load_layers, select_layers
@@ -392,16 +393,26 @@ def test_torch_conv3d_samples_are_what_torch_computes():
                               rtol=0, atol=1e-12), layer.name
 
 
+#: The fast tier's general implementations on the samples, one per pass: each verifies
+#: every third sample (the n-th its n-th share), so that every sample is verified in
+#: every run; the features each sample needs (stride, dilation, groups, 'same' padding
+#: with even kernels) are verified for every general implementation by
+#: tests/test_general.py and test_general_implementations_verify_asymmetric_padding.
+SAMPLE_IMPLS = ("directConvNCDHW", "implicitGemmBwdData", "implicitGemmBwdFilter")
+
+
 @pytest.mark.parametrize("name", GENERAL)
 def test_torch_conv3d_samples_verify(name, builds, reference, request):
-    """The fast tier: one general implementation per pass on every sample; the full tier:
-    all of them."""
+    """The fast tier: one general implementation per pass, on a third of the samples each
+    (all of them between the three); the full tier: every implementation on every sample."""
     from convbench import registry, toolchain, verify
-    if not request.config.getoption("--full") and name not in (
-            "directConvNCDHW", "implicitGemmBwdData", "implicitGemmBwdFilter"):
-        pytest.skip("the full tier runs the other general implementations")
+    samples = load_layers("torch_conv3d_samples")
+    if not request.config.getoption("--full"):
+        if name not in SAMPLE_IMPLS:
+            pytest.skip("the full tier runs the other general implementations")
+        samples = samples[SAMPLE_IMPLS.index(name)::len(SAMPLE_IMPLS)]
     impl = registry.get(name)
-    for layer in load_layers("torch_conv3d_samples"):
+    for layer in samples:
         result = verify.verify_build(builds(toolchain.make_spec(impl, layer)),
                                      reference(layer, pass_=impl.pass_))[0]
         assert result.ok, (layer.name, result.summary())
@@ -415,7 +426,14 @@ not_int,1,2,x,6,6,6,3,3,3,1,1
 """
 
 
-def test_skip_invalid_runs_the_valid_lines_and_lists_the_others(tmp_path, capsys):
+#: The lines of MIXED_CSV again, the valid ones as layers of the fast tier's (their
+#: implicitGemm builds are the session's): a layer per line, None where it is invalid.
+MIXED_RUN = [FIRST_SMALL, None, fast_layers("implicitGemm")[-1][1], None]
+
+
+@pytest.mark.prebuild(*[Case("implicitGemm", x, "mixed") for x in MIXED_RUN if x])
+def test_skip_invalid_runs_the_valid_lines_and_lists_the_others(tmp_path, capsys, builds,
+                                                                cachedir):
     from convbench import cli
     from convbench.benchdnn import parse_descriptors
     with pytest.raises(LayerFileError, match=":3: field 'k_d'"):
@@ -430,9 +448,16 @@ def test_skip_invalid_runs_the_valid_lines_and_lists_the_others(tmp_path, capsys
     skipped = []
     layers = parse_descriptors("ic2oc2id8kd3\nic2oc2id8od2kd3pd1\n", path="s", skipped=skipped)
     assert len(layers) == 1 and [e.line for e in skipped] == [2]
+    fields = HEADER.strip().split(",")
+    lines = MIXED_CSV.splitlines()
+    text = "\n".join([lines[0]] + [line if x is None else ",".join(
+        str(getattr(x, "name" if f == "layer" else f)) for f in fields)
+        for x, line in zip(MIXED_RUN, lines[1:])]) + "\n"
+    assert parse_layers(text, skipped=[]) == [x for x in MIXED_RUN if x]  # the same layers
     path = tmp_path / "m.csv"
-    path.write_text(MIXED_CSV)
+    path.write_text(text)
     rc = cli.main(["--implementation", "implicitGemm", "--paramscsv", str(path), "--verify",
-                   "--skip-invalid"])
-    err = capsys.readouterr().err
+                   "--skip-invalid", "--cachedir", str(cachedir), "--loadprecompiled"])
+    out, err = capsys.readouterr()
     assert rc == 0 and err.count("skipped: ") == 2 and ":5: field 'out_channels'" in err, err
+    assert "2 passed, 0 failed" in out, out

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from cases import Case
-from convbench import cli, timing
+from convbench import ceilings, cli, timing
 from convbench.layers import Layer
 from convbench.results import SAMPLE_COLUMNS
 
@@ -119,13 +119,24 @@ def profile(tmp_path, layer_csv, *extra, cachedir=None):
     return cli.main(args), outdir
 
 
+@pytest.fixture
+def stand_in_ceilings(monkeypatch):
+    """The ceilings (a large SGEMM, a copy and an FMA probe: about 7 s a run) as a
+    stand-in, for the runs that check none of them (test_compareprof_writes_results_and_plots
+    measures them)."""
+    monkeypatch.setattr(ceilings, "measure", lambda device: {
+        "peak_gflops": 100.0, "peak_method": "stand-in", "bandwidth_gbs": 10.0,
+        "bandwidth_method": "stand-in"})
+
+
 def read_csv(path):
     with open(path) as f:
         return list(csv.DictReader(f))
 
 
-def test_compareprof_writes_results_and_plots(tmp_path, layer_csv, capsys):
-    rc, outdir = profile(tmp_path, layer_csv, "--enableplots", "--verify")
+@pytest.mark.prebuild(*PROFILED)
+def test_compareprof_writes_results_and_plots(tmp_path, layer_csv, capsys, cachedir, builds):
+    rc, outdir = profile(tmp_path, layer_csv, "--enableplots", "--verify", cachedir=cachedir)
     out = capsys.readouterr().out
     assert rc == 0, out
     samples = read_csv(outdir / "samples.csv")
@@ -150,7 +161,7 @@ def test_compareprof_writes_results_and_plots(tmp_path, layer_csv, capsys):
     meta = json.loads((outdir / "metadata.json").read_text())
     assert meta["status"] == "complete"
     assert [x["layer"] for x in meta["layers_done"]] == ["tiny", "tiny2"]
-    assert all(x["verified"] is True and x["build"] == "built" for x in meta["layers_done"])
+    assert all(x["verified"] is True and x["build"] == "loaded" for x in meta["layers_done"])
     for key in ("git", "versions", "device", "threads", "dace_config", "params", "timestamp",
                 "ceilings", "timing", "references"):
         assert key in meta, key
@@ -167,7 +178,7 @@ def test_compareprof_writes_results_and_plots(tmp_path, layer_csv, capsys):
 
 @pytest.mark.prebuild(*PROFILED)
 def test_interrupted_run_keeps_finished_layers(tmp_path, layer_csv, monkeypatch, capsys,
-                                               cachedir, builds):
+                                               cachedir, builds, stand_in_ceilings):
     from convbench.experiment import Experiment
     original = Experiment.run_case
 
@@ -186,7 +197,8 @@ def test_interrupted_run_keeps_finished_layers(tmp_path, layer_csv, monkeypatch,
 
 
 @pytest.mark.prebuild(*PROFILED)
-def test_threads_flag_sets_torch_threads(tmp_path, layer_csv, monkeypatch, cachedir, builds):
+def test_threads_flag_sets_torch_threads(tmp_path, layer_csv, monkeypatch, cachedir, builds,
+                                        stand_in_ceilings):
     import torch
     before = torch.get_num_threads()
     monkeypatch.setenv("OMP_NUM_THREADS", str(before))

@@ -46,7 +46,7 @@ def test_every_variant_is_registered_for_both_targets():
 
 def _defaults():
     from cases import ODD, Case
-    return [Case(name, ODD["pad2_stride2"], "odd") for name in registry.defaults("cli").values()]
+    return [Case(name, ODD["deep_s2"], "odd") for name in registry.defaults("cli").values()]
 
 
 @pytest.mark.prebuild(*_defaults())  # the fast tier's builds on its odd layer
@@ -59,7 +59,7 @@ def test_default_implementations(pass_, write_csv, cachedir, capsys):
     name = registry.default("cli", pass_)
     impl = registry.get(name)
     assert impl.pass_ == pass_ and impl.targets == ("cpu", "gpu")
-    layer = ODD["pad2_stride2"]
+    layer = ODD["deep_s2"]
     path = write_csv("layer,batch,in_channels,out_channels,in_d,in_h,in_w,k_d,k_h,k_w,stride,pad\n"
                      f"{layer.name},{layer.batch},{layer.in_channels},{layer.out_channels},"
                      f"{layer.in_d},{layer.in_h},{layer.in_w},3,3,3,{layer.stride},{layer.pad}\n")

@@ -107,10 +107,12 @@ def test_check_power_writes_its_table(tmp_path, capsys):
     assert check_power.main(["--paramscsv", "cosmoflow", "--layer", "conv7", "--pass",
                              "bwd_filter", "--outdir", str(tmp_path)]) == 0
     rows = (tmp_path / "power.csv").read_text().splitlines()
-    assert len(rows) == 1 + 4 and "0 wrong verdicts" in capsys.readouterr().out
+    assert len(rows) == 1 + 4 and "0 with a wrong verdict" in capsys.readouterr().out
+    assert rows[0].endswith(",bound_winogradF2BwdFilter,bound_winogradF2BwdFilter_ok")
     table = [line for line in (tmp_path / "power.md").read_text().splitlines()
              if line.startswith("| cosmoflow")]
     assert len(table) == 4 and not any("(!)" in line for line in table)
+    assert all("winogradF2BwdFilter" in line for line in table)
     assert json.loads((tmp_path / "metadata.json").read_text())["kind"] == "check_power"
 
 

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from cases import Case, case_params, params_of, verify_case
+from cases import FIRST_SMALL, Case, case_params, params_of, verify_case
 from conftest import ROOT
-from convbench import cli, registry, tuning
+from convbench import ceilings, cli, registry, tuning
 from convbench.commands import bench, tune
 from convbench.errors import UsageError
 from convbench.layers import Layer
@@ -17,12 +17,25 @@ from convbench.layersets import load_layers
 BLOCKED = "directConvNDHWCblocked"
 DOT = "directConvNDHWCdot"
 LAYER = Layer("tt", 2, 3, 32, 6, 6, 8, 3, 3, 3, pad=1)
-#: Two layers of the fast tier's (tests/cases.py: FIRST_SMALL and cosmoflow's conv7, at
-#: batch 1), so that the commands below load builds the session has made anyway.
-SMALL_SET = ("layer,batch,in_channels,out_channels,in_d,in_h,in_w,k_d,k_h,k_w,stride,pad\n"
-             "conv1_small,1,1,16,20,20,20,3,3,3,1,1\nconv7,1,256,256,4,4,4,3,3,3,1,0\n")
-#: Its first layer alone.
-ONE_LAYER = "\n".join(SMALL_SET.splitlines()[:2]) + "\n"
+#: A layer of the fast tier's (tests/cases.py FIRST_SMALL), so that the commands below
+#: load builds the session makes anyway (each test declares those it loads).
+ONE_LAYER = ("layer,batch,in_channels,out_channels,in_d,in_h,in_w,k_d,k_h,k_w,stride,pad\n"
+             "conv1_small,1,1,16,20,20,20,3,3,3,1,1\n")
+#: The blocked kernel's default tile on this host (the fast tier's build), and another
+#: (one build, shared by the tuned-entry and the tuner tests).
+DEFAULT_PIX = registry.get(BLOCKED).resolve_params()["PIX"]
+OTHER_PIX = 2 if DEFAULT_PIX != 2 else 4
+ON_SMALL = {pix: Case(BLOCKED, FIRST_SMALL, "small", params=params_of({"PIX": pix}))
+            for pix in (DEFAULT_PIX, OTHER_PIX)}
+#: The ceilings as a stand-in, where a test checks none of them.
+CEILINGS = {"peak_gflops": 100.0, "peak_method": "stand-in", "bandwidth_gbs": 10.0,
+            "bandwidth_method": "stand-in", "fma_peak_gflops": 200.0,
+            "fma_peak_method": "stand-in"}
+
+
+def _small(*names):
+    """The fast tier's builds of ``names`` on FIRST_SMALL."""
+    return [Case(name, FIRST_SMALL, "small") for name in names]
 
 
 @pytest.fixture
@@ -81,17 +94,18 @@ def test_tuning_off(monkeypatch):
     assert tuning.tuned_entry(BLOCKED, LAYER, "cpu") == {}
 
 
-def test_cli_builds_with_the_tuned_entry(tuning_file, tmp_path, cachedir, capsys):
+@pytest.mark.prebuild(*ON_SMALL.values())
+def test_cli_builds_with_the_tuned_entry(tuning_file, tmp_path, builds, cachedir, capsys):
     csv = tmp_path / "one.csv"
     csv.write_text(ONE_LAYER)
     layer = load_layers(str(csv))[0]
-    tuning.store("cpu", BLOCKED, layer, {"PIX": 2}, {"cpu": "test"})  # no host's default
+    tuning.store("cpu", BLOCKED, layer, {"PIX": OTHER_PIX}, {"cpu": "test"})  # not the default
     args = ["--implementation", BLOCKED, "--verify", "--device", "cpu", "--paramscsv", str(csv),
-            "--cachedir", str(cachedir), "--loadprecompiled"]  # the session's builds, if made
+            "--cachedir", str(cachedir), "--loadprecompiled"]  # the session's builds
     assert cli.main(args) == 0
     out = capsys.readouterr().out
-    assert "params PIX=2," in out and "PASS" in out
-    assert cli.main(args + ["--param", "PIX=4"]) == 0
+    assert f"params PIX={OTHER_PIX}," in out and "PASS" in out
+    assert cli.main(args + ["--param", f"PIX={DEFAULT_PIX}"]) == 0
     assert "params PIX" not in capsys.readouterr().out  # --param wins: the defaults
 
 
@@ -128,9 +142,10 @@ def test_every_tuned_configuration_verifies(case, builds, reference, coverage):
 
 # -- the tools (convbench.commands; in this process: their main(argv)) -------------------------
 
-def test_bench_cpu_small_set(tmp_path, cachedir, capsys):
+@pytest.mark.prebuild(*_small(BLOCKED, "implicitGemm", "im2colGemm"))
+def test_bench_cpu_small_set(tmp_path, builds, cachedir, capsys):
     csv = tmp_path / "small.csv"
-    csv.write_text(SMALL_SET)
+    csv.write_text(ONE_LAYER)
     out = tmp_path / "bench"
     status = bench.main([
         "--paramscsv", str(csv), "--batch", "1", "--impls", f"{BLOCKED},implicitGemm,im2colGemm",
@@ -141,7 +156,7 @@ def test_bench_cpu_small_set(tmp_path, cachedir, capsys):
     assert stdout.strip().splitlines()[-1].startswith("max best/torch ratio: ")
     assert "timing rule: torch and DaCe allocate their output on every call" in stdout
     table = (out / "table.md").read_text()
-    assert table.count("\n") == 4 and "im2colGemm (MKL) ms" in table
+    assert table.count("\n") == 3 and "im2colGemm (MKL) ms" in table  # a row for the layer
     assert "ratio (median of 2) | min-max" in table
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["timing"]["rounds"] == 2 and "allocate" in meta["timing"]["outputs"]
@@ -162,12 +177,17 @@ def test_bench_cpu_small_set(tmp_path, cachedir, capsys):
         assert f",{backend}," in summary, backend
 
 
-def test_bench_cpu_backward_passes(tmp_path, cachedir, capsys, tuning_file):
+@pytest.mark.prebuild(*_small("directConvNDHWCblockedBwdData", "directConvNDHWCdotBwdData",
+                              "directConvNDHWCblockedBwdFilter"))
+def test_bench_cpu_backward_passes(tmp_path, builds, cachedir, capsys, tuning_file,
+                                   monkeypatch):
     """--pass bwd_data,bwd_filter: one table and one ratio line per pass, against torch's
     gradients (verified kernels only); --store records each layer's winner, which the
-    end-to-end network then takes by default."""
+    end-to-end network then takes by default.  (The ceilings, measured once per pass, are
+    checked by test_bench_cpu_small_set: a stand-in here.)"""
     from convbench import network
     from convbench.layouts import Pass
+    monkeypatch.setattr(ceilings, "measure", lambda device: dict(CEILINGS))
     csv = tmp_path / "small.csv"
     csv.write_text(ONE_LAYER)
     out = tmp_path / "bench"
@@ -250,20 +270,22 @@ def test_bench_info_says_why_a_build_is_not_timed():
     assert meta["max_rel_error"] == 2e-7  # the bench table's error column
 
 
-def test_tune_cpu_stores_the_winner(tmp_path, cachedir, monkeypatch, capsys):
+@pytest.mark.prebuild(*ON_SMALL.values())
+def test_tune_cpu_stores_the_winner(tmp_path, builds, cachedir, monkeypatch, capsys):
     csv = tmp_path / "small.csv"
-    csv.write_text(SMALL_SET)
+    csv.write_text(ONE_LAYER)
     store = tmp_path / "tuned.json"
     monkeypatch.setenv("CONVBENCH_TUNING", str(store))
-    status = tune.main(["--paramscsv", str(csv), "--batch", "1", "--space", "PIX=2,4",
-                        "--samples", "2", "--store", "--out", str(tmp_path / "t.json"),
-                        "--cachedir", str(cachedir)])
+    status = tune.main(["--paramscsv", str(csv), "--batch", "1", "--space",
+                        f"PIX={OTHER_PIX},{DEFAULT_PIX}", "--samples", "2", "--store", "--out",
+                        str(tmp_path / "t.json"), "--cachedir", str(cachedir)])
     stdout, stderr = capsys.readouterr()
     assert status == 0, stdout[-3000:] + stderr[-3000:]
     entries = json.loads(store.read_text())["machines"][tuning.machine_id()]["entries"][BLOCKED]
-    assert len(entries) == 2 and all(e["PIX"] in (2, 4) for e in entries.values())
+    assert list(entries) == [FIRST_SMALL.key()]
+    assert all(e["PIX"] in ON_SMALL for e in entries.values())
     records = json.loads((tmp_path / "t.json").read_text())["records"]
-    assert len(records) == 4 and all(r["ok"] for r in records)
+    assert len(records) == 2 and all(r["ok"] for r in records)
     assert tune.main(["--space", "PIX=0", "--cachedir", str(cachedir)]) == 2
     assert "PIX must be >= 1" in capsys.readouterr().err
 
@@ -353,3 +375,31 @@ def test_default_spaces_name_parameters_that_exist(name):
     configs = tune.parse_space(space, registry.get(name))
     axes = [part.partition("=")[0] for part in space.split(";")]
     assert configs and all(set(axes) <= set(c) for c in configs)
+
+
+def test_the_confirmation_times_the_finalists_in_turn():
+    """The tuner's winner comes from the finalists timed again in turn (``--confirm``): a
+    configuration whose sweep median came from a fast moment (1.0 ms, 2.0 ms whenever
+    timed again) loses to one that is steadily 1.5 ms; every finalist is timed once per
+    round, in a rotated order, and the defaults are among them."""
+    import types
+
+    from convbench.commands import tune as tune_cmd
+    speed = {1: 2.0, 2: 1.5, 3: 1.7, 4: 3.0, 5: 2.5}
+    order = []
+
+    def run_case(impl, layer, params, **kwargs):
+        order.append(params["X"])
+        timing = types.SimpleNamespace(samples_ms=[speed[params["X"]]] * 3)
+        return types.SimpleNamespace(checks=[types.SimpleNamespace(ok=True)],
+                                     measurements=[types.SimpleNamespace(timing=timing)])
+
+    results = [{"params": {"X": x}, "median_ms": m}
+               for x, m in ((1, 1.0), (2, 1.5), (3, 1.6), (4, 2.9), (5, 2.6))]
+    base = results[4]  # the defaults, not among the 3 fastest
+    tune_cmd.confirm(types.SimpleNamespace(run_case=run_case), None, None, None, results,
+                     base, rounds=3)
+    assert order == [1, 2, 3, 5, 2, 3, 5, 1, 3, 5, 1, 2]
+    best = min((r for r in results if "confirmed_ms" in r), key=lambda r: r["confirmed_ms"])
+    assert best["params"] == {"X": 2} and "confirmed_ms" not in results[3]
+    assert base["confirmed_ms"] == 2.5 and len(base["confirmed_samples_ms"]) == 9

@@ -221,13 +221,21 @@ def test_compare_in_chunks_matches_whole():
 #: Layers with long reductions in every pass (fast tier): CosmoFlow's first layer at 32^3
 #: (filter gradient L = 32768) and a deep layer (forward and data gradient L = 6912).
 POWER_LAYERS = [Layer("first32", 1, 4, 32, 32, 32, 32, 3, 3, 3, pad=1),
-                Layer("deep", 1, 256, 64, 4, 4, 4, 3, 3, 3, pad=1)]
+                Layer("deep", 1, 256, 64, 4, 4, 4, 3, 3, 3, pad=1),
+                Layer("wide", 1, 8, 512, 4, 4, 4, 3, 3, 3, pad=1)]
 
 
 def _power_verdicts(layer, pass_):
+    """The check-power rows by result; the Winograd bounds' verdicts asserted here: the
+    correct result passes every bound that applies, the planted ones fail each."""
     from convbench import checkpower
-    rows = checkpower.measure(layer, pass_, seed=5)
-    return {r["result"]: r for r in rows}
+    rows = {r["result"]: r for r in checkpower.measure(layer, pass_, seed=5)}
+    kernels = [k[6:-3] for k in rows["torch-fp32"] if k.startswith("bound_") and k.endswith("_ok")]
+    assert sorted(kernels) == sorted(checkpower.WINOGRAD_BOUNDS[pass_])  # all 3x3x3, stride 1
+    for kernel in kernels:
+        for name, row in rows.items():
+            assert row[f"bound_{kernel}_ok"] == checkpower.RESULTS[name], (kernel, row)
+    return rows
 
 
 @pytest.mark.parametrize("pass_", ["fwd", "bwd_data", "bwd_filter"])

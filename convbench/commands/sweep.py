@@ -195,10 +195,16 @@ def _main(argv, prog: str = PROG) -> int:
         return 0
     root.create(parts, {"executor": opts.executor, "build_first": args.build_first,
                         "plots": args.enableplots})
-    todo, alone = root.triage()
-    for part, how in alone:
-        print(f"{part.id}: left alone, it may still run ({how}); it runs again once its job "
-              "has ended", flush=True)
+    todo, alone, ended = root.review()
+    for part, how, state in alone:
+        print(f"{part.id}: left alone, " + (
+            f"it may still run ({how}); it runs again once its job has ended"
+            if state == sweep.RUNNING else f"its job is submitted and has not started it "
+            f"({how}); it is submitted again only if that job ends first"), flush=True)
+    for part, how, state in ended:
+        print(f"{part.id}: its job ended before the part " + (
+            "finished" if state == sweep.RUNNING else "started") + f" ({how}); it runs again",
+            flush=True)
     kept = len(parts) - len(todo) - len(alone)
     print(f"sweep {root.root}/: {len(parts)} part(s), {kept} finished already, {len(todo)} "
           f"to run (executor {opts.executor}, {opts.array_parallelism} at a time)", flush=True)
@@ -228,8 +234,9 @@ def _run(root, todo, opts, args) -> None:
         merge = sweep_jobs.make_executor(root.logs_dir, opts, "convbench-merge",
                                     "afterany:" + ":".join(ids), light=True)
         merge_job = merge.submit(sweep.merge, str(root.root), args.enableplots)
-        print(f"submitted job array {', '.join(ids)} ({len(jobs)} part(s)) and merge job "
-              f"{merge_job.job_id}; when they end: convbench sweep --merge {root.root}")
+        print(f"submitted job{' array' if len(jobs) > 1 else ''} {', '.join(ids)} "
+              f"({len(jobs)} part(s)) and merge job {merge_job.job_id}; when they end: "
+              f"convbench sweep --merge {root.root}")
         return
     sweep_jobs.wait(root, jobs, opts, report=lambda line: print(line, flush=True))
 
@@ -241,10 +248,12 @@ def _merge(root, plots: bool) -> int:
     by_state: Dict[str, List[str]] = {}
     for part_id, status in states.items():
         by_state.setdefault(status.get("state", "?"), []).append(part_id)
-    for state in (sweep.FAILED, sweep.RUNNING, "pending", sweep.REFUSED):
+    for state in (sweep.FAILED, sweep.RUNNING, sweep.SUBMITTED, "pending", sweep.REFUSED):
         for part_id in by_state.get(state, []):
             status = states[part_id]
-            print(f"{state}: {part_id}: {status.get('error', '')}".rstrip(": "))
+            print(f"{state}: {part_id}: {status.get('error', '')}".rstrip(": ") + (
+                f" (job {status.get('job_id')}, not started)" if state == sweep.SUBMITTED
+                else ""))
             for log in status.get("logs", []):
                 print(f"    log: {log}")
     for group, folder in out["groups"].items():

@@ -2,8 +2,9 @@
 
 docs/benchmarking.md, "Tuning and the CPU bench", describes the search and where the winners
 that ``--store`` writes are used.  Each configuration gets one warm-up call before its
-flushed samples, and one that fails verification is never chosen.  Every
-configuration's time goes to ``--out``.
+flushed samples, and one that fails verification is never chosen.  The fastest few and
+the defaults are then timed again in turn (``--confirm``), and the winner is taken from
+those samples.  Every configuration's time goes to ``--out``.
 """
 
 from pathlib import Path
@@ -35,6 +36,10 @@ def build_parser(prog: str = PROG):
                    "retune, each layer's defaults and the entries tuned for it on other machines")
     p.add_argument("--samples", type=int, default=5, metavar="N",
                    help="timed calls per configuration, after one warm-up call (default 5)")
+    p.add_argument("--confirm", type=int, default=3, metavar="R",
+                   help="rounds of the confirmation: the 3 fastest configurations and the "
+                   "defaults timed again in turn, R blocks of --samples calls each, the "
+                   "winner taken from all their samples (default 3; 0: the sweep's fastest)")
     p.add_argument("--store", action="store_true", help="write the winners to the tuning file")
     flags.add_out_flag(p, "results/cpu/<machine>/tuning/tuning_<impl>_b<B>.json")
     flags.add_cachedir_flag(p)
@@ -48,7 +53,7 @@ def main(argv=None, prog: str = PROG) -> int:
 def _main(argv, prog: str) -> int:
     args = build_parser(prog).parse_args(argv)
     check_at_least(("--batch", args.batch, 1), ("--threads", args.threads, 1),
-                   ("--samples", args.samples, 1))
+                   ("--samples", args.samples, 1), ("--confirm", args.confirm, 0))
     from ..devices import set_threads
     from ..experiment import Experiment, TimingOptions, resolve_implementations
     from ..layersets import load_layers
@@ -98,6 +103,42 @@ def within_registers(impl, layer, configs):
     return kept, len(configs) - len(kept)
 
 
+#: Configurations the confirmation times again (besides the defaults).
+FINALISTS = 3
+
+
+def confirm(exp, impl, layer, truth, results, base, rounds: int) -> None:
+    """Time the sweep's :data:`FINALISTS` fastest configurations and the defaults again, in
+    turn: ``rounds`` rounds, each a block of samples per configuration, starting one
+    configuration later each round; each record gets ``confirmed_ms``, the median of its
+    blocks' samples (and ``confirmed_samples_ms``).
+
+    Each configuration's sweep median is a few samples taken at one moment; the fastest of
+    many such medians is biased low (the fastest moment, not the fastest configuration),
+    and the machine drifts over a long sweep.  Timing the finalists in turn spreads that
+    drift over all of them: a winner the confirmation does not confirm is not stored."""
+    finalists = sorted(results, key=lambda r: r["median_ms"])[:FINALISTS]
+    if base is not None and base not in finalists:
+        finalists.append(base)
+    samples = {id(r): [] for r in finalists}
+    for i in range(rounds):
+        k = i % len(finalists)
+        for record in finalists[k:] + finalists[:k]:
+            case = exp.run_case(impl, layer, params=record["params"], truth=truth,
+                                references=False, time_wrong=False, catch=False)
+            if case.checks[0].ok:
+                samples[id(record)].extend(case.measurements[0].timing.samples_ms)
+    for record in finalists:
+        got = sorted(samples[id(record)])
+        if got:
+            record["confirmed_ms"] = got[len(got) // 2] if len(got) % 2 else \
+                (got[len(got) // 2 - 1] + got[len(got) // 2]) / 2
+            record["confirmed_samples_ms"] = samples[id(record)]
+            shown = ",".join(f"{k}={v}" for k, v in record["params"].items())
+            print(f"  confirmed {shown:30s} {record['confirmed_ms']:9.2f} ms "
+                  f"(sweep {record['median_ms']:.2f})", flush=True)
+
+
 def tune(exp, args, space, configs, layers) -> int:
     """Build, verify and time every configuration on every layer; store the winners."""
     import torch
@@ -132,14 +173,19 @@ def tune(exp, args, space, configs, layers) -> int:
             shown = ",".join(f"{k}={v}" for k, v in params.items())
             print(f"  {shown:30s} " + (f"{record['median_ms']:9.2f} ms" if check.ok else
                                        f"WRONG {check.summary()}"), flush=True)
-        truth.drop()
         if not results:
+            truth.drop()
             print("  no valid configuration", flush=True)
             continue
-        best = min(results, key=lambda r: r["median_ms"])
         base = next((r for r in results if r["params"] == impl.resolve_params()), None)
-        gain = f", {base['median_ms'] / best['median_ms']:.2f}x the defaults" if base else ""
-        print(f"  best: {best['params']} {best['median_ms']:.2f} ms{gain}", flush=True)
+        speed = "median_ms"
+        if args.confirm and len(results) > 1:
+            confirm(exp, impl, layer, truth, results, base, args.confirm)
+            speed = "confirmed_ms"
+        truth.drop()
+        best = min((r for r in results if speed in r), key=lambda r: r[speed])
+        gain = f", {base[speed] / best[speed]:.2f}x the defaults" if base and speed in base else ""
+        print(f"  best: {best['params']} {best[speed]:.2f} ms{gain}", flush=True)
         winners[label] = best["params"]
         if args.store:
             tuning.store("cpu", impl.name, layer, best["params"], machine)
@@ -148,7 +194,7 @@ def tune(exp, args, space, configs, layers) -> int:
         f"tuning_{impl.name}_b{args.batch}.json"
     meta = run_metadata(PROJECT_ROOT, "cpu", args.threads)
     meta.update(implementation=impl.name, space=space, samples=args.samples,
-                timing=exp.timer.method, winners=winners)
+                confirm_rounds=args.confirm, timing=exp.timer.method, winners=winners)
     save_records(out, meta, records)
     if args.store:
         print(f"stored {len(winners)} entries in {tuning.tuning_file('cpu')}")
