@@ -200,11 +200,11 @@ def error_bound(x, w, m: int = 2, points: Sequence = (),
 SLAB_ELEMENTS = 1 << 22
 
 
-def _along(mats, t, spec: str):
-    """``t`` with ``mats`` (one per axis) applied along three axes, by ``spec`` (an einsum
-    whose three leading operands are the matrices)."""
+def _along(mat, t, spec: str):
+    """``t`` with ``mat`` applied along three of its axes, by ``spec`` (an einsum whose three
+    leading operands are ``mat``)."""
     import torch
-    return torch.einsum(spec, *mats, t)
+    return torch.einsum(spec, mat, mat, mat, t)
 
 
 def _domain_sums(u, v, ua, va, terms: int, n0: int, unit_roundoff: float,
@@ -252,8 +252,8 @@ def statistical_bound(x, w, m: int = 2, points: Sequence = (),
         raise ValueError(f"output {tuple(s - 2 for s in xs.shape[2:])} is not a multiple of "
                          f"the tile {m}")
     spec = "ad,be,cf,kxdef->abckx"
-    u = _along((g, g, g), ws, spec).reshape(P, K, C)
-    ua = _along((g.abs(),) * 3, ws.abs(), spec).reshape(P, K, C)
+    u = _along(g, ws, spec).reshape(P, K, C)
+    ua = _along(g.abs(), ws.abs(), spec).reshape(P, K, C)
     tiles = xs.unfold(2, n, m).unfold(3, n, m).unfold(4, n, m)  # N, C, TD, TH, TW, n, n, n
     n0 = path_roundings(m, 1, points)
     out = torch.empty(N, K, TD, TH, TW, m, m, m, dtype=torch.float64)
@@ -262,10 +262,10 @@ def statistical_bound(x, w, m: int = 2, points: Sequence = (),
     for d0 in range(0, TD, slab):
         d1 = min(TD, d0 + slab)
         t = tiles[:, :, d0:d1]
-        v = _along((bt, bt, bt), t, spec).reshape(P, C, -1)
-        va = _along((bt.abs(),) * 3, t.abs(), spec).reshape(P, C, -1)
+        v = _along(bt, t, spec).reshape(P, C, -1)
+        va = _along(bt.abs(), t.abs(), spec).reshape(P, C, -1)
         inner = _domain_sums(u, v, ua, va, C, n0, unit_roundoff, tol_factor)  # P, K, N t
-        y = _along((at.abs(),) * 3, inner.reshape(n, n, n, K, N, -1),
+        y = _along(at.abs(), inner.reshape(n, n, n, K, N, -1),
                    "ia,jb,lc,abcknt->nktijl")
         out[:, :, d0:d1] = y.reshape(N, K, d1 - d0, TH, TW, m, m, m)
     return out.permute(0, 1, 2, 5, 3, 6, 4, 7).reshape(N, K, TD * m, TH * m, TW * m)
@@ -387,8 +387,8 @@ def adjoint_statistical_bound(dy, w, out_shape, pads, unit_roundoff: float = 2.0
     K, C = ws.shape[:2]
     N, _, OD, OH, OW = ds.shape
     spec = "ad,be,cf,kxdef->abcxk"  # U^T per point: [P, C, K]
-    u = _along((g, g, g), ws, spec).reshape(64, C, K)
-    ua = _along((g.abs(),) * 3, ws.abs(), spec).reshape(64, C, K)
+    u = _along(g, ws, spec).reshape(64, C, K)
+    ua = _along(g.abs(), ws.abs(), spec).reshape(64, C, K)
     ds = torch.nn.functional.pad(ds, (0, OW % 2, 0, OH % 2, 0, OD % 2))
     TD, TH, TW = (-(-s // 2) for s in (OD, OH, OW))
     tiles = ds.reshape(N, K, TD, 2, TH, 2, TW, 2)
@@ -401,8 +401,8 @@ def adjoint_statistical_bound(dy, w, out_shape, pads, unit_roundoff: float = 2.0
     for d0 in range(0, TD, slab):
         d1 = min(TD, d0 + slab)
         t = tiles[:, :, d0:d1]
-        v = _along((a, a, a), t, spec).reshape(64, K, -1)
-        va = _along((a.abs(),) * 3, t.abs(), spec).reshape(64, K, -1)
+        v = _along(a, t, spec).reshape(64, K, -1)
+        va = _along(a.abs(), t.abs(), spec).reshape(64, K, -1)
         inner = _domain_sums(u, v, ua, va, K, n0, unit_roundoff, tol_factor)  # 64, C, N t
         inner = inner.reshape(64, C, N, d1 - d0, TH, TW).permute(2, 1, 0, 3, 4, 5)
         y = torch.nn.functional.conv_transpose3d(

@@ -403,3 +403,12 @@ def test_the_confirmation_times_the_finalists_in_turn():
     best = min((r for r in results if "confirmed_ms" in r), key=lambda r: r["confirmed_ms"])
     assert best["params"] == {"X": 2} and "confirmed_ms" not in results[3]
     assert base["confirmed_ms"] == 2.5 and len(base["confirmed_samples_ms"]) == 9
+
+
+@pytest.mark.parametrize("args, words", [(["--confirm", "-1"], "--confirm: must be an integer >= 0"),
+                                         (["--samples", "0"], "--samples: must be an integer >= 1")])
+def test_tune_bad_input(args, words, capsys):
+    from convbench.commands import tune as tune_cmd
+    assert tune_cmd.main(["--paramscsv", "cosmoflow"] + args) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], lines

@@ -7,6 +7,7 @@ the defaults are then timed again in turn (``--confirm``), and the winner is tak
 those samples.  Every configuration's time goes to ``--out``.
 """
 
+import statistics
 from pathlib import Path
 
 from .. import flags, isa
@@ -129,10 +130,8 @@ def confirm(exp, impl, layer, truth, results, base, rounds: int) -> None:
             if case.checks[0].ok:
                 samples[id(record)].extend(case.measurements[0].timing.samples_ms)
     for record in finalists:
-        got = sorted(samples[id(record)])
-        if got:
-            record["confirmed_ms"] = got[len(got) // 2] if len(got) % 2 else \
-                (got[len(got) // 2 - 1] + got[len(got) // 2]) / 2
+        if samples[id(record)]:
+            record["confirmed_ms"] = statistics.median(samples[id(record)])
             record["confirmed_samples_ms"] = samples[id(record)]
             shown = ",".join(f"{k}={v}" for k, v in record["params"].items())
             print(f"  confirmed {shown:30s} {record['confirmed_ms']:9.2f} ms "
