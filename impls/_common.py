@@ -18,6 +18,7 @@ import dace
 
 from convbench.registry import Layer
 from convbench.registry import Layout, stored_shape
+from impls._fold import fold_indices
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,7 +207,8 @@ def program_from_source(source: str, function: str, name: str, namespace=None):
     atomically, shared by every process) and imported from there.  (Source that only
     :mod:`linecache` knows is not enough: DaCe 1.0.2 then misreads array shapes.)
     ``namespace``: names the text uses that have no source form (a DaCe type object),
-    set in the module before its text runs.
+    set in the module before its text runs.  Index expressions are folded first
+    (:func:`impls._fold.fold_indices`).
     """
     import hashlib
     import importlib.util
@@ -214,6 +216,7 @@ def program_from_source(source: str, function: str, name: str, namespace=None):
     import re
     import tempfile
     from pathlib import Path
+    source = fold_indices(source)  # the same program, cheaper for DaCe to parse
     digest = hashlib.sha1(source.encode()).hexdigest()[:12]
     module = re.sub(r"[^A-Za-z0-9_]", "_", f"cb_gen_{name}_{digest}")
     folder = Path(tempfile.gettempdir()) / "convbench-generated"

@@ -131,7 +131,9 @@ def _verify_source(name, function, source, pad_layer, pass_, layer, builds, refe
 BLOCKED_LAYER = Layer("blocked_odd", 2, 3, 5, 6, 5, 7, 3, 3, 3, pad=1, pad_w=0)
 
 
-@pytest.mark.parametrize("pack", [True, False])
+#: Fast tier: the packed filter (the default); full tier: the filter read in place as well
+#: (its unplanted form is verified in the fast tier by tests/test_blocked_kernels.py's EDGE).
+@pytest.mark.parametrize("pack", [True, pytest.param(False, marks=pytest.mark.full)])
 @pytest.mark.parametrize("plant", [None, "unflipped"])
 def test_blocked_bwd_data_catches_an_unflipped_filter(pack, plant, builds, reference):
     """With the filter packed (flipped while copied) and read in place (flipped where
@@ -182,7 +184,9 @@ def test_pixel_groups_catch_a_stale_filter_vector(plant, builds, reference):
     assert check.ok is (plant is None), check.summary()
 
 
-@pytest.mark.parametrize("pass_", [Pass.FWD, Pass.BWD_DATA])
+#: Fast tier: the forward kernel; full tier: the data gradient's as well (the same store
+#: code; its unplanted channel blocks are verified in the fast tier by EDGE's CBLK case).
+@pytest.mark.parametrize("pass_", [Pass.FWD, pytest.param(Pass.BWD_DATA, marks=pytest.mark.full)])
 @pytest.mark.parametrize("plant", [None, "overwrite"])
 def test_channel_blocks_catch_an_overwritten_output(pass_, plant, builds, reference):
     """With the reduction over input channels in blocks, each block adds to the output;
@@ -212,18 +216,21 @@ def test_channel_blocks_catch_an_overwritten_output(pass_, plant, builds, refere
     assert check.ok is (plant is None), check.summary()
 
 
-#: The same plants in a second configuration each (one configuration of each stays in the
-#: fast tier, with its control): full tier.
+#: Fast tier: both forms without row blocks, and row blocks, each with its control and one
+#: or two plants.  Full tier: the other plants (no slices, one vector loop per width tap),
+#: and the same plants in a second configuration each.  The fast tier verifies the
+#: unplanted slice-less and per-tap-loop forms on their own (tests/test_impls_cpu.py
+#: MULTI_VECTOR_FAST; SPLIT 1 is the default).
 _REPEATS = [pytest.param(*p, marks=pytest.mark.full) for p in (
+    (0, 2, "stale_partial", 0), (0, None, None, 0), (0, None, "drop_batch", 0),
+    (0, 2, None, 1), (0, 0, "last_tap", 1),
     (0, 0, "width_tap", 0), (0, 2, "drop_partial", 0), (0, 2, "width_tap", 0),
     (1, 0, "width_tap", 1), (1, 5, "width_tap", 0), (0, 2, "width_tap", 1))]
 
 
 @pytest.mark.parametrize("form, rows, plant, split", [
     (0, 0, None, 0), (0, 0, "drop_partial", 0), (1, 0, None, 0), (1, 0, "width_tap", 0),
-    (0, 2, None, 0), (0, 2, "restart_rows", 0), (0, 2, "stale_partial", 0),
-    (0, None, None, 0), (0, None, "drop_batch", 0), (0, 2, None, 1),
-    (0, 0, "last_tap", 1)] + _REPEATS)
+    (0, 2, None, 0), (0, 2, "restart_rows", 0)] + _REPEATS)
 def test_blocked_bwd_filter_catches_planted_bugs(form, rows, plant, split, builds, reference):
     """``rows`` None: no slices (``SLICES=0``), the batch loops inside each tile.
     ``split``: one vector loop per width tap (``SPLIT=1``)."""
@@ -296,8 +303,9 @@ BORDER_LAYER = Layer("bf_border", 2, 3, 16, 5, 6, 7, 3, 3, 3, pad=1)
 
 
 @pytest.mark.parametrize("rows, plant", [
-    (0, None), (2, None), (0, "row"), (2, "plane"), (0, "plane_range"), (2, "edge_pixel"),
-    (2, "border_row")] + [pytest.param(*p, marks=pytest.mark.full) for p in (
+    (0, None), (2, None), (0, "row"), (2, "edge_pixel"), (2, "border_row")]
+    + [pytest.param(*p, marks=pytest.mark.full) for p in (
+        (2, "plane"), (0, "plane_range"),  # the depth bounds (the rows' stay in the fast tier)
         (2, "row"), (0, "edge_pixel"), (0, "border_row"))])  # the same plants, other form
 def test_blocked_bwd_filter_reads_only_the_input(rows, plant, builds, reference):
     """The kernel reads x in place, bounding its rows and planes to those that read the

@@ -78,6 +78,35 @@ def test_load_compiles_nothing(built, monkeypatch):
         built.get(spec(), policy="rebuild")
 
 
+def test_later_loads_read_the_pickle_and_fall_back_to_the_json(built, monkeypatch):
+    """The first load writes a pickle of the SDFG named after program.sdfg's checksum; a
+    later load makes its program from the pickle, not the JSON, and computes the same; an
+    unreadable pickle leaves the JSON to be read (and is written again)."""
+    import gc
+    import pickle
+
+    import numpy as np
+    b = built.get(spec(), policy="require")
+    entry = built.entry(spec())
+    manifest = json.loads((entry / cache.MANIFEST).read_text())
+    pickled = entry / f"program.{manifest['files']['program.sdfg']['sha256'][:16]}.pickle"
+    assert [p.name for p in entry.glob("program.*.pickle")] == [pickled.name]
+    rng = np.random.default_rng(0)
+    args = {n: rng.random(d.shape, dtype=np.float32) for n, d in b.sdfg.arrays.items()
+            if not d.transient}
+    want = {n: a.copy() for n, a in args.items()}
+    b(**want)
+    del b
+    gc.collect()  # no one holds the program: the next load makes a new one
+    real, read = dace.SDFG.from_file, []
+    monkeypatch.setattr(dace.SDFG, "from_file", lambda *a, **k: read.append(a) or real(*a, **k))
+    built.get(spec(), policy="require")(**args)
+    assert read == [] and all(np.array_equal(args[n], want[n]) for n in args)
+    pickled.write_bytes(b"not a pickle")
+    assert built.get(spec(), policy="require").sdfg.arglist().keys() == args.keys()
+    assert len(read) == 1 and pickle.loads(pickled.read_bytes()).name == manifest["key"]["name"]
+
+
 def test_cli_loadprecompiled_builds_nothing(tmp_path, monkeypatch, capsys):
     path = tmp_path / "layers.csv"
     path.write_text(CSV)

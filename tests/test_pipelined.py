@@ -104,10 +104,13 @@ def meets(row) -> list:
     return missing
 
 
+#: Fast tier: the NDHWC kernel; full tier: the NCDHW one as well (the same main loop, another
+#: gather; both are in the committed table below, which every tier checks).
 @needs_tools
 @pytest.mark.parametrize("impl, layer_set, name, batch", [
     ("implicitGemmPipelined", "cosmoflow", "conv5", 16),
-    ("implicitGemmPipelinedNCDHW", "cosmoflow_mlperf", "conv3", 8)])
+    pytest.param("implicitGemmPipelinedNCDHW", "cosmoflow_mlperf", "conv3", 8,
+                 marks=pytest.mark.full)])
 def test_the_default_main_loop_is_mostly_ffma(impl, layer_set, name, batch):
     layer = next(x for x in load_layers(layer_set) if x.name == name).with_batch(batch)
     probe = gpubuild.probe(impl, layer_set, layer, dict(registry.get(impl).resolve_params({})),

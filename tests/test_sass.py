@@ -136,6 +136,7 @@ needs_tools = pytest.mark.skipif(shutil.which("nvcc") is None or sass.tool_dir()
 
 
 @needs_tools
+@pytest.mark.full  # a check of the toolchain rather than of this project's code
 def test_the_sources_compile_to_the_committed_readings(tmp_path):
     """nvcc and the disassembler installed here read the small kernels as the committed
     listings do (a newer toolchain that changes them shows here first)."""
