@@ -12,10 +12,8 @@
 # Variables: PYTHON (interpreter that creates the venv), VENV, TORCH_SPEC (the torch
 # requirement installed first; the default takes this machine's local CPU wheel),
 # RUN_ARGS (extra flags for `make run`), PYTEST_ARGS, COVERAGE_OUT, TEST_WORKERS (pytest
-# processes, pytest-xdist's -n: one per core and one more by default, at most 4; a test
-# file stays in one process, and the processes share the session's builds; 0 runs in this
-# process).  The one more fills the time that tests spend waiting on their subprocesses:
-# on a 2-core EPYC the fast tier took 524 s with 3 processes, 548 s with 2, longer with 4.
+# processes, pytest-xdist's -n: one per core by default, at most 4; a test file stays
+# in one process, and the processes share the session's builds; 0 runs in this process).
 
 PYTHON     ?= python3
 VENV       ?= .venv
@@ -23,7 +21,7 @@ TORCH_SPEC ?= torch==2.13.0
 RUN_ARGS   ?=
 PYTEST_ARGS ?=
 COVERAGE_OUT ?= results/verify/cpu
-TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print((os.cpu_count() or 1) + 1)")
+TEST_WORKERS ?= auto
 
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.convbench-installed
