@@ -263,9 +263,9 @@ def _fill_one(job: Job, cachedir: str, force: bool) -> Tuple[str, float, str]:
 def _read_sdfg(folder: Path, manifest: Dict[str, Any]):
     """The SDFG of an entry whose files the manifest vouched for (:meth:`BuildCache.inspect`).
 
-    DaCe's JSON reader takes 0.03-0.3 s per program (0.27 s for the register-blocked
-    forward kernel of MLPerf CosmoFlow conv1 at 32^3, 0.7 MB); a pickle of the same SDFG
-    loads in about 0.013 s.  So the first load writes one next to ``program.sdfg``, named
+    DaCe's JSON reader takes ten times as long as a pickle of the same SDFG (0.21 s
+    against 0.014 s for the register-blocked forward kernel of MLPerf CosmoFlow conv1 at
+    32^3; results/cpu/epyc_f25m17_avx512/sdfg_load/).  So the first load writes one next to ``program.sdfg``, named
     after that file's checksum (a rebuilt entry never reads the old one), and later loads,
     in any process, read it.  One that cannot be read (another Python or DaCe, a partial
     copy) or written (a read-only cache) leaves the JSON to be read as before."""
