@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import List, Optional
 
+from .chatter import add_verbose_flag, set_verbose
 from . import flags
 from .errors import ArgumentParser, UsageError, check_at_least, run_main
 from .experiment import Observer
@@ -60,6 +61,7 @@ def build_parser(prog: str = PROG, mode: Optional[str] = None) -> argparse.Argum
 
     g = p.add_argument_group("builds")
     flags.add_build_flags(g)
+    add_verbose_flag(p)
     return p
 
 
@@ -111,6 +113,7 @@ def select_layers(args):
 
 def _main(argv, prog: str = PROG, mode: Optional[str] = None) -> int:
     args = build_parser(prog, mode).parse_args(argv)
+    set_verbose(args.verbose)
     from . import registry
 
     pass_ = resolve_pass(args.pass_)

@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from .autotune import DEFAULT_BUDGET_MIN, parse_budget
+from .chatter import LOG_NAME, add_verbose_flag, set_run_log, set_verbose
 from .errors import ArgumentParser, UsageError, check_at_least, run_main
 from .flags import (add_cachedir_flag, add_device_flag, add_heap_flag, add_implementation_flag,
                     add_outdir_flag, add_precision_flags, add_seed_flag, add_threads_flag,
@@ -76,6 +78,13 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     add_cachedir_flag(p)
     p.add_argument("--require-precompiled", action="store_true",
                    help="fail if a build is not in the cache (default: build what is missing)")
+    p.add_argument("--autotune", nargs="?", const=str(DEFAULT_BUDGET_MIN), default=None,
+                   metavar="MIN",
+                   help="CPU: first time the candidate implementations and a few parameter "
+                   "configurations of every layer and pass on this machine, verified first, "
+                   "and store the winners under its key in tuning/cpu.json (later runs use "
+                   f"them without tuning); at most MIN minutes (default {DEFAULT_BUDGET_MIN:g})")
+    add_verbose_flag(p)
     return p
 
 
@@ -118,9 +127,11 @@ def _main(argv, prog: str = PROG) -> int:
                              "implementation (backward ones go in --impl-map)")
     device = resolve_device(args.device)
     dtype = precision.check_device(precision.from_args(args), device)
-    choice = network.choose(layers, args.implementation, args.impl_map,
-                            need_backward=bool(args.train or args.check), device=device,
-                            dtype=dtype)
+    budget = None if args.autotune is None else parse_budget(args.autotune, "--autotune")
+    if budget is not None and (device != "cpu" or dtype.label != "float32"):
+        raise UsageError("--autotune: the CPU in float32 only (the GPU's tuning is the "
+                         "campaign's tune tier)")
+    set_verbose(args.verbose)
     params: Dict[str, Dict[str, str]] = {}  # IMPL:NAME=VALUE -> {impl: {name: value}}
     for item in args.param:
         impl_name, sep, rest = item.partition(":")
@@ -130,12 +141,26 @@ def _main(argv, prog: str = PROG) -> int:
         params.setdefault(impl_name.strip(), {}).update(registry.parse_param_overrides([rest]))
     for name, values in params.items():
         registry.get(name).resolve_params(values, source=f"--param {name}")
-    network.validate_choice(choice, layers, device, dtype)
     args.threads = set_threads(args.threads)
     if device == "cpu":
         from . import heap
         heap.apply(args.heap)
-    return Run(args, spec, layers, choice, params, device).run()
+    backward = bool(args.train or args.check)
+    # the toolchain's warnings (of the autotune's builds too) go to the run's folder
+    set_run_log(output_folder(args, device, dtype) / LOG_NAME, fresh=True)
+    try:
+        if budget is not None:
+            from .autotune import tune
+            work = [(layer, p) for i, layer in enumerate(layers) for p in Pass
+                    if p == Pass.FWD or (backward and (p != Pass.BWD_DATA or i > 0))]
+            tune(work, budget, cachedir=args.cachedir, threads=args.threads)
+        choice, how = network.choose_explained(layers, args.implementation, args.impl_map,
+                                               need_backward=backward, device=device,
+                                               dtype=dtype)
+        network.validate_choice(choice, layers, device, dtype)
+        return Run(args, spec, layers, choice, params, device, how).run()
+    finally:
+        set_run_log(None)
 
 
 def _train_step(model, opt, x, target):
@@ -147,17 +172,24 @@ def _train_step(model, opt, x, target):
     return loss
 
 
+def output_folder(args, device: str, dtype) -> Path:
+    """``--outdir``, else ``outputs/end2end_<model>_s<S>_b<N>_<device>[_<dtype>]``."""
+    suffix = "" if dtype.label == "float32" else f"_{dtype.label}"
+    return Path(args.outdir or Path("outputs") / f"end2end_{args.model}_s{args.size}"
+                f"_b{args.batch}_{device}{suffix}")
+
+
 class Run:
     """One end-to-end run: models, builds, check, training, timing, result files."""
 
-    def __init__(self, args, spec, layers, choice, params, device):
+    def __init__(self, args, spec, layers, choice, params, device, how=None):
         self.args, self.spec, self.layers, self.choice = args, spec, layers, choice
+        #: layer -> pass -> how its implementation was chosen (network.choose_explained)
+        self.how = how or {}
         from .precision import check_device, from_args
         self.params, self.device = params, device
         self.dtype = check_device(from_args(args), device)
-        suffix = "" if self.dtype.label == "float32" else f"_{self.dtype.label}"
-        self.outdir = Path(args.outdir or Path("outputs") / f"end2end_{args.model}_s{args.size}"
-                           f"_b{args.batch}_{device}{suffix}")
+        self.outdir = output_folder(args, device, self.dtype)
         self.summary: Dict[str, Any] = {}
 
     def _models(self):
@@ -211,10 +243,13 @@ class Run:
               f"threads {torch.get_num_threads() if self.device == 'cpu' else '-'}")
         for layer in self.layers:
             print(f"  {layer.name}: {layer.describe():40s} " +
-                  "  ".join(f"{p}={n}" for p, n in self.choice[layer.name].items()))
+                  "  ".join(f"{p}={n}" + (f" [{self.how[layer.name][p]}]"
+                                          if p in self.how.get(layer.name, {}) else "")
+                            for p, n in self.choice[layer.name].items()))
         self._models()
-        print(f"memory format: {self.format_name}; builds ready in {self.build_seconds:.1f} s",
-              flush=True)
+        log = self.outdir / LOG_NAME
+        print(f"memory format: {self.format_name}; builds ready in {self.build_seconds:.1f} s"
+              + (f" (the toolchain's warnings: {log})" if log.is_file() else ""), flush=True)
         if self.device == "cpu":
             from .heap import describe
             print(f"outputs: torch and DaCe allocate theirs on every call, from the "
@@ -302,6 +337,8 @@ class Run:
                     memory_format=self.format_name, references=["torch"],
                     implementations={k: {str(p): n for p, n in v.items()}
                                      for k, v in self.choice.items()},
+                    chosen_by={k: {str(p): why for p, why in v.items()}
+                               for k, v in self.how.items()},
                     timing={"method": "perf_counter" if self.device == "cpu" else "cuda-events",
                             "warmup": a.warmup, "iterations": a.iters, "flush": False,
                             "interleaved": True, **self._heap()},

@@ -2,7 +2,7 @@
 
 import os
 
-from . import files
+from . import files, isa
 
 
 class UsageError(Exception):
@@ -68,7 +68,7 @@ def run_main(prog: str, body, argv=None) -> int:
     import sys
     try:
         return body(argv)
-    except (UsageError, files.WriteError) as err:
+    except (UsageError, files.WriteError, isa.IsaCapError) as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
         return err.exit_status
     except KeyboardInterrupt:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from typing import Dict, Iterable, List
 
 #: Vector ISAs, widest first, as /proc/cpuinfo names them.
@@ -46,11 +47,40 @@ def widest_of(flags: Iterable[str]) -> str:
     return next((isa for isa in ISAS if isa in flags), "scalar")
 
 
+#: Caps the vector ISA the CPU kernels are built for below the host's widest (``avx2`` on
+#: an AVX-512 host): the flags of wider ISAs are left out of :func:`cpu_flags`, so the
+#: kernels' vector width, the machine's tuning key and the compiler's target all follow
+#: (the builds get ``-mno-avx512f``).  To compare with torch on the same terms, cap it
+#: too: ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2``.
+ISA_ENV = "CONVBENCH_ISA"
+
+
+class IsaCapError(ValueError):
+    """``$CONVBENCH_ISA`` names no ISA (the command line prints it on one line, status 2)."""
+
+    exit_status = 2
+
+
+def isa_cap() -> str:
+    """The ISA ``$CONVBENCH_ISA`` caps this CPU at ("" for none); a name outside
+    :data:`ISAS` raises :class:`IsaCapError`."""
+    cap = os.environ.get(ISA_ENV, "").strip()
+    if cap and cap not in ISAS:
+        raise IsaCapError(f"${ISA_ENV}: unknown ISA {cap!r} (known: {', '.join(ISAS)})")
+    return cap
+
+
 def cpu_flags() -> List[str]:
     """This CPU's feature flags as ``/proc/cpuinfo`` names them (x86 ``flags``, Arm
-    ``Features``)."""
+    ``Features``), less those above :func:`isa_cap`."""
     info = cpuinfo()
-    return (info.get("flags") or info.get("Features") or "").split()
+    flags = (info.get("flags") or info.get("Features") or "").split()
+    cap = isa_cap()
+    if cap:
+        wider = set(ISAS[:ISAS.index(cap)])
+        flags = [f for f in flags if f not in wider
+                 and not (f.startswith("avx512") and "avx512f" in wider)]
+    return flags
 
 
 def widest_isa() -> str:

@@ -314,48 +314,76 @@ GENERAL = {Pass.FWD: "implicitGemm", Pass.BWD_DATA: "implicitGemmBwdData",
 
 
 def default_implementation(layer: Layer, pass_: Pass, device: str, dtype=None) -> str:
-    """On the CPU the fastest implementation of ``pass_`` on ``layer`` as measured here
-    (``bench_cpu.py --store``, :func:`convbench.tuning.best_implementation`), else the
-    implementation that declares ``network-cpu`` where it supports ``layer``; else (and on
-    the GPU) the one that declares ``network`` (:data:`convbench.registry.ROLES`), else the
-    ``cli`` one, else the general one (:data:`GENERAL`), the first that supports ``layer``.  In a
-    precision other than float32 (``dtype``, a :class:`~convbench.precision.DType`), only
-    implementations that build for it count; the first role default that does serves."""
-    general = registry.default("network", pass_)
-    candidates = [registry.default("network", pass_), registry.default("cli", pass_),
-                  GENERAL[Pass(pass_)]]
-    if device == "cpu":
-        candidates[:0] = [tuning.best_implementation(str(pass_), layer, "cpu"),
-                          registry.default("network-cpu", pass_)]
-    for name in candidates:
-        impl = registry.all_implementations().get(name or "")
-        if (impl is not None and impl.pass_ == pass_ and device in impl.targets
+    """The implementation :func:`default_choice` picks."""
+    return default_choice(layer, pass_, device, dtype)[0]
+
+
+def default_choice(layer: Layer, pass_: Pass, device: str, dtype=None) -> Tuple[str, str]:
+    """``(implementation, how it was chosen)`` for ``pass_`` on ``layer`` where the user
+    named none.  On the CPU: the fastest as measured on this machine (``bench_cpu.py
+    --store`` or ``--autotune``, :func:`convbench.tuning.best_implementation`), else the
+    highest-ranked implementation whose rule applies (:func:`convbench.registry.by_rule`,
+    "rule <name>").  Then (and on the GPU) the one that declares ``network-cpu`` (CPU),
+    ``network``, ``cli``, else the general one (:data:`GENERAL`): the first that supports
+    ``layer``.  In a precision other than float32 (``dtype``, a
+    :class:`~convbench.precision.DType`), only implementations that build for it count."""
+    def usable(impl) -> bool:
+        return (impl.pass_ == pass_ and device in impl.targets
                 and (dtype is None or not impl.unsupported_dtype(dtype, device))
-                and not impl.unsupported_reason(layer, tuning.tuned_params(impl, layer, device))):
-            return impl.name
-    return general
+                and not impl.unsupported_reason(layer, tuning.tuned_params(impl, layer, device)))
+
+    impls = registry.all_implementations()
+    if device == "cpu":
+        measured = impls.get(tuning.best_implementation(str(pass_), layer, "cpu") or "")
+        if measured is not None and usable(measured):
+            return measured.name, "measured here"
+        ruled = registry.by_rule(pass_, layer, "cpu", usable)
+        if ruled is not None:
+            return ruled[0].name, f"rule {ruled[1].name}"
+    roles = (["network-cpu"] if device == "cpu" else []) + ["network", "cli"]
+    candidates = [(registry.default(role, pass_), f"{role} default") for role in roles
+                  if registry.members(role, pass_)] + [(GENERAL[Pass(pass_)], "general")]
+    for name, why in candidates:
+        if name in impls and usable(impls[name]):
+            return name, why
+    return registry.default("network", pass_), "network default"  # refused with its reason
 
 
 def choose(layers: Sequence[Layer], impl: Optional[str], maps: Sequence[str] = (),
            need_backward: bool = True, device: str = "cpu", dtype=None) -> Choice:
-    """The implementation of each layer and pass: ``impl`` (``--impl``) forward, else
-    :func:`default_implementation`, whose backward passes also serve (torch's for a
-    torch layer); overridden by the ``--impl-map`` files in ``maps``, whose ``*`` entry
-    applies to the layers they do not name."""
+    """The implementation of each layer and pass (:func:`choose_explained`)."""
+    return choose_explained(layers, impl, maps, need_backward, device, dtype)[0]
+
+
+def choose_explained(layers: Sequence[Layer], impl: Optional[str], maps: Sequence[str] = (),
+                     need_backward: bool = True, device: str = "cpu",
+                     dtype=None) -> Tuple[Choice, Dict[str, Dict[Pass, str]]]:
+    """The implementation of each layer and pass, and how each was chosen: ``impl``
+    (``--impl``) forward, else :func:`default_choice`, whose backward passes also serve
+    (torch's for a torch layer); overridden by the ``--impl-map`` files in ``maps``, whose
+    ``*`` entry applies to the layers they do not name."""
     override = read_impl_maps(maps, [layer.name for layer in layers])
     every = override.get("*", {})
     chosen: Choice = {}
-    for layer in layers:
+    how: Dict[str, Dict[Pass, str]] = {}
+
+    def pick(layer, p, named):
         entry = override.get(layer.name, {})
-        fwd = entry.get(Pass.FWD, every.get(Pass.FWD, impl or default_implementation(
-            layer, Pass.FWD, device, dtype)))
-        chosen[layer.name] = per = {Pass.FWD: fwd}
+        if p in entry or p in every:
+            return entry.get(p, every.get(p)), "--impl-map"
+        if named is not None:
+            return named
+        return default_choice(layer, p, device, dtype)
+
+    for layer in layers:
+        fwd = pick(layer, Pass.FWD, (impl, "--impl") if impl else None)
+        per, why = {Pass.FWD: fwd[0]}, {Pass.FWD: fwd[1]}
         if need_backward:
             for p in (Pass.BWD_DATA, Pass.BWD_FILTER):
-                per[p] = entry.get(p, every.get(p, TORCH if fwd == TORCH else
-                                                default_implementation(layer, p, device,
-                                                                       dtype)))
-    return chosen
+                per[p], why[p] = pick(layer, p, (TORCH, "torch's forward")
+                                      if fwd[0] == TORCH else None)
+        chosen[layer.name], how[layer.name] = per, why
+    return chosen, how
 
 
 def _parse_pass(text: str, message: str) -> Pass:

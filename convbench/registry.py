@@ -100,6 +100,27 @@ Schedule = Callable[..., None]  # (sdfg, layer, params) -> None, transforms in p
 
 
 @dataclasses.dataclass(frozen=True)
+class Rule:
+    """Where an implementation should be the fastest of its pass on a target, without a
+    measurement on the machine at hand: the choice by rule of
+    :func:`convbench.network.default_implementation` where nothing was measured here.
+    ``applies(layer) -> bool`` on the layer (the forward geometry of every pass); of the
+    implementations whose rule applies and which support the layer, the highest ``rank``
+    is chosen (a tie goes to the first registered).  ``name`` is printed with the choice,
+    ``text`` says in words where it applies (``convbench list``)."""
+
+    name: str
+    text: str
+    applies: Callable[[Any], bool]
+    target: str = "cpu"
+    rank: int = 1
+
+    def __post_init__(self):
+        if self.target not in TARGETS:
+            raise ValueError(f"rule {self.name}: unknown target {self.target!r}; known: {TARGETS}")
+
+
+@dataclasses.dataclass(frozen=True)
 class Implementation:
     name: str
     summary: str
@@ -136,6 +157,8 @@ class Implementation:
     default_for: Tuple[str, ...] = ()
     #: The values ``convbench tune`` tries by default, as ``"P=a,b;Q=c"`` (empty: not tuned).
     search_space: str = ""
+    #: Where it should win without a measurement (:class:`Rule`, one per target at most).
+    wins: Tuple[Rule, ...] = ()
     #: ``error_bound(layer, inputs, tol_factor, random_inputs) -> tensor``: a per-element
     #: bound on the error of an algorithm that does not sum the convolution's products
     #: directly (Winograd), which its check uses instead of the direct sums' tolerance
@@ -168,6 +191,10 @@ class Implementation:
         if unknown:
             raise ValueError(f"{self.name}: unknown default roles {sorted(unknown)}; known: "
                              f"{', '.join(ROLES)}")
+        targets = [rule.target for rule in self.wins]
+        if len(set(targets)) != len(targets) or not set(targets) <= set(self.schedules):
+            raise ValueError(f"{self.name}: at most one rule per target it has a schedule for "
+                             f"(rules for {targets}, schedules for {sorted(self.schedules)})")
         names = [p.name for p in self.params]
         if len(set(names)) != len(names):
             raise ValueError(f"{self.name}: duplicated parameter names {names}")
@@ -205,6 +232,10 @@ class Implementation:
         if self.supports is None:
             return None
         return self.supports(layer, params)
+
+    def rule(self, target: str) -> Optional[Rule]:
+        """Its rule on ``target`` (None: it declares none there)."""
+        return next((rule for rule in self.wins if rule.target == target), None)
 
     def unsupported_dtype(self, dtype, target: str = "cpu") -> Optional[str]:
         """None if this implementation builds for the precision ``dtype`` (a
@@ -295,6 +326,22 @@ def defaults(role: str) -> Dict[Pass, str]:
     return {pass_: default(role, pass_) for pass_ in Pass}
 
 
+def by_rule(pass_, layer, target: str,
+            usable: Callable[[Implementation], bool] = lambda impl: True):
+    """``(implementation, rule)``: of the implementations of ``pass_`` whose rule on
+    ``target`` applies to ``layer`` and that are ``usable`` (support the layer, build in
+    the precision), the one of highest rank, the first registered on a tie; None if
+    none."""
+    found = None
+    for impl in all_implementations().values():
+        rule = impl.rule(target)
+        if (rule is not None and impl.pass_ == Pass(pass_)
+                and (found is None or rule.rank > found[1].rank)
+                and rule.applies(layer) and usable(impl)):
+            found = (impl, rule)
+    return found
+
+
 def parse_param_overrides(items: Sequence[str]) -> Dict[str, str]:
     """``["CTAtileM=64", ...]`` -> ``{"CTAtileM": "64"}`` (values validated later)."""
     out: Dict[str, str] = {}
@@ -316,6 +363,8 @@ def format_listing(impls: Mapping[str, Implementation]) -> str:
                      f"{', '.join(impl.targets)}")
         if impl.default_for:
             lines.append(f"    default for: {', '.join(impl.default_for)}")
+        for rule in impl.wins:
+            lines.append(f"    rule ({rule.target}, rank {rule.rank}): {rule.name}: {rule.text}")
         if impl.search_space:
             lines.append(f"    search space: {impl.search_space}")
         if impl.params:
@@ -344,7 +393,8 @@ def format_markdown(impls: Mapping[str, Implementation]) -> str:
     for impl in sorted(impls.values(), key=lambda i: (list(Pass).index(i.pass_), i.name)):
         rows.append("| " + " | ".join([
             f"`{impl.name}`", str(impl.pass_), str(impl.layout), ", ".join(impl.targets),
-            ", ".join(impl.default_for), cell(impl.summary),
+            ", ".join([*impl.default_for, *(f"rule {r.name} ({r.target})" for r in impl.wins)]),
+            cell(impl.summary),
             ", ".join(f"`{p.name}`" for p in impl.params) or "none",
             cell(impl.constraints) or "every layer",
             ", ".join(impl.handles) or "the basic model",

@@ -265,4 +265,15 @@ def run_metadata(root: Path, device: str, threads: Optional[int]) -> Dict[str, A
         "device": device_metadata(device),
         "threads": {"requested": threads, "torch": torch.get_num_threads(),
                     "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")},
+        "isa": _isa_metadata(torch),
     }
+
+
+def _isa_metadata(torch) -> Dict[str, Any]:
+    """The vector ISA the CPU kernels are built for, its cap (``$CONVBENCH_ISA``), and
+    what torch's own CPU kernels use (ATen's capability, oneDNN's cap)."""
+    from . import isa
+    capability = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", None)
+    return {"kernels": isa.widest_isa(), "cap": isa.isa_cap() or None,
+            "torch": capability() if capability else None,
+            "ONEDNN_MAX_CPU_ISA": os.environ.get("ONEDNN_MAX_CPU_ISA")}

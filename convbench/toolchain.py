@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, Mapping, Optional, Tuple
 
-from . import launch, loader, precision, replay
+from . import chatter, isa, launch, loader, precision, replay
 from .errors import UsageError
 from .layers import Layer
 from .registry import Implementation
@@ -61,10 +61,12 @@ def dace_settings(target: str, build_root: Path,
         ("default_build_folder",): str(build_root),
         # Fail loudly rather than silently reuse a stale binary: we name builds uniquely.
         ("compiler", "use_cache"): False,
+        # The parser's progress bars only with -v (convbench.chatter)
+        ("progress",): chatter.progress_setting(),
     }
     if target == "cpu":
         settings[("compiler", "cpu", "args")] = _tuning_args(
-            _vector_width_args(cfg.get("compiler", "cpu", "args")))
+            _vector_width_args(_isa_cap_args(cfg.get("compiler", "cpu", "args"))))
     if target == "gpu":
         cuda_args = cfg.get("compiler", "cuda", "args").replace("-march=native", PORTABLE_MARCH)
         # nvcc 13 fix (CUB 3): DaCe 1.0.2's runtime headers (dace/cuda/multidim_gbar.cuh,
@@ -199,6 +201,22 @@ def _native_march() -> str:
     return _native_target().get("-march=", "unknown")
 
 
+def _host_avx512() -> bool:
+    """Whether the kernels are built for AVX-512 here: the compiler's native target has
+    it and :func:`convbench.isa.isa_cap` leaves it."""
+    return (_native_target().get("-mavx512f") == "[enabled]"
+            and isa.widest_isa() == "avx512f")
+
+
+def _isa_cap_args(args: str) -> str:
+    """``args`` with ``-mno-avx512f`` where ``$CONVBENCH_ISA`` caps an AVX-512 host below it
+    (gcc then leaves out every AVX-512 subset)."""
+    if ("-march=native" in args and "-mno-avx512f" not in args
+            and _native_target().get("-mavx512f") == "[enabled]" and not _host_avx512()):
+        return f"{args} -mno-avx512f"
+    return args
+
+
 #: Added to CPU builds where ``-march=native`` enables AVX-512 but prefers narrower vectors.
 WIDE_VECTORS = "-mprefer-vector-width=512"
 
@@ -212,7 +230,7 @@ def _vector_width_args(args: str) -> str:
     alone: their tuned entries pick 8-lane vectors."""
     target = _native_target()
     if ("-march=native" not in args or "-mprefer-vector-width" in args
-            or target.get("-mavx512f") != "[enabled]"
+            or not _host_avx512()
             or target.get("-mprefer-vector-width=") in (None, "512")):
         return args
     return f"{args} {WIDE_VECTORS}"
@@ -235,7 +253,7 @@ def _tuning_args(args: str) -> str:
     target = _native_target()
     if ("-march=native" not in args or "-mtune" in args
             or not target.get("-mtune=", "").startswith("znver")
-            or target.get("-mavx512f") == "[enabled]"):
+            or _host_avx512()):
         return args
     return f"{args} {GENERIC_TUNE}"
 
@@ -405,7 +423,8 @@ def compile_spec(spec: BuildSpec, folder: Path,
 
     folder = Path(folder)
     times = {}
-    with dace_config(spec.target, folder.parent, spec.dtype), _fewer_collections():
+    with dace_config(spec.target, folder.parent, spec.dtype), _fewer_collections(), \
+            chatter.captured(folder / chatter.LOG_NAME, spec.name):
         t0 = time.perf_counter()
         sdfg = make_sdfg(spec)
         if prepare is not None:

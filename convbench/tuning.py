@@ -9,18 +9,20 @@ name and CUDA version)::
         "<implementation>": {"<layer key>": {"PIX": 16, ...}}},
         "best": {"<pass>": {"<layer key>": "<implementation>"}}}}}
 
-where the layer key is :meth:`convbench.layers.Layer.key` (geometry and batch).  Only
-the entries of this machine apply: a CPU with none gets the implementations' defaults,
-and a line on standard error says so (once per implementation), never another
-machine's choice in silence.  A file of the older form ``{"entries": ...}`` (no
-machines) applies to any machine.  The
-parameters of a build are, in increasing precedence: the implementation's defaults,
-the tuned entry for the layer (if any), and the user's ``--param`` values.
+where the layer key is :meth:`convbench.layers.Layer.key` (geometry and batch).  The
+entry of this machine applies; where it has none for a layer, that of the nearest
+machine of the same ISA (GPU: of the same architecture, :func:`nearest_machine`), and a
+line on standard error names it (once per implementation); with neither, the
+implementation's defaults, and a line says so: never another machine's parameters in
+silence.  A file of the older form ``{"entries": ...}`` (no machines) applies to any
+machine.  The parameters of a build are, in increasing precedence: the implementation's
+defaults, the tuned (or borrowed) entry for the layer, and the user's ``--param`` values.
 ``$CONVBENCH_TUNING`` names another file, or ``off`` to ignore tuning.
 
-``best`` (written by ``scripts/bench_cpu.py --store``) names the fastest implementation
-of a pass per layer, as the benchmark measured it with the tuned parameters; the
-end-to-end network takes it by default (:func:`best_implementation`).
+``best`` (written by ``scripts/bench_cpu.py --store`` and the quick autotune,
+:mod:`convbench.autotune`) names the fastest implementation of a pass per layer, as
+measured on this machine with the tuned parameters; the end-to-end network takes it by
+default (:func:`best_implementation`; this machine's only, never a neighbour's).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import functools
 import itertools
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
@@ -46,6 +49,10 @@ _SAID: set = set()
 #: Names the GPU whose entries a build for the GPU takes, where none is visible (GPU code
 #: is compiled on hosts without one): ``NVIDIA H200 (CUDA 13.0)``, as the campaign writes it.
 GPU_ENV = "CONVBENCH_GPU"
+#: Sets the CPU's machine key (:func:`machine_id`), e.g. to see what a machine with no
+#: entries of its own gets: ``CONVBENCH_MACHINE="unseen | avx512f"``.  The host's entries
+#: under its real key are then hidden, not taken as the nearest machine's.
+MACHINE_ENV = "CONVBENCH_MACHINE"
 
 
 @functools.lru_cache(maxsize=None)
@@ -67,12 +74,25 @@ def machine_id(target: str = "cpu") -> str:
         return "gpu"
     if target != "cpu":
         return target
+    if os.environ.get(MACHINE_ENV, "").strip():
+        return os.environ[MACHINE_ENV].strip()
     import platform
     info = isa.cpuinfo()
     generation = (f" (family {info['cpu family']} model {info['model']})"
                   if "cpu family" in info and "model" in info else "")
     model = info.get("model name") or platform.processor() or platform.machine()
     return f"{model}{generation} | {isa.widest_isa()}"
+
+
+def _host_id(target: str) -> Optional[str]:
+    """The key of this host itself, ignoring ``$CONVBENCH_MACHINE`` (CPU only)."""
+    if target != "cpu" or not os.environ.get(MACHINE_ENV, "").strip():
+        return None
+    saved = os.environ.pop(MACHINE_ENV)
+    try:
+        return machine_id.__wrapped__(target)
+    finally:
+        os.environ[MACHINE_ENV] = saved
 
 
 def machine_folder() -> str:
@@ -129,22 +149,89 @@ def _mine(data: Mapping[str, Any], target: str) -> Mapping[str, Any]:
 
 
 def tuned_entry(impl_name: str, layer, target: str) -> Dict[str, int]:
-    """The tuned parameters stored for ``impl_name`` on ``layer`` (possibly empty)."""
-    mine = entries(target)
-    if impl_name not in mine and impl_name not in _WARNED and any(
-            impl_name in m.get("entries", {}) for m in load(target).get("machines", {}).values()):
+    """The tuned parameters of ``impl_name`` on ``layer``: this machine's entry, else that
+    of the nearest machine with the same ISA (:func:`nearest_machine`; a note on standard
+    error says which, once per implementation), else none (empty: the defaults)."""
+    found = dict(entries(target).get(impl_name, {}).get(layer.key(), {}))
+    source = machine_id(target)
+    if not found:
+        near = nearest_machine(target)
+        entry = _section(near, target).get("entries", {}).get(impl_name, {}).get(layer.key())
+        if entry:
+            found, source = dict(entry), near
+            if (impl_name, near) not in _SAID:
+                _SAID.add((impl_name, near))
+                print(f"note: {impl_name}: no entries for this machine ({machine_id(target)}) "
+                      f"in {tuning_file(target)}; parameters tuned on the nearest machine "
+                      f"with the same {'architecture' if target == 'gpu' else 'ISA'}, "
+                      f"{near}", file=sys.stderr)
+    if (not found and impl_name not in entries(target) and impl_name not in _WARNED
+            and any(impl_name in m.get("entries", {})
+                    for m in load(target).get("machines", {}).values())):
         _WARNED.add(impl_name)
         how = (f"scripts/tune_cpu.py --implementation {impl_name} --store" if target == "cpu"
                else "the GPU campaign's tune tier, scripts/gpu_campaign.py run --tier tune")
         print(f"note: {tuning_file(target)} has no {impl_name} entries for this machine "
-              f"({machine_id(target)}), only for others: its defaults are used (tune it here "
-              f"with {how})", file=sys.stderr)
-    found = dict(mine.get(impl_name, {}).get(layer.key(), {}))
+              f"({machine_id(target)}) or one of its {'architecture' if target == 'gpu' else 'ISA'}, "
+              f"only for others: its defaults are used (tune it here with {how})",
+              file=sys.stderr)
     if found and target == "gpu" and (impl_name, layer.key()) not in _SAID:
         _SAID.add((impl_name, layer.key()))
-        print(f"note: {impl_name} on {layer.key()}: tuned parameters of {machine_id(target)} "
+        print(f"note: {impl_name} on {layer.key()}: tuned parameters of {source} "
               f"from {tuning_file(target)}: {found}", file=sys.stderr)
     return found
+
+
+def _section(name: Optional[str], target: str) -> Mapping[str, Any]:
+    """The tuning file's section of the machine ``name`` (empty for None or none)."""
+    return load(target).get("machines", {}).get(name, {}) if name else {}
+
+
+_CPU_ID = re.compile(r"^(?P<model>.*?)(?: \(family (?P<family>\d+) model (?P<number>\d+)\))?"
+                     r" \| (?P<isa>\S+)$")
+#: GPU model names and their architecture (compute capability): the GPUs whose tuned
+#: entries another of the same architecture falls back on.
+GPU_ARCHITECTURES = {"H100": "sm_90", "H200": "sm_90", "GH200": "sm_90", "H800": "sm_90",
+                     "H20": "sm_90", "A100": "sm_80", "A800": "sm_80", "A30": "sm_80",
+                     "A10": "sm_86", "A40": "sm_86", "L4": "sm_89", "L40": "sm_89",
+                     "L40S": "sm_89", "B200": "sm_100", "B100": "sm_100", "V100": "sm_70",
+                     "T4": "sm_75"}
+
+
+def gpu_architecture(name: str) -> Optional[str]:
+    """The architecture of the GPU a machine key names (None: not one we know)."""
+    return next((GPU_ARCHITECTURES[w] for w in re.findall(r"[A-Za-z0-9]+", name)
+                 if w in GPU_ARCHITECTURES), None)
+
+
+def nearest_machine(target: str) -> Optional[str]:
+    """Of the other machines in the tuning file, the one nearest this one (None if none
+    qualifies).  CPU: the same widest ISA (:func:`machine_id`'s last part), then the same
+    vendor, the same family and the nearest model number, then the file's order.  GPU:
+    the same architecture (:data:`GPU_ARCHITECTURES`), then the same CUDA version."""
+    here = machine_id(target)
+    # a machine key set by hand hides this host's own entries: they are not borrowed
+    hidden = {here, _host_id(target)}
+    names = [n for n in load(target).get("machines", {}) if n not in hidden]
+    if target == "gpu":
+        arch = gpu_architecture(here)
+        cuda = re.search(r"\(CUDA [^)]*\)", here)
+        same = [n for n in names if arch and gpu_architecture(n) == arch]
+        same.sort(key=lambda n: not (cuda and cuda.group(0) in n))
+        return same[0] if same else None
+    me = _CPU_ID.match(here)
+    if not me:
+        return None
+    def distance(name):
+        other = _CPU_ID.match(name)
+        vendor = re.findall(r"[A-Za-z]+", other["model"])[:1] != \
+            re.findall(r"[A-Za-z]+", me["model"])[:1]
+        family = other["family"] != me["family"]
+        model = (abs(int(other["number"]) - int(me["number"]))
+                 if not family and other["number"] and me["number"] else 0)
+        return (vendor, family, model)
+    same = [n for n in names if _CPU_ID.match(n) and _CPU_ID.match(n)["isa"] == me["isa"]]
+    return min(same, key=distance) if same else None
 
 
 def entries_anywhere(impl_name: str, layer, target: str) -> List[Dict[str, int]]:

@@ -46,6 +46,7 @@ once per ``wb`` FMAs and each input value once per ``nb`` FMAs.
 """
 
 from convbench.registry import ALL_PRECISIONS, Layout, Pass
+from impls._rules import DIRECT
 from convbench.registry import Implementation, Param, register
 from impls._blocked import (blocked_source, channel_tiles_outer, cpu_schedule,
                             generated_program, kouter_param, largest_divisor, micro_tile,
@@ -110,4 +111,5 @@ register(Implementation(
     anisotropic_pad=True,
     registers=registers_of(tile_sizes),
     precisions=ALL_PRECISIONS,
+    wins=(DIRECT,),
 ))

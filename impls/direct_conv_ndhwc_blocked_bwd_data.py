@@ -20,6 +20,7 @@ layers the contiguous packed stream is faster.  The tuner picks per layer.
 import math
 
 from convbench.registry import ALL_PRECISIONS, Implementation, Layout, Pass, Param, register
+from impls._rules import DIRECT
 from impls._blocked import (auto_switch, blocked_source, channel_tiles_outer, cpu_schedule,
                             generated_program, kouter_param, micro_tile, nv_param,
                             channel_block, cblk_param, group_param, edge_param,
@@ -98,4 +99,5 @@ register(Implementation(
     anisotropic_pad=True,
     registers=registers_of(tile_sizes),
     precisions=ALL_PRECISIONS,
+    wins=(DIRECT,),
 ))

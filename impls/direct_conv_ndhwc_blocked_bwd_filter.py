@@ -50,6 +50,7 @@ from collections import namedtuple
 from typing import Dict, List, NamedTuple
 
 from convbench.registry import ALL_PRECISIONS, Implementation, Layout, Pass, Param, register
+from impls._rules import DIRECT
 from impls._blocked import (channel_vectors, cpu_schedule, generated_program, largest_divisor,
                             map_header, nv_param, signature, lanes_param, tile_registers,
                             switch, widens)
@@ -466,11 +467,15 @@ register(Implementation(
                                f"{PARTIAL_BYTES >> 20} MiB); 0: no slices, each tile "
                                "reduces over all pixels and writes dL/dw itself (ROWS unused)",
                   minimum=0),
-            Param("CB", 4, "broadcast channels per micro-tile: input channels (FORM 0, a "
+            # CB 2 x NV 2 (x 3 width taps: 12 accumulators, AVX2's whole budget): of the 51
+            # entries tuned on three machines, AVX2 and AVX-512 (tuning/cpu.json), 44 chose
+            # NV 2 and 30 both; conv1 of MLPerf 64^3 b2: 16.9 ms against 25.2 with NV 1
+            # (AMD EPYC f25m17, results/cpu/epyc_f25m17_avx512/unseen_machine/conv1/).
+            Param("CB", 2, "broadcast channels per micro-tile: input channels (FORM 0, a "
                            "divisor of C) or output channels (FORM 1, of K)"),
             lanes_param("NB", "vector lanes: output channels (FORM 0, a divisor of K) or "
                               "input channels (FORM 1, of C)"),
-            nv_param(),
+            nv_param(2),
             Param("TAPW", 1, "1: the kernel's width taps share each dy load in one tile",
                   minimum=0, check=switch),
             Param("TAPS", 0, "1: the depth and height taps loop inside each output row "
@@ -498,4 +503,5 @@ register(Implementation(
     anisotropic_pad=True,
     registers=registers,
     precisions=ALL_PRECISIONS,
+    wins=(DIRECT,),
 ))

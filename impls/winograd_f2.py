@@ -5,6 +5,7 @@ the price of a larger rounding error, which its check bounds with
 (docs/winograd.md)."""
 
 from convbench.registry import Implementation, Layout, Pass, register
+from impls._rules import WINOGRAD
 from impls import _winograd, _winograd_fields
 from impls._blocked import cpu_schedule
 
@@ -21,4 +22,5 @@ register(Implementation(
     search_space=_winograd_fields.SEARCH_SPACE,
     registers=_winograd_fields.registers_of(Pass.FWD),
     **_winograd_fields.pass_fields(Pass.FWD, _winograd.program),
+    wins=(WINOGRAD,),
 ))

@@ -7,6 +7,7 @@ filter is transformed, which the kernel does anyway: the original filter's outpu
 channels are already its innermost dimension, the vector dimension of the transform."""
 
 from convbench.registry import Implementation, Layout, Pass, register
+from impls._rules import WINOGRAD_DATA
 from impls import _winograd, _winograd_fields
 from impls._blocked import cpu_schedule
 
@@ -21,4 +22,5 @@ register(Implementation(
     search_space=_winograd_fields.SEARCH_SPACE,
     registers=_winograd_fields.registers_of(Pass.BWD_DATA),
     **_winograd_fields.pass_fields(Pass.BWD_DATA, _winograd.program),
+    wins=(WINOGRAD_DATA,),
 ))

@@ -6,6 +6,7 @@ input patch with its 2^3 values of dL/dy: the forward F(2, 3)'s matrices in othe
 tiles (:mod:`impls._winograd_filter`; the error bound in docs/winograd.md)."""
 
 from convbench.registry import Implementation, Layout, Pass, register
+from impls._rules import WINOGRAD_FILTER
 from impls import _winograd, _winograd_fields, _winograd_filter
 from impls._blocked import cpu_schedule
 from impls._common import layer_constants
@@ -32,4 +33,5 @@ register(Implementation(
     constraints=_winograd_fields.CONSTRAINTS,
     anisotropic_pad=True,
     handles=("asymmetric padding",),  # only the output size depends on it
+    wins=(WINOGRAD_FILTER,),
 ))

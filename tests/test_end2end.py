@@ -88,8 +88,11 @@ def test_impl_map_csv_takes_the_fastest(tmp_path):
     assert choice["conv2"][Pass.FWD] == "implicitGemm"
     assert choice["conv2"][Pass.BWD_FILTER] == "implicitGemmsplitKBwdFilter"
     assert set(choice["conv3"].values()) == {"torch"}
-    # Unnamed layers get the CPU's register-blocked kernels, or the implicit GEMMs on the GPU.
-    assert choice["conv4"] == registry.defaults("network-cpu")
+    # Unnamed layers get their default: measured here or by rule on the CPU (conv5, 2^3
+    # outputs, is no Winograd layer), the implicit GEMMs on the GPU.
+    assert choice["conv4"] == {p: network.default_implementation(layers[3], p, "cpu")
+                               for p in Pass}
+    assert all(registry.get(n).rule("cpu") for n in choice["conv5"].values())
     gpu = network.choose(layers, None, [str(tmp_path / "b.json")], device="gpu")
     assert gpu["conv4"] == registry.defaults("network")
     network.validate_choice(choice, layers, "cpu")
@@ -160,7 +163,11 @@ def test_small_training_run_checks_and_writes_results(small_run):
     assert train["total"] >= sum(v for k, v in train.items() if k != "total") * 0.999
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["status"] == "complete" and meta["check"]["ok"]
-    assert meta["implementations"]["conv2"]["bwd_data"] == "directConvNDHWCblockedBwdData"
+    conv2 = network.conv_layers(network.MODELS["mlperf"], 32, 2)[1]
+    assert meta["implementations"]["conv2"]["bwd_data"] == network.default_implementation(
+        conv2, Pass.BWD_DATA, "cpu")
+    assert meta["chosen_by"]["conv2"]["bwd_data"] in ("measured here", "rule winograd-3x3x3-data")
+    assert meta["isa"]["kernels"] and "torch" in meta["isa"]
     with open(out / "summary.csv") as f:
         rows = list(csv.DictReader(f))
     conv = [r for r in rows if r["layer"] == "forward.conv1.fwd" and r["backend"] == "dace"][0]

@@ -367,7 +367,11 @@ def test_winners_are_the_fastest_verified_configuration(tmp_path, monkeypatch):
         got = tuning.tuned_params(impl, layer, "gpu")
         assert dict(got) == fast
         assert tuning.best_implementation("fwd", layer, "gpu") is None
+        # another GPU of the same architecture (sm_90) borrows them; one of another, not
         monkeypatch.setenv(tuning.GPU_ENV, "NVIDIA H100 80GB HBM3 (CUDA 13.0)")
+        tuning.machine_id.cache_clear()
+        assert dict(tuning.tuned_params(impl, layer, "gpu")) == fast
+        monkeypatch.setenv(tuning.GPU_ENV, "NVIDIA A100-SXM4-80GB (CUDA 13.0)")
         tuning.machine_id.cache_clear()
         assert dict(tuning.tuned_params(impl, layer, "gpu")) == default
     finally:

@@ -16,6 +16,7 @@ each round's medians and ratio.
 import math
 from pathlib import Path
 
+from ..chatter import add_verbose_flag, set_verbose
 from .. import flags, schema, tuning
 from ..errors import ArgumentParser, UsageError, check_at_least, run_main
 from ..toolchain import PROJECT_ROOT
@@ -56,6 +57,7 @@ def build_parser(prog: str = PROG):
     flags.add_precision_flags(p)
     flags.add_outdir_flag(p, "results/cpu/<machine>/bench_cpu_<sets>_b<B>[_<dtype>]/")
     flags.add_cachedir_flag(p)
+    add_verbose_flag(p)
     return p
 
 
@@ -65,6 +67,7 @@ def main(argv=None, prog: str = PROG) -> int:
 
 def _main(argv, prog: str) -> int:
     args = build_parser(prog).parse_args(argv)
+    set_verbose(args.verbose)
     check_at_least(("--batch", args.batch, 1), ("--samples", args.totaliter, 5),
                    ("--warmup", args.warmupiter, 1), ("--threads", args.threads, 1),
                    ("--rounds", args.rounds, 1))

@@ -1,4 +1,6 @@
-"""Parameter search for a CPU implementation: the fastest tile sizes per layer.
+"""Parameter search for a CPU implementation: the fastest tile sizes per layer; with
+``--quick SET``, the quick autotune of every pass over the candidate implementations
+(:mod:`convbench.autotune`).
 
 docs/benchmarking.md, "Tuning and the CPU bench", describes the search and where the winners
 that ``--store`` writes are used.  Each configuration gets one warm-up call before its
@@ -11,6 +13,7 @@ import statistics
 from pathlib import Path
 
 from .. import flags, isa
+from ..chatter import add_verbose_flag, set_verbose
 from ..tuning import parse_space
 from ..errors import ArgumentParser, UsageError, check_at_least, run_main
 from ..toolchain import PROJECT_ROOT
@@ -42,6 +45,16 @@ def build_parser(prog: str = PROG):
                    "defaults timed again in turn, R blocks of --samples calls each, the "
                    "winner taken from all their samples (default 3; 0: the sweep's fastest)")
     p.add_argument("--store", action="store_true", help="write the winners to the tuning file")
+    p.add_argument("--quick", nargs="+", default=None, metavar="SET",
+                   help="the quick autotune instead, on these layer sets: per layer and pass "
+                   "(--passes), the implementations with a rule and a few configurations of "
+                   "each, verified, timed, the winners stored under this machine's key (the "
+                   "implementation and --space flags do not apply)")
+    p.add_argument("--budget", default=None, metavar="MIN",
+                   help="with --quick: at most MIN minutes (default 10)")
+    p.add_argument("--passes", default="fwd,bwd_data,bwd_filter", metavar="P,...",
+                   help="with --quick: the passes to tune (default all three)")
+    add_verbose_flag(p)
     flags.add_out_flag(p, "results/cpu/<machine>/tuning/tuning_<impl>_b<B>.json")
     flags.add_cachedir_flag(p)
     return p
@@ -55,6 +68,11 @@ def _main(argv, prog: str) -> int:
     args = build_parser(prog).parse_args(argv)
     check_at_least(("--batch", args.batch, 1), ("--threads", args.threads, 1),
                    ("--samples", args.samples, 1), ("--confirm", args.confirm, 0))
+    set_verbose(args.verbose)
+    if args.quick is not None:
+        return quick(args)
+    if args.budget is not None:
+        raise UsageError("--budget: only with --quick")
     from ..devices import set_threads
     from ..experiment import Experiment, TimingOptions, resolve_implementations
     from ..layersets import load_layers
@@ -71,6 +89,40 @@ def _main(argv, prog: str) -> int:
                      cachedir=args.cachedir, threads=args.threads,
                      timing=TimingOptions(warmup=1, iterations=args.samples))
     return tune(exp, args, space, configs, layers)
+
+
+def quick(args) -> int:
+    """``--quick SET ...``: the quick autotune (:mod:`convbench.autotune`)."""
+    from ..autotune import DEFAULT_BUDGET_MIN, parse_budget, tune as autotune
+    from ..devices import set_threads
+    from ..layouts import Pass
+    from ..layersets import load_layers
+    if args.implementation or args.space or args.paramscsv:
+        raise UsageError("--quick: takes its layer sets as its values; --implementation, "
+                         "--space and --paramscsv do not apply")
+    budget = parse_budget(args.budget if args.budget is not None else DEFAULT_BUDGET_MIN)
+    try:
+        passes = [Pass(p.strip()) for p in args.passes.split(",") if p.strip()]
+    except ValueError:
+        raise UsageError(f"--passes: expected names among fwd, bwd_data, bwd_filter, got "
+                         f"{args.passes!r}") from None
+    if not passes:
+        raise UsageError("--passes: name at least one pass")
+    layers = [layer.with_batch(args.batch) for s in args.quick for layer in load_layers(s)]
+    set_threads(args.threads)
+    result = autotune([(layer, p) for layer in layers for p in passes], budget,
+                      cachedir=args.cachedir, threads=args.threads)
+    from .. import tuning
+    from ..results import run_metadata, save_records
+    out = Path(args.out) if args.out else (
+        PROJECT_ROOT / "results" / "cpu" / tuning.machine_folder() / "tuning" /
+        f"autotune_{'_'.join(Path(s).stem for s in args.quick)}_b{args.batch}.json")
+    meta = run_metadata(PROJECT_ROOT, "cpu", args.threads)
+    meta.update(kind="autotune", sets=args.quick, budget_min=budget, passes=args.passes,
+                seconds=round(result["seconds"], 1), left=result["left"])
+    save_records(out, meta, result["candidates"])
+    print(f"candidates' times: {out}")
+    return 0
 
 
 def candidates(impl, layer, configs):

@@ -1,0 +1,27 @@
+"""The table of README.md from the summary.csv of each run folder here:
+python results/cpu/epyc_f25m17_avx512/unseen_machine/table.py"""
+import csv
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RUNS = ["before", "hidden_avx512", "hidden_avx2", "rules_only_avx512", "rules_only_avx2",
+        "autotune_run", "autotuned_avx512"]
+
+
+def medians(folder):
+    with open(folder / "summary.csv") as f:
+        return {(r["layer"], r["backend"]): float(r["median_ms"]) for r in csv.DictReader(f)}
+
+
+def ratio(m, parts):
+    dace = sum(m[(p, "dace")] for p in parts)
+    torch = sum(m[(p, "torch")] for p in parts)
+    return f"{torch:.1f} / {dace:.1f} ms = **{dace / torch:.2f}x**"
+
+
+print("| run | forward (torch / DaCe) | training step | conv1 in the step (forward + filter gradient) |")
+print("|---|---|---|---|")
+for run in RUNS:
+    m = medians(HERE / run)
+    print(f"| `{run}` | {ratio(m, ['forward.total'])} | {ratio(m, ['train.total'])} | "
+          f"{ratio(m, ['train.conv1.fwd', 'train.conv1.bwd'])} |")
