@@ -13,8 +13,9 @@ as they stand here (this machine's entry, else the nearest machine's), its defau
 :data:`NEIGHBOURS` in all, less those whose micro-tile would spill.
 
 It is bounded by a budget in minutes: builds run first (in parallel, as the precompile
-step does) and stop being started when the budget is spent; timing then stops at the
-first layer and pass it cannot start in time.  What was measured by then is stored, and
+step does) and stop being started when :data:`BUILD_SHARE` of it is spent (the few
+already running finish); timing then stops at the first layer and pass it cannot start
+before the budget's end.  What was measured by then is stored, and
 what was left is said.  docs/tuning.md describes it with the times measured.
 """
 
@@ -36,6 +37,8 @@ NEIGHBOURS = 3
 DEFAULT_BUDGET_MIN = 10.0
 #: Timed calls per configuration and round, after one warm-up call; rounds in turn.
 SAMPLES, ROUNDS = 5, 2
+#: The share of the budget builds may take; the rest is kept for timing.
+BUILD_SHARE = 0.7
 
 
 def parse_budget(text, flag: str = "--budget") -> float:
@@ -95,9 +98,10 @@ def candidates(layer: Layer, pass_: Pass, target: str = "cpu") -> List[Candidate
 
 def tune(work: Sequence[Tuple[Layer, Pass]], budget_min: float, cachedir=None,
          threads: Optional[int] = None, workers: int = 2, store: bool = True,
-         say: Callable[[str], None] = print) -> Dict[str, object]:
+         heap: str = "warm", say: Callable[[str], None] = print) -> Dict[str, object]:
     """Autotune each ``(layer, pass)`` of ``work`` within ``budget_min`` minutes; store the
-    winners (``store``) under this machine's key.  Returns a summary: ``seconds``,
+    winners (``store``) under this machine's key; time under the heap policy ``heap``
+    (:mod:`convbench.heap`, the run's own).  Returns a summary: ``seconds``,
     ``winners`` (``"<layer key>/<pass>" -> (implementation, params, ms)``), ``left`` (the
     layer-passes not measured) and ``candidates`` (every one, as records)."""
     import torch
@@ -106,6 +110,7 @@ def tune(work: Sequence[Tuple[Layer, Pass]], budget_min: float, cachedir=None,
     from .results import device_metadata
     t0 = time.perf_counter()
     deadline = t0 + budget_min * 60
+    build_deadline = t0 + BUILD_SHARE * budget_min * 60
     plan = [(layer, p, candidates(layer, p)) for layer, p in work]
     total = sum(len(c) for _, _, c in plan)
     say(f"autotune: {len(plan)} layer-passes, {total} candidates (implementations with a "
@@ -131,14 +136,15 @@ def tune(work: Sequence[Tuple[Layer, Pass]], budget_min: float, cachedir=None,
                 c.built, c.note = outcome != "failed", message if outcome == "failed" else ""
             say(f"  build {done}/{len(by_job)} {job.impl} {job.layer.name}: {outcome}"
                 f" {seconds:.1f}s" + (f" ({message})" if outcome == "failed" else ""))
-            if time.perf_counter() > deadline and done < len(by_job):
-                say(f"  budget reached while building: {len(by_job) - done} builds not started")
+            if time.perf_counter() > build_deadline and done < len(by_job):
+                say(f"  {BUILD_SHARE:.0%} of the budget spent building: the builds not "
+                    f"started ({len(by_job) - done} at most) are left out")
                 break
     finally:
         builds.close()
     exp = Experiment([c.impl for _, _, cs in plan for c in cs][:1] or [], [], "cpu",
                      policy="reuse", cachedir=cachedir, threads=threads,
-                     timing=TimingOptions(warmup=1, iterations=SAMPLES))
+                     timing=TimingOptions(warmup=1, iterations=SAMPLES, heap=heap))
     machine = {"cpu": device_metadata("cpu")["cpu"], "threads": torch.get_num_threads()}
     winners: Dict[str, object] = {}
     left: List[str] = []

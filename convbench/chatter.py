@@ -37,10 +37,20 @@ def verbose() -> bool:
     return os.environ.get(VERBOSE_ENV, "") not in ("", "0")
 
 
+#: The setting the process started with ($CONVBENCH_VERBOSE), which a run without -v keeps.
+_STARTED_WITH = os.environ.get(VERBOSE_ENV)
+
+
 def set_verbose(on: bool) -> None:
-    """Show the chatter (``-v``), in this process and the workers it starts."""
+    """Show the chatter (``-v``), in this process and the workers it starts; without it,
+    the setting the process started with (a run in the same process after one with -v is
+    quiet again)."""
     if on:
         os.environ[VERBOSE_ENV] = "1"
+    elif _STARTED_WITH is None:
+        os.environ.pop(VERBOSE_ENV, None)
+    else:
+        os.environ[VERBOSE_ENV] = _STARTED_WITH
 
 
 def set_run_log(path: Optional[Path], fresh: bool = False) -> None:

@@ -131,6 +131,8 @@ def _main(argv, prog: str = PROG) -> int:
     if budget is not None and (device != "cpu" or dtype.label != "float32"):
         raise UsageError("--autotune: the CPU in float32 only (the GPU's tuning is the "
                          "campaign's tune tier)")
+    if budget is not None and args.require_precompiled:
+        raise UsageError("--autotune builds its candidates: not with --require-precompiled")
     set_verbose(args.verbose)
     params: Dict[str, Dict[str, str]] = {}  # IMPL:NAME=VALUE -> {impl: {name: value}}
     for item in args.param:
@@ -151,9 +153,13 @@ def _main(argv, prog: str = PROG) -> int:
     try:
         if budget is not None:
             from .autotune import tune
+            # the choice as it stands, so that bad input fails before the autotune
+            network.validate_choice(network.choose(layers, args.implementation, args.impl_map,
+                                                   need_backward=backward, device=device,
+                                                   dtype=dtype), layers, device, dtype)
             work = [(layer, p) for i, layer in enumerate(layers) for p in Pass
                     if p == Pass.FWD or (backward and (p != Pass.BWD_DATA or i > 0))]
-            tune(work, budget, cachedir=args.cachedir, threads=args.threads)
+            tune(work, budget, cachedir=args.cachedir, threads=args.threads, heap=args.heap)
         choice, how = network.choose_explained(layers, args.implementation, args.impl_map,
                                                need_backward=backward, device=device,
                                                dtype=dtype)

@@ -208,13 +208,23 @@ def _host_avx512() -> bool:
             and isa.widest_isa() == "avx512f")
 
 
+#: What gcc leaves out of ``-march=native`` to stay below each x86 ISA of
+#: :data:`convbench.isa.ISAS` (``-mno-avx512f`` takes every AVX-512 subset with it).
+_ABOVE = {"avx512f": "-mno-avx512f", "avx2": "-mno-avx2 -mno-fma", "avx": "-mno-avx"}
+
+
 def _isa_cap_args(args: str) -> str:
-    """``args`` with ``-mno-avx512f`` where ``$CONVBENCH_ISA`` caps an AVX-512 host below it
-    (gcc then leaves out every AVX-512 subset)."""
-    if ("-march=native" in args and "-mno-avx512f" not in args
-            and _native_target().get("-mavx512f") == "[enabled]" and not _host_avx512()):
-        return f"{args} -mno-avx512f"
-    return args
+    """``args`` with the ``-mno-...`` options that keep a native build within the ISA that
+    ``$CONVBENCH_ISA`` caps an x86 host at (``avx2``: no AVX-512; ``avx``: no AVX2 or FMA
+    either; ``sse4_2``: no AVX)."""
+    cap = isa.isa_cap()
+    if "-march=native" not in args or cap not in isa.ISAS or cap in ("asimd", "neon"):
+        return args
+    target = _native_target()
+    above = [opts for name, opts in _ABOVE.items()
+             if isa.ISAS.index(name) < isa.ISAS.index(cap)
+             and target.get(f"-m{name}") == "[enabled]" and opts not in args]
+    return " ".join([args, *above])
 
 
 #: Added to CPU builds where ``-march=native`` enables AVX-512 but prefers narrower vectors.

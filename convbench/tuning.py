@@ -155,25 +155,27 @@ def tuned_entry(impl_name: str, layer, target: str) -> Dict[str, int]:
     found = dict(entries(target).get(impl_name, {}).get(layer.key(), {}))
     source = machine_id(target)
     if not found:
-        near = nearest_machine(target)
-        entry = _section(near, target).get("entries", {}).get(impl_name, {}).get(layer.key())
+        near, entry = next(((name, e) for name in nearest_machines(target)
+                            for e in [_section(name, target).get("entries", {}).get(
+                                impl_name, {}).get(layer.key())] if e), (None, None))
         if entry:
             found, source = dict(entry), near
             if (impl_name, near) not in _SAID:
                 _SAID.add((impl_name, near))
                 print(f"note: {impl_name}: no entries for this machine ({machine_id(target)}) "
                       f"in {tuning_file(target)}; parameters tuned on the nearest machine "
-                      f"with the same {'architecture' if target == 'gpu' else 'ISA'}, "
-                      f"{near}", file=sys.stderr)
+                      f"with the same {'architecture' if target == 'gpu' else 'ISA'} that "
+                      f"has them, {near}", file=sys.stderr)
     if (not found and impl_name not in entries(target) and impl_name not in _WARNED
             and any(impl_name in m.get("entries", {})
                     for m in load(target).get("machines", {}).values())):
         _WARNED.add(impl_name)
         how = (f"scripts/tune_cpu.py --implementation {impl_name} --store" if target == "cpu"
                else "the GPU campaign's tune tier, scripts/gpu_campaign.py run --tier tune")
+        kind = "architecture" if target == "gpu" else "ISA"
         print(f"note: {tuning_file(target)} has no {impl_name} entries for this machine "
-              f"({machine_id(target)}) or one of its {'architecture' if target == 'gpu' else 'ISA'}, "
-              f"only for others: its defaults are used (tune it here with {how})",
+              f"({machine_id(target)}), and none of its {kind} has one for some of the "
+              f"layers: their defaults are used (tune it here with {how})",
               file=sys.stderr)
     if found and target == "gpu" and (impl_name, layer.key()) not in _SAID:
         _SAID.add((impl_name, layer.key()))
@@ -205,10 +207,16 @@ def gpu_architecture(name: str) -> Optional[str]:
 
 
 def nearest_machine(target: str) -> Optional[str]:
-    """Of the other machines in the tuning file, the one nearest this one (None if none
-    qualifies).  CPU: the same widest ISA (:func:`machine_id`'s last part), then the same
-    vendor, the same family and the nearest model number, then the file's order.  GPU:
-    the same architecture (:data:`GPU_ARCHITECTURES`), then the same CUDA version."""
+    """The first of :func:`nearest_machines` (None if none qualifies)."""
+    return next(iter(nearest_machines(target)), None)
+
+
+def nearest_machines(target: str) -> List[str]:
+    """The other machines in the tuning file that may lend this one their entries, nearest
+    first (an entry is taken from the first that has it).  CPU: the same widest ISA
+    (:func:`machine_id`'s last part), ordered by the same vendor, the same family and the
+    nearest model number, then the file's order.  GPU: the same architecture
+    (:data:`GPU_ARCHITECTURES`), the same CUDA version first."""
     here = machine_id(target)
     # a machine key set by hand hides this host's own entries: they are not borrowed
     hidden = {here, _host_id(target)}
@@ -218,10 +226,10 @@ def nearest_machine(target: str) -> Optional[str]:
         cuda = re.search(r"\(CUDA [^)]*\)", here)
         same = [n for n in names if arch and gpu_architecture(n) == arch]
         same.sort(key=lambda n: not (cuda and cuda.group(0) in n))
-        return same[0] if same else None
+        return same
     me = _CPU_ID.match(here)
     if not me:
-        return None
+        return []
     def distance(name):
         other = _CPU_ID.match(name)
         vendor = re.findall(r"[A-Za-z]+", other["model"])[:1] != \
@@ -231,7 +239,7 @@ def nearest_machine(target: str) -> Optional[str]:
                  if not family and other["number"] and me["number"] else 0)
         return (vendor, family, model)
     same = [n for n in names if _CPU_ID.match(n) and _CPU_ID.match(n)["isa"] == me["isa"]]
-    return min(same, key=distance) if same else None
+    return sorted(same, key=distance)  # stable: the file's order among equals
 
 
 def entries_anywhere(impl_name: str, layer, target: str) -> List[Dict[str, int]]:
@@ -252,10 +260,10 @@ def entries_elsewhere(impl_name: str, layer, target: str) -> List[Dict[str, int]
     """The entries of ``impl_name`` on ``layer`` tuned on other machines (distinct, in the
     file's order of machines): the candidates of a short retune here."""
     found: List[Dict[str, int]] = []
-    here = machine_id(target)
+    hidden = {machine_id(target), _host_id(target)}  # a key set by hand hides the host's
     for name, section in load(target).get("machines", {}).items():
         entry = section.get("entries", {}).get(impl_name, {}).get(layer.key())
-        if name != here and entry and dict(entry) not in found:
+        if name not in hidden and entry and dict(entry) not in found:
             found.append(dict(entry))
     return found
 

@@ -89,28 +89,33 @@ def test_rules_rank_and_registry_checks():
 # -- the nearest machine -------------------------------------------------------------------------
 
 def test_the_nearest_machine_of_the_same_isa_lends_its_parameters(machine, capsys):
-    layer = SMALL
-    entry = {"entries": {BLOCKED: {layer.key(): {"PIX": 4}}}}
-    path = machine("AMD EPYC (family 25 model 17) | avx512f")
-    _write(path, {"Intel Xeon (family 6 model 143) | avx512f": {"entries": {
-                      BLOCKED: {layer.key(): {"PIX": 2}}}},
-                  "AMD EPYC (family 26 model 2) | avx512f": entry,
-                  "AMD EPYC (family 25 model 1) | avx2": {"entries": {
+    """Made-up vendors, so that no real host's own key (hidden when the key is set by
+    hand) is among them."""
+    layer, other = SMALL, SMALL.with_batch(3)
+    path = machine("Acme X (family 25 model 17) | avx512f")
+    _write(path, {"Zeta Y (family 6 model 143) | avx512f": {"entries": {
+                      BLOCKED: {layer.key(): {"PIX": 2}, other.key(): {"PIX": 2}}}},
+                  "Acme X (family 26 model 2) | avx512f": {"entries": {
+                      BLOCKED: {layer.key(): {"PIX": 4}}}},
+                  "Acme X (family 25 model 1) | avx2": {"entries": {
                       BLOCKED: {layer.key(): {"PIX": 8}}}}})
     impl = registry.get(BLOCKED)
-    assert tuning.nearest_machine("cpu") == "AMD EPYC (family 26 model 2) | avx512f"
+    assert tuning.nearest_machines("cpu") == ["Acme X (family 26 model 2) | avx512f",
+                                             "Zeta Y (family 6 model 143) | avx512f"]
     assert tuning.tuned_params(impl, layer, "cpu")["PIX"] == 4
     err = capsys.readouterr().err
-    assert "nearest machine with the same ISA, AMD EPYC (family 26 model 2) | avx512f" in err
-    machine("Intel Core (family 6 model 150) | avx512f")  # same vendor first
+    assert "nearest machine with the same ISA that has them, Acme X (family 26 model 2)" in err
+    # the nearest has no entry for this layer: the next of the same ISA that has one
+    assert tuning.tuned_params(impl, other, "cpu")["PIX"] == 2
+    machine("Zeta Z (family 6 model 150) | avx512f")  # same vendor first
     assert tuning.tuned_params(impl, layer, "cpu")["PIX"] == 2
-    machine("AMD EPYC (family 25 model 3) | avx2")  # the same ISA only
+    machine("Acme X (family 25 model 3) | avx2")  # the same ISA only
     assert tuning.tuned_params(impl, layer, "cpu")["PIX"] == 8
     machine("Some CPU | sse4_2")  # none of its ISA: the defaults, and a note says so
     assert tuning.nearest_machine("cpu") is None
     assert tuning.tuned_params(impl, layer, "cpu") == impl.resolve_params()
-    assert "its defaults are used" in capsys.readouterr().err
-    machine("AMD EPYC (family 26 model 2) | avx512f")  # its own entry, not a neighbour's
+    assert "their defaults are used" in capsys.readouterr().err
+    machine("Acme X (family 26 model 2) | avx512f")  # its own entry, not a neighbour's
     tuning.store("cpu", BLOCKED, layer, {"PIX": 16}, {"cpu": "test"})
     assert tuning.tuned_params(impl, layer, "cpu")["PIX"] == 16
 
@@ -123,10 +128,14 @@ def test_a_machine_key_set_by_hand_hides_the_hosts_own_entries(machine, monkeypa
     host = tuning.machine_id()
     widest = host.rsplit("| ", 1)[1]
     path = machine(f"unseen CPU | {widest}")
+    # the host first in the file and the decoy no nearer (another vendor and family):
+    # were the host not hidden, it would be the nearest
     _write(path, {host: {"entries": {BLOCKED: {SMALL.key(): {"PIX": 16}}}},
-                  f"Another CPU | {widest}": {"entries": {BLOCKED: {SMALL.key(): {"PIX": 4}}}}})
-    assert tuning.nearest_machine("cpu") == f"Another CPU | {widest}"
+                  f"Zeta CPU (family 99 model 99) | {widest}": {"entries": {
+                      BLOCKED: {SMALL.key(): {"PIX": 4}}}}})
+    assert tuning.nearest_machines("cpu") == [f"Zeta CPU (family 99 model 99) | {widest}"]
     assert tuning.tuned_params(registry.get(BLOCKED), SMALL, "cpu")["PIX"] == 4
+    assert {"PIX": 16} not in tuning.entries_elsewhere(BLOCKED, SMALL, "cpu")
 
 
 def test_the_nearest_gpu_is_one_of_the_same_architecture(machine):
@@ -195,7 +204,7 @@ def test_tune_quick_bad_input_is_one_line(args, words, capsys):
 
 # -- the ISA cap ---------------------------------------------------------------------------------
 
-def test_the_isa_cap_narrows_kernels_key_and_compiler(monkeypatch, capsys):
+def test_the_isa_cap_narrows_kernels_key_and_compiler(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv(isa.ISA_ENV, "avx2")
     tuning.machine_id.cache_clear()
     try:
@@ -210,8 +219,8 @@ def test_the_isa_cap_narrows_kernels_key_and_compiler(monkeypatch, capsys):
         monkeypatch.setenv(isa.ISA_ENV, "avx1024")
         with pytest.raises(isa.IsaCapError, match="unknown ISA"):
             isa.widest_isa()
-        assert end2end.main(["--device", "cpu", "--size", "32", "--iters", "0",
-                             "--check"]) == 2
+        assert end2end.main(["--device", "cpu", "--size", "32", "--iters", "0", "--check",
+                             "--outdir", str(tmp_path)]) == 2
         assert "$CONVBENCH_ISA: unknown ISA 'avx1024'" in capsys.readouterr().err
     finally:
         tuning.machine_id.cache_clear()
@@ -239,7 +248,7 @@ def test_a_build_keeps_the_toolchains_warnings_off_the_terminal(tmp_path, capfd,
         assert "Warning" not in out + err and "Parsing" not in out + err
         logged = (tmp_path / "b1" / chatter.LOG_NAME).read_text()
         assert "UserWarning" in logged and run_log.read_text().startswith(f"--- {spec.name}")
-        chatter.set_verbose(True)  # raised as usual (pytest records what reaches stderr)
+        monkeypatch.setenv(chatter.VERBOSE_ENV, "1")  # -v: raised as usual
         with pytest.warns(UserWarning):
             toolchain.compile_spec(spec, tmp_path / "b2")
         assert not (tmp_path / "b2" / chatter.LOG_NAME).exists()
