@@ -26,7 +26,7 @@ import statistics
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from . import cache, isa, registry, toolchain, tuning
+from . import cache, registry, toolchain, tuning
 from .errors import UsageError
 from .layers import Layer
 from .layouts import Pass
@@ -78,20 +78,10 @@ def candidates(layer: Layer, pass_: Pass, target: str = "cpu") -> List[Candidate
         if impl.pass_ != Pass(pass_) or impl.rule(target) is None:
             continue
         configs = [tuning.tuned_params(impl, layer, target)]
-        if impl.resolve_params() not in configs:
-            configs.append(impl.resolve_params())
-        known = {p.name for p in impl.params}
-        for entry in tuning.entries_elsewhere(impl.name, layer, target):
-            try:
-                params = impl.resolve_params({k: v for k, v in entry.items() if k in known})
-            except UsageError:  # an entry the implementation no longer takes
-                continue
-            if params not in configs:
-                configs.append(params)
-        configs = [p for p in configs if not impl.unsupported_reason(layer, p)]
-        if impl.registers is not None:
-            budget = isa.accumulator_budget()
-            configs = [p for p in configs if impl.registers(layer, p) <= budget] or configs[:1]
+        configs += [p for p in [impl.resolve_params(), *tuning.params_elsewhere(
+            impl, layer, target)] if p not in configs]
+        configs, _ = tuning.within_registers(impl, layer, [
+            p for p in configs if not impl.unsupported_reason(layer, p)])
         found.extend(Candidate(impl, layer, p) for p in configs[:NEIGHBOURS])
     return found
 
@@ -142,8 +132,7 @@ def tune(work: Sequence[Tuple[Layer, Pass]], budget_min: float, cachedir=None,
                 break
     finally:
         builds.close()
-    exp = Experiment([c.impl for _, _, cs in plan for c in cs][:1] or [], [], "cpu",
-                     policy="reuse", cachedir=cachedir, threads=threads,
+    exp = Experiment([], [], "cpu", policy="reuse", cachedir=cachedir, threads=threads,
                      timing=TimingOptions(warmup=1, iterations=SAMPLES, heap=heap))
     machine = {"cpu": device_metadata("cpu")["cpu"], "threads": torch.get_num_threads()}
     winners: Dict[str, object] = {}

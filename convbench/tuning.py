@@ -74,8 +74,11 @@ def machine_id(target: str = "cpu") -> str:
         return "gpu"
     if target != "cpu":
         return target
-    if os.environ.get(MACHINE_ENV, "").strip():
-        return os.environ[MACHINE_ENV].strip()
+    return os.environ.get(MACHINE_ENV, "").strip() or _cpu_key()
+
+
+def _cpu_key() -> str:
+    """This host's own CPU key (:func:`machine_id` without ``$CONVBENCH_MACHINE``)."""
     import platform
     info = isa.cpuinfo()
     generation = (f" (family {info['cpu family']} model {info['model']})"
@@ -84,15 +87,13 @@ def machine_id(target: str = "cpu") -> str:
     return f"{model}{generation} | {isa.widest_isa()}"
 
 
-def _host_id(target: str) -> Optional[str]:
-    """The key of this host itself, ignoring ``$CONVBENCH_MACHINE`` (CPU only)."""
-    if target != "cpu" or not os.environ.get(MACHINE_ENV, "").strip():
-        return None
-    saved = os.environ.pop(MACHINE_ENV)
-    try:
-        return machine_id.__wrapped__(target)
-    finally:
-        os.environ[MACHINE_ENV] = saved
+def _hidden(target: str) -> set:
+    """The machines whose entries never count as another machine's: this one and, where
+    ``$CONVBENCH_MACHINE`` sets the key by hand, the host's own."""
+    hidden = {machine_id(target)}
+    if target == "cpu" and os.environ.get(MACHINE_ENV, "").strip():
+        hidden.add(_cpu_key())
+    return hidden
 
 
 def machine_folder() -> str:
@@ -154,6 +155,7 @@ def tuned_entry(impl_name: str, layer, target: str) -> Dict[str, int]:
     error says which, once per implementation), else none (empty: the defaults)."""
     found = dict(entries(target).get(impl_name, {}).get(layer.key(), {}))
     source = machine_id(target)
+    kind = "architecture" if target == "gpu" else "ISA"
     if not found:
         near, entry = next(((name, e) for name in nearest_machines(target)
                             for e in [_section(name, target).get("entries", {}).get(
@@ -164,15 +166,13 @@ def tuned_entry(impl_name: str, layer, target: str) -> Dict[str, int]:
                 _SAID.add((impl_name, near))
                 print(f"note: {impl_name}: no entries for this machine ({machine_id(target)}) "
                       f"in {tuning_file(target)}; parameters tuned on the nearest machine "
-                      f"with the same {'architecture' if target == 'gpu' else 'ISA'} that "
-                      f"has them, {near}", file=sys.stderr)
+                      f"with the same {kind} that has them, {near}", file=sys.stderr)
     if (not found and impl_name not in entries(target) and impl_name not in _WARNED
             and any(impl_name in m.get("entries", {})
                     for m in load(target).get("machines", {}).values())):
         _WARNED.add(impl_name)
         how = (f"scripts/tune_cpu.py --implementation {impl_name} --store" if target == "cpu"
                else "the GPU campaign's tune tier, scripts/gpu_campaign.py run --tier tune")
-        kind = "architecture" if target == "gpu" else "ISA"
         print(f"note: {tuning_file(target)} has no {impl_name} entries for this machine "
               f"({machine_id(target)}), and none of its {kind} has one for some of the "
               f"layers: their defaults are used (tune it here with {how})",
@@ -218,8 +218,7 @@ def nearest_machines(target: str) -> List[str]:
     nearest model number, then the file's order.  GPU: the same architecture
     (:data:`GPU_ARCHITECTURES`), the same CUDA version first."""
     here = machine_id(target)
-    # a machine key set by hand hides this host's own entries: they are not borrowed
-    hidden = {here, _host_id(target)}
+    hidden = _hidden(target)
     names = [n for n in load(target).get("machines", {}) if n not in hidden]
     if target == "gpu":
         arch = gpu_architecture(here)
@@ -230,16 +229,16 @@ def nearest_machines(target: str) -> List[str]:
     me = _CPU_ID.match(here)
     if not me:
         return []
-    def distance(name):
-        other = _CPU_ID.match(name)
+    def distance(other):
         vendor = re.findall(r"[A-Za-z]+", other["model"])[:1] != \
             re.findall(r"[A-Za-z]+", me["model"])[:1]
         family = other["family"] != me["family"]
         model = (abs(int(other["number"]) - int(me["number"]))
                  if not family and other["number"] and me["number"] else 0)
         return (vendor, family, model)
-    same = [n for n in names if _CPU_ID.match(n) and _CPU_ID.match(n)["isa"] == me["isa"]]
-    return sorted(same, key=distance)  # stable: the file's order among equals
+    parsed = [(n, _CPU_ID.match(n)) for n in names]
+    same = [(n, m) for n, m in parsed if m and m["isa"] == me["isa"]]
+    return [n for n, m in sorted(same, key=lambda nm: distance(nm[1]))]  # stable sort
 
 
 def entries_anywhere(impl_name: str, layer, target: str) -> List[Dict[str, int]]:
@@ -260,12 +259,40 @@ def entries_elsewhere(impl_name: str, layer, target: str) -> List[Dict[str, int]
     """The entries of ``impl_name`` on ``layer`` tuned on other machines (distinct, in the
     file's order of machines): the candidates of a short retune here."""
     found: List[Dict[str, int]] = []
-    hidden = {machine_id(target), _host_id(target)}  # a key set by hand hides the host's
+    hidden = _hidden(target)
     for name, section in load(target).get("machines", {}).items():
         entry = section.get("entries", {}).get(impl_name, {}).get(layer.key())
         if name not in hidden and entry and dict(entry) not in found:
             found.append(dict(entry))
     return found
+
+
+def params_elsewhere(impl, layer, target: str) -> list:
+    """:func:`entries_elsewhere` of ``impl`` on ``layer`` resolved to its parameters, less
+    those it no longer takes (a parameter renamed or a value refused)."""
+    known = {p.name for p in impl.params}
+    found = []
+    for entry in entries_elsewhere(impl.name, layer, target):
+        try:
+            params = impl.resolve_params({k: v for k, v in entry.items() if k in known})
+        except UsageError:
+            continue
+        if params not in found:
+            found.append(params)
+    return found
+
+
+def within_registers(impl, layer, configs):
+    """``(kept, left out)``: the configurations whose micro-tile keeps its accumulators in
+    this CPU's vector registers (:func:`convbench.isa.accumulator_budget`), and how many
+    would spill.  If all would, the one with the fewest registers is kept."""
+    if impl.registers is None or not configs:
+        return configs, 0
+    budget = isa.accumulator_budget()
+    kept = [p for p in configs if impl.registers(layer, p) <= budget]
+    if not kept:
+        kept = [min(configs, key=lambda p: impl.registers(layer, p))]
+    return kept, len(configs) - len(kept)
 
 
 def tuned_params(impl, layer, target: str, overrides: Optional[Mapping[str, Any]] = None):

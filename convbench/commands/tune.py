@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .. import flags, isa
 from ..chatter import add_verbose_flag, set_verbose
-from ..tuning import parse_space
+from ..tuning import parse_space, within_registers  # noqa: F401 - tests call it here
 from ..errors import ArgumentParser, UsageError, check_at_least, run_main
 from ..toolchain import PROJECT_ROOT
 
@@ -131,29 +131,8 @@ def candidates(impl, layer, configs):
     if configs is not None:
         return configs
     from .. import tuning
-    found = [impl.resolve_params()]
-    for entry in tuning.entries_elsewhere(impl.name, layer, "cpu"):
-        try:
-            params = impl.resolve_params({k: v for k, v in entry.items()
-                                          if k in {p.name for p in impl.params}})
-        except UsageError:  # an entry the implementation no longer takes
-            continue
-        if params not in found:
-            found.append(params)
-    return found
-
-
-def within_registers(impl, layer, configs):
-    """``(kept, left out)``: the configurations whose micro-tile keeps its accumulators in
-    this CPU's vector registers (:func:`convbench.isa.accumulator_budget`), and how many
-    would spill.  If all would, the one with the fewest registers is kept."""
-    if impl.registers is None or not configs:
-        return configs, 0
-    budget = isa.accumulator_budget()
-    kept = [p for p in configs if impl.registers(layer, p) <= budget]
-    if not kept:
-        kept = [min(configs, key=lambda p: impl.registers(layer, p))]
-    return kept, len(configs) - len(kept)
+    defaults = impl.resolve_params()
+    return [defaults] + [p for p in tuning.params_elsewhere(impl, layer, "cpu") if p != defaults]
 
 
 #: Configurations the confirmation times again (besides the defaults).

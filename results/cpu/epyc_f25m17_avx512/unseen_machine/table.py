@@ -13,15 +13,23 @@ def medians(folder):
         return {(r["layer"], r["backend"]): float(r["median_ms"]) for r in csv.DictReader(f)}
 
 
+def spread(folder, part="train.total"):
+    """The interquartile range over the median of ``part``, torch / DaCe, in percent."""
+    with open(folder / "summary.csv") as f:
+        rows = {r["backend"]: r for r in csv.DictReader(f) if r["layer"] == part}
+    return " / ".join(f"{100 * float(rows[b]['iqr_over_median']):.1f}%" for b in ("torch", "dace"))
+
+
 def ratio(m, parts):
     dace = sum(m[(p, "dace")] for p in parts)
     torch = sum(m[(p, "torch")] for p in parts)
     return f"{torch:.1f} / {dace:.1f} ms = **{dace / torch:.2f}x**"
 
 
-print("| run | forward (torch / DaCe) | training step | conv1 in the step (forward + filter gradient) |")
-print("|---|---|---|---|")
+print("| run | forward (torch / DaCe) | training step | step's IQR / median (torch / DaCe) "
+      "| conv1 in the step (forward + filter gradient) |")
+print("|---|---|---|---|---|")
 for run in RUNS:
     m = medians(HERE / run)
     print(f"| `{run}` | {ratio(m, ['forward.total'])} | {ratio(m, ['train.total'])} | "
-          f"{ratio(m, ['train.conv1.fwd', 'train.conv1.bwd'])} |")
+          f"{spread(HERE / run)} | {ratio(m, ['train.conv1.fwd', 'train.conv1.bwd'])} |")
