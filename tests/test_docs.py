@@ -87,8 +87,9 @@ def test_status_counts_a_case_as_its_newest_run_found_it(tmp_path):
 
 def test_status_takes_each_gpu_implementation_from_its_newest_finished_campaign(tmp_path):
     """Per implementation: the newest campaign that finished its cases, else the newest
-    that ran it (a call cut short still shows the fault it found); tune campaigns never;
-    and a 16-bit case's vendors never divide a float32 kernel's time."""
+    that ran it (a call cut short still shows the fault it found); a tune campaign only
+    for what no other campaign ran, each layer's fastest configuration its ratio; and a
+    16-bit case's vendors never divide a float32 kernel's time."""
     import json
     from convbench.commands import status
     head = ("id,impl,layer_set,layer,batch,group,planted,status,dace_ms,cudnn_ms,torch_ms,"
@@ -108,12 +109,17 @@ def test_status_takes_each_gpu_implementation_from_its_newest_finished_campaign(
         ("implicitGemm", "", "verified", 2.0, 1.0), ("implicitGemmMMA", ".float16", "verified", 0.3, 0.1)])
     campaign("2026-11-02_X", "core", False, [
         ("implicitGemm", "", "verified", 9.0, 1.0), ("winogradF2Tiled", "", "timeout", "", "")])
-    campaign("2026-11-03_X_tune", "tune", True, [("implicitGemm", "", "verified", 1.5, 1.0)])
+    campaign("2026-11-03_X_tune", "tune", True, [
+        ("implicitGemm", "", "verified", 1.5, 1.0),
+        ("implicitGemmPipelined", ".M1", "verified", 3.0, 1.0),
+        ("implicitGemmPipelined", ".M2", "verified", 1.2, 1.0)])
     got = status.gpu_status(tmp_path)
     assert got["implicitGemm"] == ((1, 1, [2.0]), "2026-11-01_X")
     assert got["winogradF2Tiled"] == ((0, 1, []), "2026-11-02_X")
     assert got["implicitGemmMMA"][0][2] == [pytest.approx(3.0)]
-    assert status.sources(got) == "2026-11-01_X; 2026-11-02_X (winogradF2Tiled)"
+    assert got["implicitGemmPipelined"] == ((2, 2, [pytest.approx(1.2)]), "2026-11-03_X_tune")
+    assert status.sources(got) == ("2026-11-01_X; 2026-11-02_X (winogradF2Tiled); "
+                                   "2026-11-03_X_tune (implicitGemmPipelined)")
 
 
 @pytest.mark.parametrize("page", _pages(), ids=lambda p: str(p.relative_to(ROOT)))

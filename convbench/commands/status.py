@@ -46,10 +46,10 @@ def _read(path: Path) -> List[Dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def campaigns(results: Path) -> List[Tuple[Path, bool]]:
+def campaigns(results: Path, tune: bool = False) -> List[Tuple[Path, bool]]:
     """The GPU campaign folders with a summary, oldest first (folders are named
-    ``<date>_<device>``), each with whether its cases phase finished; tune campaigns left
-    out."""
+    ``<date>_<device>``), each with whether its cases phase finished; the tune campaigns
+    alone with ``tune``, else the others."""
     import json
     out = []
     for folder in sorted(p.parent for p in (results / "gpu").glob("*/summary.csv")):
@@ -58,7 +58,7 @@ def campaigns(results: Path) -> List[Tuple[Path, bool]]:
                 return json.loads((folder / name).read_text())
             except (OSError, ValueError):
                 return {}
-        if read("campaign.json").get("options", {}).get("tier") == "tune":
+        if (read("campaign.json").get("options", {}).get("tier") == "tune") != tune:
             continue
         cases = read("state.json").get("phases", {}).get("cases", {})
         out.append((folder, cases.get("status") == "done"))
@@ -68,12 +68,20 @@ def campaigns(results: Path) -> List[Tuple[Path, bool]]:
 def gpu_status(results: Path) -> Dict[str, Tuple[Tuple[int, int, List[float]], str]]:
     """implementation -> (:func:`gpu_cases`' counts, campaign name): the newest campaign
     that ran it to the end of its cases, else the newest that ran it at all (a call cut
-    short covers a few layers, but a fault it found still shows)."""
+    short covers a few layers, but a fault it found still shows). An implementation that
+    only a tune campaign ran takes the newest of those, each layer's fastest
+    configuration giving its ratio."""
     chosen: Dict[str, Tuple[Tuple[int, int, List[float]], str, bool]] = {}
     for folder, finished in campaigns(results):
         for impl, counts in gpu_cases(folder).items():
             if impl not in chosen or finished or not chosen[impl][2]:
                 chosen[impl] = (counts, folder.name, finished)
+    tuned: Dict[str, Tuple[Tuple[int, int, List[float]], str, bool]] = {}
+    for folder, finished in campaigns(results, tune=True):
+        for impl, counts in gpu_cases(folder, best_per_layer=True).items():
+            if impl not in chosen:
+                tuned[impl] = (counts, folder.name, finished)
+    chosen.update(tuned)
     return {impl: (counts, name) for impl, (counts, name, _) in chosen.items()}
 
 
@@ -126,8 +134,11 @@ def cpu_verification(results: Path) -> Dict[Tuple[str, str, bool], Tuple[int, in
     return {key: (v[0], v[1]) for key, v in counts.items()}
 
 
-def gpu_cases(campaign: Optional[Path]) -> Dict[str, Tuple[int, int, List[float]]]:
-    """implementation -> (cases verified, cases run, DaCe / fastest vendor per verified case)."""
+def gpu_cases(campaign: Optional[Path], best_per_layer: bool = False
+              ) -> Dict[str, Tuple[int, int, List[float]]]:
+    """implementation -> (cases verified, cases run, DaCe / fastest vendor per verified case;
+    with ``best_per_layer``, per layer the ratio of its fastest verified case: a tune
+    campaign's cases are configurations of one layer)."""
     from .. import registry
     out: Dict[str, Tuple[int, int, List[float]]] = {}
     if campaign is None:
@@ -148,6 +159,7 @@ def gpu_cases(campaign: Optional[Path]) -> Dict[str, Tuple[int, int, List[float]
         for c in VENDOR_COLUMNS:
             if row.get(c):
                 timed[c] = min(float(row[c]), timed.get(c, float("inf")))
+    per_problem: Dict[tuple, List[float]] = defaultdict(list)
     for row in rows:
         verified, run, ratios = out.get(row["impl"], (0, 0, []))
         run += row["status"] != "refused"
@@ -155,8 +167,13 @@ def gpu_cases(campaign: Optional[Path]) -> Dict[str, Tuple[int, int, List[float]
             verified += 1
             _, fastest = results.fastest_vendor(vendors[problem(row)])
             if row.get("dace_ms") and fastest:
-                ratios.append(float(row["dace_ms"]) / fastest)
+                ratio = float(row["dace_ms"]) / fastest
+                ratios.append(ratio)
+                per_problem[(row["impl"], problem(row))].append(ratio)
         out[row["impl"]] = (verified, run, ratios)
+    if best_per_layer:
+        for impl, (verified, run, _) in list(out.items()):
+            out[impl] = (verified, run, [min(r) for (i, _), r in per_problem.items() if i == impl])
     return out
 
 
