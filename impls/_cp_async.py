@@ -1,5 +1,5 @@
 """``cp.async`` for the tasklets of the pipelined kernels, per target: the asynchronous
-copy of 4, 8 or 16 bytes from global to shared memory with its zero-fill (a source size
+copy of 4, 8 or 16 bytes (of any element type) from global to shared memory with its zero-fill (a source size
 of 0 reads nothing and writes zeros), its commit and wait, and a 4-float load
 (``cb_ld4``, one ``LDS.128`` from 16-byte aligned shared memory).  On the CPU the copy is
 a ``memcpy`` (or a zero fill) and the commit and wait do nothing: the CPU schedule runs
@@ -17,7 +17,7 @@ __device__ __forceinline__ cb_f4 cb_ld4(const float* p) {
     return {v.x, v.y, v.z, v.w};
 }
 template <int BYTES>
-__device__ __forceinline__ void cb_cp_async(float* dst, const float* src, bool valid) {
+__device__ __forceinline__ void cb_cp_async(void* dst, const void* src, bool valid) {
     const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
     const size_t g = __cvta_generic_to_global(src);
     const int n = valid ? BYTES : 0;  // 0: nothing is read, the destination is zero-filled
@@ -45,7 +45,7 @@ CPU_HELPERS = r"""
 struct cb_f4 { float x, y, z, w; };
 static inline cb_f4 cb_ld4(const float* p) { return {p[0], p[1], p[2], p[3]}; }
 template <int BYTES>
-static inline void cb_cp_async(float* dst, const float* src, bool valid) {
+static inline void cb_cp_async(void* dst, const void* src, bool valid) {
     if (valid) std::memcpy(dst, src, BYTES); else std::memset(dst, 0, BYTES);
 }
 static inline void cb_cp_commit() {}

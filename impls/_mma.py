@@ -1,325 +1,548 @@
-"""Tensor-core implicit GEMM: the GEMM of ``_igemm`` (tables, padded filter matrix) with
-its inner product on warp-wide ``mma.sync`` tiles with float32 sums: m16n8k16 on float16
-or bfloat16 operands, m16n8k8 on TF32 operands (float32 storage, ``--math tf32``).
+"""The tensor-core implicit GEMM: the pipelined kernel's skeleton (``_pipelined.program``:
+per-thread gather state, ``stages`` K tiles in flight through ``cp.async``, one barrier
+per step) with a warp-level main loop in the shape of CUTLASS's sm80 kernels.  NDHWC;
+``mma.sync`` with float32 sums: m16n8k16 on float16 or bfloat16 operands, m16n8k8 on
+TF32 operands (float32 storage, ``--math tf32``).
 
-A block of ``warpsM x warpsN`` warps computes a ``TM x TN`` output tile; each warp owns
-``fragsM x fragsN`` tiles of 16 x 8.  Per K step of ``k`` (16, or 8 in TF32):
+**Tiles.**  A block of ``(CTAtileM / warpTileM) x (CTAtileN / warpTileN)`` warps computes
+a ``CTAtileM x CTAtileN`` output tile, each warp a ``warpTileM x warpTileN`` tile of
+16 x 8 MMA tiles (``FM x FN``).  ``CTAtileK`` counts 16-bit values: a K tile holds that
+many float16 or bfloat16 channels, or half as many TF32 ones, so every precision stages
+the same bytes (``CTAtileK * 2`` per row) and one parameter check serves all three.
 
-1. the block's threads stage ``A[TM, k]`` and ``B[k, TN]`` in shared memory (``As``,
-   ``Bs``, row-major, flat) through the offset tables, as ``implicitGemmWarpTiled`` does;
-2. each lane loads its fragments from there (``fa``: ``k / 2`` values of A per 16 x k
-   tile, ``fb``: ``k / 4`` values of B per k x 8 tile), in the register layout of PTX's
-   m16n8k16 and m16n8k8 (group ``g = lane / 4``, ``t = lane % 4``, ``e`` values per
-   32-bit register: 2 in 16 bits, 1 in TF32, and ``h = k / 2``):
+**Shared memory.**  Operands are staged in 16-byte chunks (8 16-bit or 4 TF32 values):
+the unit of ``cp.async.cg`` and of one row of ``ldmatrix``.  An operand whose reduction
+values are contiguous in memory (the input pixel's channels, the forward filter's) is
+stored **K-major**: row ``r`` (a pixel, an output channel) of ``CPR = TK / CE`` chunks.
+Chunk ``c`` of row ``r`` lies at chunk :func:`swizzle` ``(r, c)``: the chunk's index XOR
+a 3-bit key of its row (``r % 8`` where a row spans 128 bytes or more, else the index of
+its 128-byte line), so the eight rows one ``ldmatrix`` phase reads fall in eight
+different groups of four banks.  The data gradient's filter in 16 bits has its output
+channels contiguous: it is stored **N-major** (row = reduction value, chunks of 8
+channels) and read with ``ldmatrix.trans``; in TF32 it is staged value by value into a
+K-major tile (4-byte copies; ``ldmatrix.trans`` moves 16-bit values only).
 
-   - ``fa[q]`` = A[g + 8 ((q / e) % 2), e t + q % e + h (q / 2e)]
-   - ``fb[q]`` = B[e t + q % e + h (q / e), g]
-   - ``acc[i]`` = C[g + 8 (i / 2), 2 t + i % 2]
+**Main loop** (per K tile, per MMA step of ``KM`` = 16 or 8 reduction values = 2 chunks):
+``ldmatrix.x4`` gives a lane its A registers of one 16 x KM tile (matrices: rows 0-7
+and 8-15 of chunk 0, then of chunk 1) and its B registers of two KM x 8 tiles; then
+``FM x FN`` ``mma.sync``.  Lane ``l`` of ``ldmatrix`` names row ``l % 8`` of matrix
+``l / 8``; it receives word ``l % 4`` of row ``l / 4`` of each matrix (with ``.trans``:
+the 16-bit values of column ``l / 4`` in rows ``2 (l % 4)`` and ``2 (l % 4) + 1``).  In
+TF32, where a 4-byte value is one "pair" of ``ldmatrix``'s 16-bit values, the same loads
+give m16n8k8's fragments; each is rounded to TF32 (``cvt.rna.tf32.f32``) before its MMA.
 
-   (in 16 bits: ``fa[q]`` = A[g + 8 ((q / 2) % 2), 2 t + q % 2 + 8 (q / 4)]).
-
-3. ``mma``: on the GPU one ``mma.sync`` per tile and lane (:func:`_gpu_mma`); on the
-   CPU (:func:`_emulation`) each lane computes its four C elements from the fragments
-   of the whole warp, finding A[r, k] and B[k, n] in the lane and register where the
-   layout above put them.  The CPU check therefore fails if the loads, the layout or
-   the stores are wrong, not only if the arithmetic is.  In TF32 both round each
-   operand to TF32 first, to nearest with ties away from zero (``cvt.rna.tf32.f32``:
-   given raw float32 bits, the tensor cores would ignore the low 13 bits instead).
-
-Lane and warp coordinates are decoded inside tasklets (``//`` and ``%`` in subscripts
-trip DaCe 1.0.2's frontend; docs/adding-an-implementation.md).
+**The CPU emulation** runs the same tasklet code thread by thread, with the same address
+expressions: each thread builds the registers of all 32 lanes of its warp from shared
+memory the way ``ldmatrix`` distributes them (:data:`CPU_HELPERS`), then computes its own
+four sums per MMA tile from the lanes and registers where PTX's fragment layout puts
+A[r][k] and B[k][n].  A wrong swizzle, lane-to-row mapping, fragment order or
+accumulator layout therefore fails on the CPU, not only on the GPU.
 """
 
-from typing import NamedTuple, Optional
+import dataclasses
+from typing import Optional
 
 import dace
-import numpy as np
 
 from convbench.registry import Layer, Layout, Param
+from impls import _pipelined as P
 from impls import _tiling as T
-from impls._igemm import finish, geometry
+from impls._common import layer_constants
 
-#: Rows (M) and columns (N) of one ``mma.sync`` tile.
-MMA_M, MMA_N = 16, 8
 WARP = 32
-
-
-class Shape(NamedTuple):
-    """The ``mma.sync`` of a storage type: reduction ``k`` per instruction, ``e`` values
-    per 32-bit operand register, PTX operand type."""
-
-    k: int
-    e: int
-    ptx: str
-
-    @property
-    def a_regs(self) -> int:  # values of A per lane and tile
-        return self.k // 2
-
-    @property
-    def b_regs(self) -> int:  # values of B per lane and tile
-        return self.k // 4
-
-
-#: By the C++ storage type of the fragments (convbench/halfprec.h; TF32 is stored as float).
-SHAPES = {"cb_half": Shape(16, 2, "f16"), "cb_bfloat16": Shape(16, 2, "bf16"),
-          "float": Shape(8, 1, "tf32")}
-#: The precisions of the tensor-core kernels (by label, :mod:`convbench.precision`).
-PRECISIONS = ("float16", "bfloat16", "float32-tf32")
-#: The smallest K step of every shape: the staging splits it between the warps.
-MMA_K = min(shape.k for shape in SHAPES.values())
+#: Bytes of one staged chunk: one ``cp.async.cg`` copy, one row of an ``ldmatrix`` matrix.
+CHUNK = 16
 
 PARAMS = (
-    Param("warpsM", 2, "warps per block along the output pixels (GEMM rows)",
-          T.power_of_two),
-    Param("warpsN", 2, "warps per block along the output channels (GEMM columns)",
-          T.power_of_two),
-    Param("fragsM", 2, "16-row MMA tiles per warp along the output pixels", T.power_of_two),
-    Param("fragsN", 4, "8-column MMA tiles per warp along the output channels",
-          T.power_of_two),
+    Param("CTAtileM", 128, "output pixels (GEMM rows) per thread block", T.power_of_two),
+    Param("CTAtileN", 128, "output channels (GEMM columns) per thread block", T.power_of_two),
+    Param("CTAtileK", 32, "16-bit reduction values per K tile (TF32: half as many, the same "
+          "bytes); one tap, that many channels", T.power_of_two),
+    Param("warpTileM", 64, "rows of a warp's tile (16-row MMA tiles)", T.power_of_two),
+    Param("warpTileN", 64, "columns of a warp's tile (8-column MMA tiles)", T.power_of_two),
+    Param("stages", 3, "K tiles in flight (cp.async stages in shared memory)"),
 )
 
+#: The precisions of the tensor-core kernels (by label, :mod:`convbench.precision`).
+PRECISIONS = ("float16", "bfloat16", "float32-tf32")
+#: PTX operand type and MMA reduction by the C++ storage type (TF32 is stored as float).
+PTX = {"cb_half": ("f16", 16), "cb_bfloat16": ("bf16", 16), "float": ("tf32", 8)}
 
-def tile_shape(params):
-    """``(TM, TN, warps)`` of a block."""
-    warps = params["warpsM"] * params["warpsN"]
-    return (params["warpsM"] * params["fragsM"] * MMA_M,
-            params["warpsN"] * params["fragsN"] * MMA_N, warps)
+
+@dataclasses.dataclass(frozen=True)
+class Shape(P.Shape):
+    """The constants of one tensor-core build (``TK``: values of the storage type)."""
+
+    WM: int = 64
+    WN: int = 64
+    EB: int = 2            # bytes per value: 2 (float16, bfloat16) or 4 (TF32)
+    ptx: str = "f16"
+
+    NT = property(lambda s: (s.TM // s.WM) * (s.TN // s.WN) * WARP)
+    WARPS_M = property(lambda s: s.TM // s.WM)
+    FM = property(lambda s: s.WM // 16)            # MMA tiles per warp along M
+    FN = property(lambda s: s.WN // 8)             # and along N
+    RR = property(lambda s: s.WM * s.WN // WARP)   # accumulators per thread
+    CE = property(lambda s: CHUNK // s.EB)         # values per chunk
+    CPR = property(lambda s: s.TK // s.CE)         # chunks per K-major row
+    KM = property(lambda s: 2 * s.CE)              # reduction per mma.sync
+    ASB = property(lambda s: s.TM * s.TK * s.EB)   # bytes of one stage of A
+    BSB = property(lambda s: s.TN * s.TK * s.EB)
+    AS = property(lambda s: s.S * s.ASB // 4)
+    BS = property(lambda s: s.S * s.BSB // 4)
+    #: B stored N-major and read with ldmatrix.trans (the 16-bit data gradient's filter)
+    trans_b = property(lambda s: s.flip and s.EB == 2)
+    CA = property(lambda s: s.TM * s.CPR // s.NT)  # chunks of A a thread stages per tile
+    CB = property(lambda s: -(-s.C // s.TK))       # channel blocks per tap
+    CBK = property(lambda s: s.TN * s.CPR // s.NT)  # chunks of a K-major B per thread
+    NCH = property(lambda s: s.TN // s.CE)         # chunks of an N-major B row
+    CBN = property(lambda s: s.TK * s.NCH // s.NT)  # chunks of an N-major B per thread
+
+
+def shape(layer: Layer, ctype: str, params, flip: bool = False) -> Shape:
+    """The constants of ``layer`` with the tiles of ``params``, for the storage type of
+    C++ name ``ctype`` (:data:`PTX`)."""
+    L = layer_constants(layer, Layout.NDHWC)
+    ptx, _ = PTX[ctype]
+    eb = 4 if ptx == "tf32" else 2
+    tk = params["CTAtileK"] * 2 // eb
+    return Shape(Layout.NDHWC, L.N, L.C, L.K, L.D, L.H, L.W, L.KD, L.KH, L.KW, L.SD, L.SH,
+                 L.SW, L.PD, L.PH, L.PW, L.OD, L.OH, L.OW, params["CTAtileM"],
+                 params["CTAtileN"], tk, 1, 1, params["stages"], flip=flip,
+                 WM=params["warpTileM"], WN=params["warpTileN"], EB=eb, ptx=ptx)
 
 
 def check_params(params) -> Optional[str]:
-    TM, TN, NW = tile_shape(params)
+    tm, tn, tk = params["CTAtileM"], params["CTAtileN"], params["CTAtileK"]
+    wm, wn, s = params["warpTileM"], params["warpTileN"], params["stages"]
+    if wm > tm or wn > tn:
+        return "warpTileM/N must not exceed CTAtileM/N"
+    nt = (tm // wm) * (tn // wn) * WARP
+    cpr = tk * 2 // CHUNK
+    smem = s * (tm + tn) * tk * 2
     return T.require(
-        (NW * WARP <= T.MAX_THREADS, f"{NW} warps = {NW * WARP} threads > {T.MAX_THREADS}"),
-        (TM % WARP == 0 and TN % WARP == 0,
-         f"block tile {TM} x {TN}: both sides must be multiples of {WARP} (staging)"),
-        (MMA_K % NW == 0, f"{NW} warps must divide the K step of {MMA_K} (staging; 8 is "
-                          "TF32's step, and the check does not know the precision)"),
+        (2 <= s <= 4, f"stages={s}: 2 to 4"),
+        (tk >= 16, f"CTAtileK={tk}: at least 16 (two 16-byte chunks per row: one MMA step)"),
+        (wm >= 16 and wn >= 16, f"warp tile {wm} x {wn}: at least 16 x 16 (one ldmatrix.x4 "
+                                "of A, one of B)"),
+        (wm * wn // WARP <= 128, f"warp tile {wm} x {wn}: {wm * wn // WARP} accumulators "
+                                 "per thread > 128 (registers)"),
+        (nt <= T.MAX_THREADS, f"{nt} threads > {T.MAX_THREADS}"),
+        (nt >= tm and nt >= tn, f"{nt} threads: at least one per row of the A tile ({tm}) "
+                                f"and of the B tile ({tn}) (each stages a run of one row)"),
+        (tm * cpr % nt == 0 and tn * cpr % nt == 0 and tk * tn // 8 >= nt,
+         f"the {cpr}-chunk rows of A and B must split evenly over {nt} threads"),
+        (smem <= T.SHARED_BYTES, f"{s} stages of tiles need {smem} bytes of shared memory "
+                                 f"> {T.SHARED_BYTES}"),
     )
 
 
-#: C++ of TF32's rounding of a float32 operand: to nearest, ties away from zero, as
-#: ``cvt.rna.tf32.f32`` does (infinities and NaNs as they are).
-TF32_ROUND = """auto op = [](float v) {
-    unsigned u; __builtin_memcpy(&u, &v, 4);
-    if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & 0xffffe000u;
-    float f; __builtin_memcpy(&f, &u, 4); return f;
-};"""
+def supports(layer: Layer, params) -> Optional[str]:
+    """What every precision needs: 4-byte copies of channels (an even channel count in
+    16 bits) and the image offsets in int32."""
+    if layer.in_channels % 2:
+        return (f"{layer.in_channels} input channels: the staging copies at least 4 bytes "
+                "(an even count in 16 bits)")
+    if layer.groups != 1 or layer.dilation != 1:
+        return "groups and dilation are not supported"
+    return P.supports(layer, params)
 
 
-def _emulation(FM: int, FN: int, shape: Shape = SHAPES["cb_half"]) -> str:
-    """The CPU tasklet: the four sums of lane ``tj`` of warp ``ti`` in each tile, from the
-    fragments of the whole warp in ``a`` (``fa``) and ``b`` (``fb``)."""
-    k, e, h, AR, BR = shape.k, shape.e, shape.k // 2, shape.a_regs, shape.b_regs
-    op = TF32_ROUND if shape.ptx == "tf32" else "auto op = [](float v) { return v; };"
-    return f"""
-// mma.sync m16n8k{k} emulated: C[r][n] += sum_k A[r][k] B[k][n] for this lane's C
-const int g = (int)tj / 4, t = (int)tj % 4;
-{op}
-for (int fm = 0; fm < {FM}; ++fm)
-for (int fn = 0; fn < {FN}; ++fn)
-for (int i = 0; i < 4; ++i) {{
-    const int r = g + 8 * (i / 2), n = 2 * t + i % 2;
-    const int c = ((ti * {WARP} + tj) * {FM * FN} + fm * {FN} + fn) * 4 + i;
-    float s = cin[c];
-    for (int k = 0; k < {k}; ++k) {{
-        const int la = (r % 8) * 4 + (k % {h}) / {e}, qa = k % {e} + {e} * (r / 8) + {2 * e} * (k / {h});
-        const int lb = n * 4 + (k % {h}) / {e}, qb = k % {e} + {e} * (k / {h});
-        s += (op((float)a[(ti * {WARP} + la) * {FM * AR} + fm * {AR} + qa])
-              * op((float)b[(ti * {WARP} + lb) * {FN * BR} + fn * {BR} + qb]));
-    }}
-    cout[c] = s;
-}}
-"""
+# ---------------------------------------------------------------------------------------------
+# The shared layout and the lanes' addresses
+# ---------------------------------------------------------------------------------------------
+
+def swizzle(cpr: int, row: str, chunk: str) -> str:
+    """C++ of the stored chunk index of chunk ``chunk`` of row ``row`` in rows of ``cpr``
+    chunks: the index XOR a 3-bit key of the row (see the module docstring)."""
+    lin = f"(({row}) * {cpr} + ({chunk}))"
+    key = f"(({row}) & 7)" if cpr >= 8 else f"(({lin} >> 3) & 7)"
+    return f"({lin} ^ {key})"
 
 
-def _registers(name: str, base: str, count: int, shape: Shape) -> str:
-    """C++ declaring ``unsigned name[count]``: the operand registers of one tile, from the
-    fragment array ``name`` (``a`` or ``b``) at ``base``.  Two 16-bit values are packed
-    explicitly, lower index in the lower half (no cast of the array's address, whose
-    alignment nothing promises); a TF32 operand is rounded from its float32."""
-    if shape.e == 2:
-        values = [f"((unsigned){name}[{base} + {2 * q}].bits | "
-                  f"((unsigned){name}[{base} + {2 * q + 1}].bits << 16))" for q in range(count)]
+def a_address(s: Shape) -> str:
+    """Byte offset of the 16-byte row lane ``ln`` names in ``ldmatrix.x4`` of A's MMA tile
+    ``fm`` at MMA step ``kk``: rows 0-7 and 8-15 of chunk 0, then of chunk 1."""
+    row = f"wm * {s.WM} + fm * 16 + (ln & 7) + ((ln >> 3) & 1) * 8"
+    return f"{swizzle(s.CPR, row, 'kk * 2 + (ln >> 4)')} * {CHUNK}"
+
+
+def b_address(s: Shape) -> str:
+    """Byte offset of the row lane ``ln`` names in ``ldmatrix.x4`` of B's MMA tiles
+    ``2 fp`` and ``2 fp + 1``: (tile, chunk) = (0, 0), (0, 1), (1, 0), (1, 1).  N-major
+    (``.trans``): matrix ``j`` is reduction rows ``8 (j % 2)`` on of 8 columns from
+    ``8 (j / 2)``."""
+    if s.trans_b:
+        row = f"kk * 16 + ((ln >> 3) & 1) * 8 + (ln & 7)"
+        chunk = f"(wn * {s.WN} + fp * 16 + (ln >> 4) * 8) / 8"
+        return f"{swizzle(s.NCH, row, chunk)} * {CHUNK}"
+    row = f"wn * {s.WN} + fp * 16 + (ln & 7) + (ln >> 4) * 8"
+    return f"{swizzle(s.CPR, row, 'kk * 2 + ((ln >> 3) & 1)')} * {CHUNK}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The tasklets' C++
+# ---------------------------------------------------------------------------------------------
+
+def _thread_code(s: Shape, gpu: bool) -> str:
+    """This thread's row of the per-thread arrays, its warp and lane, and the rows and
+    chunks of A and B it stages."""
+    tpa = s.NT // s.TM
+    if s.trans_b:
+        tpr = s.NCH // s.CBN  # threads per reduction row of an N-major B
+        b = f"const int bk = (int)t / {tpr}, bc = ((int)t % {tpr}) * {s.CBN};"
     else:
-        values = [f"cb_tf32({name}[{base} + {q}])" for q in range(count)]
-    return f"const unsigned r{name}[{count}] = {{{', '.join(values)}}};"
+        tpb = s.NT // s.TN
+        b = f"const int bn = (int)t / {tpb}, bc = ((int)t % {tpb}) * {s.CBK};"
+    return f"""const int tp = {"0" if gpu else "(int)t"};
+const int lane = (int)t % {WARP}, warp = (int)t / {WARP};
+const int wm = warp % {s.WARPS_M}, wn = warp / {s.WARPS_M};
+const int am = (int)t / {tpa}, ac = ((int)t % {tpa}) * {s.CA};
+{b}
+(void)lane; (void)wm; (void)wn; (void)am; (void)ac;"""
 
 
-def _gpu_mma(ctype: str, FM: int, FN: int) -> str:
-    """The GPU tasklet: one warp-wide ``mma.sync`` per tile ``(fm, fn)`` on this lane's
-    fragments (``a``: 4 registers per tile, ``b``: 2)."""
-    shape = SHAPES[ctype]
-    ptx, AR, BR = shape.ptx, shape.a_regs, shape.b_regs
-    tf32 = ("""auto cb_tf32 = [](float v) {
-    unsigned u; asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(u) : "f"(v)); return u;
-};""" if ptx == "tf32" else "")
-    return f"""{tf32}
-#pragma unroll
-for (int fm = 0; fm < {FM}; ++fm) {{
+def _vector(extent: int, ce: int, eb: int) -> int:
+    """Values per copy: the largest power of two up to a chunk that divides the
+    contiguous ``extent`` and makes at least 4 bytes."""
+    v = ce
+    while v * eb > 4 and extent % v:
+        v //= 2
+    return v
+
+
+def _copies(s: Shape, dst: str, rows: int, cpr: int, row: str, chunk0: str, first: str,
+            limit: int, whole: int, ok: str, vec: int, step: int = 1) -> str:
+    """C++ staging one run of this thread: chunks ``chunk0 + j`` (``j`` < ``rows``) of row ``row`` of a stage of rows of ``cpr`` chunks at ``dst``, from ``src``
+    (value ``v`` of chunk ``j`` at ``(j * CE + v) * step``), ``vec`` values per
+    ``cp.async``.  Value ``first + j * CE + v`` past ``limit`` is zero-filled, unless
+    ``limit`` is a multiple of ``whole`` (the tile's extent along ``first``): then no value
+    passes it, and the run's copies share ``ok`` and constant offsets from one pointer."""
+    full = limit % whole == 0 and vec == s.CE
+    cond = ok if full else f"{ok} && {first} + j * {s.CE} + v < {limit}"
+    source = (f"src + (j * {s.CE} + v) * {step}" if full else
+              f"okv ? src + (j * {s.CE} + v) * {step} : base")
+    return f"""#pragma unroll
+for (int j = 0; j < {rows}; ++j) {{
+    char* d = {dst} + {swizzle(cpr, row, chunk0 + " + j")} * {CHUNK};
     #pragma unroll
-    for (int fn = 0; fn < {FN}; ++fn) {{
-        {_registers("a", f"fm * {AR}", 4, shape)}
-        {_registers("b", f"fn * {BR}", 2, shape)}
-        const int c = (fm * {FN} + fn) * 4;
-        float d0 = cin[c], d1 = cin[c + 1], d2 = cin[c + 2], d3 = cin[c + 3];
-        asm volatile("mma.sync.aligned.m16n8k{shape.k}.row.col.f32.{ptx}.{ptx}.f32 "
-                     "{{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%0,%1,%2,%3}};\\n"
-                     : "+f"(d0), "+f"(d1), "+f"(d2), "+f"(d3)
-                     : "r"(ra[0]), "r"(ra[1]), "r"(ra[2]), "r"(ra[3]), "r"(rb[0]), "r"(rb[1]));
-        cout[c] = d0; cout[c + 1] = d1; cout[c + 2] = d2; cout[c + 3] = d3;
+    for (int v = 0; v < {s.CE}; v += {vec}) {{
+        const bool okv = {cond};
+        cb_cp_async<{vec * s.EB}>(d + v * {s.EB}, {source}, okv);
+    }}
+}}"""
+
+
+def _stage_code(s: Shape) -> str:
+    """C++ that stages the K tile at (``kd, kh, kw``, ``c0``) into stage ``sslot``, then
+    advances those to the next tile and stage (the reduction walks channel blocks, then
+    taps, as ``_pipelined`` does).  Each operand's run starts at one pointer, the
+    operand's base where the run is outside it (every copy then zero-fills)."""
+    tap = f"((kd * {s.KH} + kh) * {s.KW} + kw)"
+    va, vk = _vector(s.C, s.CE, s.EB), _vector(s.K, s.CE, s.EB)
+    a = f"""{{ // A: this thread's pixel, chunks ac.. of channels c0..
+    const int dd = d0 + kd, hh = h0 + kh, ww = w0 + kw;
+    const bool inside = abase >= 0 && (unsigned)dd < {s.D}u && (unsigned)hh < {s.H}u
+                        && (unsigned)ww < {s.W}u;
+    const int ch = c0 + ac * {s.CE};
+    const auto* base = xa;
+    const auto* src = inside ? xa + abase + (int64_t)((dd * {s.H} + hh) * {s.W} + ww) * {s.C} + ch : xa;
+{P.indent(_copies(s, f"as + sslot * {s.ASB}", s.CA, s.CPR, "am", "ac", "ch", s.C, s.TK,
+                  "inside", va), 4)}
+}}"""
+    if s.trans_b:  # rows: reduction channels c0 + bk; chunks: 8 output channels of w
+        b = f"""{{ // B (N-major): reduction channel c0 + bk, output channels from blk_n + bc * {s.CE}
+    const int ck = c0 + bk, n = blk_n + bc * {s.CE};
+    const auto* base = wb;
+    const auto* src = ck < {s.C} ? wb + (int64_t)ck * {s.taps * s.K} + ({s.taps - 1} - {tap}) * {s.K} + n : wb;
+{P.indent(_copies(s, f"bs + sslot * {s.BSB}", s.CBN, s.NCH, "bk", "bc", "n", s.K, s.TN,
+                  f"ck < {s.C}", vk), 4)}
+}}"""
+    elif s.flip:  # K-major, value by value: the reduction channels are a filter apart
+        b = f"""{{ // B (K-major, flipped): output channel bbase, reduction channels c0..
+    const int ch = c0 + bc * {s.CE};
+    const auto* base = wb;
+    const auto* src = bbase >= 0 ? wb + bbase + (int64_t)({s.taps - 1} - {tap}) * {s.K} + (int64_t)ch * {s.taps * s.K} : wb;
+{P.indent(_copies(s, f"bs + sslot * {s.BSB}", s.CBK, s.CPR, "bn", "bc", "ch", s.C, s.TK,
+                  "bbase >= 0", 1, s.taps * s.K), 4)}
+}}"""
+    else:
+        b = f"""{{ // B (K-major): output channel's filter row at bbase, tap, channels c0..
+    const int ch = c0 + bc * {s.CE};
+    const auto* base = wb;
+    const auto* src = bbase >= 0 ? wb + bbase + (int64_t){tap} * {s.C} + ch : wb;
+{P.indent(_copies(s, f"bs + sslot * {s.BSB}", s.CBK, s.CPR, "bn", "bc", "ch", s.C, s.TK,
+                  "bbase >= 0", va), 4)}
+}}"""
+    return f"""if (kd < {s.KD}) {{ // a K tile is left to stage
+{P.indent(a, 4)}
+{P.indent(b, 4)}
+    c0 += {s.TK};
+    if (c0 >= {s.C}) {{
+        c0 = 0;
+        if (++kw == {s.KW}) {{ kw = 0; if (++kh == {s.KH}) {{ kh = 0; ++kd; }} }}
+    }}
+}}
+sslot = sslot + 1 == {s.S} ? 0 : sslot + 1;
+cb_cp_commit();"""
+
+
+def mma_loop(s: Shape, gpu: bool) -> str:
+    """C++ of the main loop on the K tile in stage ``cslot``: per MMA step, the lanes'
+    registers through ``ldmatrix.x4`` and the warp tile's ``mma.sync``.  On the CPU each
+    thread builds the registers of every lane of its warp (``ln``) and emulates its own
+    share of each MMA from them."""
+    tb = "true" if s.trans_b else "false"
+    loads = f"""#pragma unroll
+for (int fm = 0; fm < {s.FM}; ++fm)
+    cb_ldsm_x4<false>(fa[LN][fm], as_c, [&](int ln) {{ return {a_address(s)}; }}, LN);
+#pragma unroll
+for (int fp = 0; fp < {s.FN // 2}; ++fp) {{
+    unsigned r[4];
+    cb_ldsm_x4<{tb}>(r, bs_c, [&](int ln) {{ return {b_address(s)}; }}, LN);
+    fb[LN][2 * fp][0] = r[0]; fb[LN][2 * fp][1] = r[1];
+    fb[LN][2 * fp + 1][0] = r[2]; fb[LN][2 * fp + 1][1] = r[3];
+}}"""
+    if gpu:
+        frags = f"unsigned fa[1][{s.FM}][4], fb[1][{s.FN}][2];\n" + loads.replace("LN]", "0]")
+        frags = frags.replace(", LN)", ", lane)")
+        mma = "cb_mma(acc + (fm * {FN} + fn) * 4, fa[0][fm], fb[0][fn]);"
+    else:
+        frags = (f"unsigned fa[{WARP}][{s.FM}][4], fb[{WARP}][{s.FN}][2];\n"
+                 f"for (int LN = 0; LN < {WARP}; ++LN) {{\n{P.indent(loads, 4)}\n}}")
+        mma = "cb_mma_emulated(acc + (fm * {FN} + fn) * 4, lane, fa, fb, fm, fn);"
+    return f"""const char* as_c = as + cslot * {s.ASB};
+const char* bs_c = bs + cslot * {s.BSB};
+#pragma unroll
+for (int kk = 0; kk < {s.TK // s.KM}; ++kk) {{
+{P.indent(frags, 4)}
+    #pragma unroll
+    for (int fm = 0; fm < {s.FM}; ++fm)
+        #pragma unroll
+        for (int fn = 0; fn < {s.FN}; ++fn)
+            {mma.format(FN=s.FN)}
+}}"""
+
+
+def prologue_code(s: Shape, gpu: bool) -> str:
+    """Zero the accumulators, decode the staged pixel and filter row, issue the first
+    ``stages - 1`` K tiles, and wait for the first."""
+    plane = s.OD * s.OH * s.OW
+    if s.trans_b:
+        bset = "bbase = 0;"  # its rows are reduction values; columns checked per chunk
+    elif s.flip:
+        bset = f"if (n < {s.K}) bbase = n;"
+    else:
+        bset = f"if (n < {s.K}) bbase = n * {s.taps * s.C};"
+    n = "" if s.trans_b else "const int64_t n = (int64_t)blk_n + bn;"
+    return f"""{_thread_code(s, gpu)}
+#pragma unroll
+for (int i = 0; i < {s.RR}; ++i) acco[tp * {s.RR} + i] = 0.0f;
+int d0 = 0, h0 = 0, w0 = 0;
+int64_t abase = -1, bbase = -1;
+{{
+    const int64_t m = (int64_t)blk_m + am;
+    if (m < {s.GM}) {{
+        const int64_t b = m / {plane};
+        const int p = (int)(m - b * {plane});
+        const int od = p / {s.OH * s.OW};
+        const int oh = (p - od * {s.OH * s.OW}) / {s.OW};
+        const int ow = p - od * {s.OH * s.OW} - oh * {s.OW};
+        d0 = od * {s.SD} - {s.PD};
+        h0 = oh * {s.SH} - {s.PH};
+        w0 = ow * {s.SW} - {s.PW};
+        abase = b * {s.C * s.D * s.H * s.W};
+    }}
+    {n}
+    {bset}
+}}
+int kd = 0, kh = 0, kw = 0, c0 = 0, sslot = 0;
+const int cslot = 0;
+for (int j = 0; j < {s.S - 1}; ++j) {{
+{P.indent(_stage_code(s), 4)}
+}}
+{P._store_state(P.ST)}
+sbo[tp * {len(P.SB)}] = abase;
+sbo[tp * {len(P.SB)} + 1] = bbase;
+cb_cp_wait<{s.S - 2}>();
+"""
+
+
+def step_code(s: Shape, gpu: bool) -> str:
+    """Step ``kt``: issue the next K tile, compute the one in stage ``cslot``, wait for
+    the tile after it."""
+    return f"""{_thread_code(s, gpu)}
+{P._load_state(s, writable=True)}
+{_stage_code(s)}
+{{
+    float* acc = acco + tp * {s.RR};
+{P.indent(mma_loop(s, gpu), 4)}
+}}
+cslot = cslot + 1 == {s.S} ? 0 : cslot + 1;
+{P._store_state(("kd", "kh", "kw", "c0", "sslot", "cslot"))}
+cb_cp_wait<{s.S - 2}>();
+"""
+
+
+def epilogue_code(s: Shape, gpu: bool) -> str:
+    """Store each accumulator to its output element: lane ``l`` holds rows ``l / 4`` and
+    ``l / 4 + 8``, columns ``2 (l % 4)`` and the next, of each MMA tile."""
+    return f"""{_thread_code(s, gpu)}
+const float* acc = acci + tp * {s.RR};
+const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+for (int fm = 0; fm < {s.FM}; ++fm)
+    #pragma unroll
+    for (int i2 = 0; i2 < 2; ++i2) {{
+        const int64_t m = (int64_t)blk_m + wm * {s.WM} + fm * 16 + g + 8 * i2;
+        #pragma unroll
+        for (int fn = 0; fn < {s.FN}; ++fn)
+            #pragma unroll
+            for (int i1 = 0; i1 < 2; ++i1) {{
+                const int64_t n = (int64_t)blk_n + wn * {s.WN} + fn * 8 + 2 * t4 + i1;
+                if (m < {s.GM} && n < {s.K})
+                    yo[m * {s.K} + n] = acc[(fm * {s.FN} + fn) * 4 + i2 * 2 + i1];
+            }}
+    }}
+"""
+
+
+# ---------------------------------------------------------------------------------------------
+# ldmatrix and mma.sync, per target
+# ---------------------------------------------------------------------------------------------
+
+def helpers(s: Shape, gpu: bool) -> str:
+    """C++ the tasklets call: ``cb_ldsm_x4<trans>`` (registers of lane ``lane`` from the
+    rows that ``addr(ln)`` names for each lane ``ln``), ``cb_mma`` (GPU) or
+    ``cb_mma_emulated`` (CPU), and the stages as bytes (``as``, ``bs``)."""
+    ptx, k = s.ptx, s.KM
+    if gpu:
+        cvt = "    const unsigned* a_ = a; const unsigned* b_ = b;\n"
+        return r"""
+#ifndef CB_MMA_HELPERS_GPU
+#define CB_MMA_HELPERS_GPU
+template <bool TRANS, class F>
+__device__ __forceinline__ void cb_ldsm_x4(unsigned (&r)[4], const char* base, F addr, int lane) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(base + addr(lane)));
+    if constexpr (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+#endif
+""" + f"""
+__device__ __forceinline__ void cb_mma(float* d, const unsigned* a, const unsigned* b) {{
+{cvt}    asm volatile("mma.sync.aligned.m16n8k{k}.row.col.f32.{ptx}.{ptx}.f32 "
+                 "{{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%0,%1,%2,%3}};\\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a_[0]), "r"(a_[1]), "r"(a_[2]), "r"(a_[3]), "r"(b_[0]), "r"(b_[1]));
+}}
+"""
+    value = {"f16": "cb_half_to_float((uint16_t)h)", "bf16": "cb_bf16_to_float((uint16_t)h)",
+             "tf32": "cb_tf32_value(w)"}[ptx]
+    if ptx == "tf32":  # one value per register: A[r][k] in lane (r % 8) * 4 + k % 4
+        a_loc = "const unsigned w = fa[(r % 8) * 4 + kk % 4][fm][r / 8 + 2 * (kk / 4)];"
+        b_loc = "const unsigned w = fb[n * 4 + kk % 4][fn][kk / 4];"
+        a_val = b_val = value
+    else:  # two per register, the lower index in the lower half
+        a_loc = ("const unsigned w = fa[(r % 8) * 4 + (kk % 8) / 2][fm][r / 8 + 2 * (kk / 8)];"
+                 " const unsigned h = kk % 2 ? w >> 16 : w & 0xffffu;")
+        b_loc = ("const unsigned w = fb[n * 4 + (kk % 8) / 2][fn][kk / 8];"
+                 " const unsigned h = kk % 2 ? w >> 16 : w & 0xffffu;")
+        a_val = b_val = value
+    return r"""
+#ifndef CB_MMA_HELPERS_CPU
+#define CB_MMA_HELPERS_CPU
+#include <cstring>
+// ldmatrix.x4 as lane `lane` receives it: register j holds word lane % 4 of the row that
+// lane 8 j + lane / 4 names (.trans: the 16-bit values of column lane / 4 in the rows
+// that lanes 8 j + 2 (lane % 4) and the next name, the first in the lower half).
+template <bool TRANS, class F>
+static inline void cb_ldsm_x4(unsigned (&r)[4], const char* base, F addr, int lane) {
+    for (int j = 0; j < 4; ++j) {
+        if (!TRANS) {
+            std::memcpy(&r[j], base + addr(8 * j + lane / 4) + 4 * (lane % 4), 4);
+        } else {
+            uint16_t lo, hi;
+            std::memcpy(&lo, base + addr(8 * j + 2 * (lane % 4)) + 2 * (lane / 4), 2);
+            std::memcpy(&hi, base + addr(8 * j + 2 * (lane % 4) + 1) + 2 * (lane / 4), 2);
+            r[j] = (unsigned)lo | ((unsigned)hi << 16);
+        }
+    }
+}
+// A TF32 operand as the tensor cores read a float32 register: its low 13 bits ignored.
+static inline float cb_tf32_value(unsigned u) {
+    u &= 0xffffe000u;
+    float f; std::memcpy(&f, &u, 4); return f;
+}
+#endif
+""" + f"""
+// mma.sync m16n8k{k} as lane `lane` sees it: its sums C[g + 8 (i / 2)][2 t + i % 2] of
+// tile (fm, fn), each A[r][k] and B[k][n] taken from the lane and register where PTX's
+// fragment layout puts it.
+template <class FA, class FB>
+static inline void cb_mma_emulated(float* d, int lane, const FA& fa, const FB& fb, int fm, int fn) {{
+    const int g = lane / 4, t = lane % 4;
+    for (int i = 0; i < 4; ++i) {{
+        const int r = g + 8 * (i / 2), n = 2 * t + i % 2;
+        float sum = d[i];
+        for (int kk = 0; kk < {k}; ++kk) {{
+            float av, bv;
+            {{ {a_loc} av = {a_val}; }}
+            {{ {b_loc} bv = {b_val}; }}
+            sum += av * bv;
+        }}
+        d[i] = sum;
     }}
 }}
 """
 
 
-def shape_of(dtype) -> Shape:
-    """The MMA of a precision (float32 storage means TF32 operands)."""
-    return SHAPES[dtype.dace.ctype]
+#: What the prologue and the steps call the stages, as bytes, before their code.
+_PREAMBLE = ("char* as = reinterpret_cast<char*>(ao);\n"
+             "char* bs = reinterpret_cast<char*>(bo);\n")
 
 
-def program(layer: Layer, layout: Layout, dtype, params, w_shape=None,
-            filter_matrix=None) -> dace.SDFG:
-    """The tensor-core implicit GEMM of ``layer`` (see the module docstring).
-    ``w_shape`` and ``filter_matrix`` (``_igemm.finish``): the filter the program takes
-    and how its GEMM operand is made from it (default: ``layer``'s own)."""
-    WM, WN, FM, FN = (params[k] for k in ("warpsM", "warpsN", "fragsM", "fragsN"))
-    TM, TN, NW = tile_shape(params)
-    shape = shape_of(dtype)
-    TK, E, H, AR, BR = shape.k, shape.e, shape.k // 2, shape.a_regs, shape.b_regs
-    UA, VK, UB = TM // WARP, TK // NW, TN // WARP
-    G = geometry(layer, layout, TM, TN, TK)
-    w_shape = w_shape or G.L.w_shape
-    dt, at, i32, zero = dtype.dace, dtype.acc_dace, dace.int32, dtype.zero
-    GM, GN, GMp, GNp, GKp, YC = G.GM, G.GN, G.GMp, G.GNp, G.GKp, G.YC
+def _roles():
+    """The tasklet code by role, for ``_pipelined.set_code``."""
+    def staged(f):
+        return lambda s, gpu: _PREAMBLE + f(s, gpu)
+    return {"prologue": staged(prologue_code), "step": staged(step_code),
+            "epilogue": epilogue_code}
 
-    @dace.program
-    def igemm_mma(x: dt[G.L.xp_shape], w: dt[w_shape], y: dt[G.L.y_shape],
-                  rowoff: i32[GMp], coloff: i32[GKp], yrow: i32[GMp], Bp: dt[GKp, GNp]):
-        xf = np.reshape(x, [G.XS])
-        yf = np.reshape(y, [G.YS])
-        for blk_n, blk_m in dace.map[0:GNp:TN, 0:GMp:TM]:  # blk_m fastest: grid x
-            acc = np.ndarray([NW, WARP, FM * FN * 4], at)  # per lane: [fm, fn, i]
-            fa = np.ndarray([NW, WARP, FM * AR], dt)  # per lane: [fm, q]
-            fb = np.ndarray([NW, WARP, FN * BR], dt)  # per lane: [fn, q]
-            for ti, tj in dace.map[0:NW, 0:WARP]:
-                for e in dace.map[0:FM * FN * 4]:
-                    acc[ti, tj, e] = zero
-            for k0 in dace.map[0:GKp:TK]:
-                As = np.ndarray([TM * TK], dt)
-                Bs = np.ndarray([TK * TN], dt)
-                for ti, tj in dace.map[0:NW, 0:WARP]:
-                    for u, v in dace.map[0:UA, 0:VK]:
-                        with dace.tasklet:  # A[m, kk] through the tables
-                            xa << xf(1)[:]
-                            ro << rowoff[blk_m + tj + u * WARP]
-                            co << coloff[k0 + ti + v * NW]
-                            out >> As[(tj + u * WARP) * TK + ti + v * NW]
-                            out = xa[ro + co]
-                    for v, u in dace.map[0:VK, 0:UB]:
-                        Bs[(ti + v * NW) * TN + tj + u * WARP] = Bp[k0 + ti + v * NW,
-                                                                    blk_n + tj + u * WARP]
-                for ti, tj in dace.map[0:NW, 0:WARP]:
-                    for fm, q in dace.map[0:FM, 0:AR]:
-                        with dace.tasklet:
-                            s << As(1)[:]
-                            out >> fa[ti, tj, fm * AR + q]
-                            r = ((ti // WN) * FM + fm) * 16 + tj // 4 + 8 * ((q // E) % 2)
-                            out = s[r * TK + E * (tj % 4) + q % E + H * (q // (2 * E))]
-                    for fn, q in dace.map[0:FN, 0:BR]:
-                        with dace.tasklet:
-                            s << Bs(1)[:]
-                            out >> fb[ti, tj, fn * BR + q]
-                            k = E * (tj % 4) + q % E + H * (q // E)
-                            out = s[k * TN + ((ti % WN) * FN + fn) * 8 + tj // 4]
-                for ti, tj in dace.map[0:NW, 0:WARP]:
-                    with dace.tasklet:  # the warp's MMAs: the code is set below
-                        # Whole arrays: DaCe 1.0.2's frontend fails on sliced array
-                        # connectors here; the code indexes them (the GPU schedule makes
-                        # them the lane's own registers).
-                        a << fa(1)[:, :, :]
-                        b << fb(1)[:, :, :]
-                        cin << acc(1)[:, :, :]
-                        cout >> acc(1)[:, :, :]
-                        cout[0, 0, 0] = cin[0, 0, 0] + a[0, 0, 0] * b[0, 0, 0]
-            for ti, tj in dace.map[0:NW, 0:WARP]:
-                for fm, fn, i in dace.map[0:FM, 0:FN, 0:4]:
-                    with dace.tasklet:
-                        c << acc[ti, tj, (fm * FN + fn) * 4 + i]
-                        yr << yrow(1)[:]
-                        out >> yf(-1)[:]
-                        m = blk_m + ((ti // WN) * FM + fm) * 16 + tj // 4 + 8 * (i // 2)
-                        n = blk_n + ((ti % WN) * FN + fn) * 8 + 2 * (tj % 4) + i % 2
-                        if m < GM and n < GN:
-                            row = yr[m]
-                            out[row + n * YC] = c
 
-    sdfg = finish(igemm_mma, layer, layout, G, filter_matrix)
-    (mma, state), = [(n, st) for n, st in sdfg.all_nodes_recursive()
-                     if n in set(_mma_tasklets(sdfg))]
-    mma.code = dace.properties.CodeBlock(_emulation(FM, FN, shape), dace.Language.CPP)
-    # The frontend names the fragment arrays after the statements that write them; the
-    # schedule finds them by name.
-    for edge in state.in_edges(mma):
-        if edge.dst_conn in ("a", "b") and edge.data.data != FRAGMENTS[edge.dst_conn]:
-            state.parent.replace(edge.data.data, FRAGMENTS[edge.dst_conn])
+# ---------------------------------------------------------------------------------------------
+# The program, schedules and registration
+# ---------------------------------------------------------------------------------------------
+
+def program(layer: Layer, dtype, params, flip: bool = False, w_shape=None) -> dace.SDFG:
+    """The tensor-core implicit GEMM of ``layer`` (NDHWC; module docstring).  ``flip``:
+    ``layer`` is a data gradient's ``transposed_layer`` and the program takes the forward
+    filter, of shape ``w_shape``."""
+    s = shape(layer, dtype.dace.ctype, params, flip)
+    sdfg = P.program(layer, Layout.NDHWC, dtype, params, flip=flip, w_shape=w_shape, s=s,
+                     code=_roles())
+    sdfg.append_global_code(helpers(s, gpu=False), "frame")
     return sdfg
 
 
-#: The fragment arrays, by the MMA tasklet's connector that reads them.
-FRAGMENTS = {"a": "fa", "b": "fb"}
-
-
-def _mma_tasklets(sdfg):
-    """The tasklets that compute one MMA tile (inputs a, b, cin; output cout)."""
-    for node, _ in sdfg.all_nodes_recursive():
-        if (isinstance(node, dace.nodes.Tasklet) and set(node.in_connectors) == {"a", "b", "cin"}
-                and set(node.out_connectors) == {"cout"}):
-            yield node
-
-
-def _storage_ctype(sdfg) -> str:
-    """The C++ type of the fragments (``fa``) of an MMA program."""
-    for sd in sdfg.all_sdfgs_recursive():
-        if "fa" in sd.arrays:
-            return sd.arrays["fa"].dtype.ctype
-    raise ValueError(f"{sdfg.name}: no fragment array 'fa'")
+def schedule(target: str, flip: bool = False, layer_of=lambda layer: layer):
+    """``_pipelined``'s tiled schedule (block map on the grid, thread map on the block's
+    threads, stages in shared memory, accumulators and state in registers) with the
+    tensor-core code of the target.  ``layer_of``: the layer the program computes (the
+    data gradient's transposed one)."""
+    def apply(sdfg, layer, params):
+        s = shape(layer_of(layer), sdfg.arrays["x"].dtype.ctype, params, flip)
+        P.schedule(target, Layout.NDHWC, kernel=lambda *_: (s, _roles()))(sdfg, layer, params)
+        sdfg.append_global_code(helpers(s, target == "gpu"), "cuda" if target == "gpu" else "frame")
+    return apply
 
 
 def implementation(**fields):
     """The registration of a tensor-core kernel on NDHWC: ``fields`` (name, summary, pass,
-    algorithm, supports, constraints) and what every one shares (schedules, parameters,
-    precisions)."""
+    algorithm, supports, constraints, schedules) and what every one shares."""
     from convbench.registry import Implementation
-    return Implementation(layout=Layout.NDHWC, schedules={"cpu": schedule("cpu"),
-                                                          "gpu": schedule("gpu")},
-                          params=PARAMS, check_params=check_params, precisions=PRECISIONS,
-                          **fields)
-
-
-def schedule(target: str):
-    """The tiled schedule (``_tiling.tiled_schedule``) with, on the GPU, the emulated MMA
-    replaced by ``mma.sync``."""
-    base = T.tiled_schedule(target, sequential=("k0",), shared=("As", "Bs"),
-                            private={"acc": 2, "fa": 2, "fb": 2})
-
-    def apply(sdfg, layer, params):
-        base(sdfg, layer, params)
-        # Maps that the frontend inlined into the top-level state read as element-wise
-        # kernels to tiled_schedule: inside the block they are the K loop and a
-        # thread's loops (those unrolled on the GPU).
-        for state in sdfg.all_states():
-            scopes = state.scope_dict()
-            for node in state.nodes():
-                if (isinstance(node, dace.nodes.MapEntry) and scopes[node] is not None
-                        and node.map.params[0] != "ti"):
-                    node.map.schedule = dace.ScheduleType.Sequential
-                    node.map.unroll = target == "gpu" and node.map.params[0] != "k0"
-                    node.map.collapse = 1
-        if target == "gpu":
-            code = _gpu_mma(_storage_ctype(sdfg), params["fragsM"], params["fragsN"])
-            for node in _mma_tasklets(sdfg):
-                node.code = dace.properties.CodeBlock(code, dace.Language.CPP)
-            T.const_inputs(sdfg, ("xa",))
-
-    return apply
+    return Implementation(layout=Layout.NDHWC, params=PARAMS, check_params=check_params,
+                          precisions=PRECISIONS, **fields)

@@ -100,6 +100,9 @@ class Tiles:
     taps = property(lambda s: s.KD * s.KH * s.KW)
     KVA = property(lambda s: s.TK * s.TM // s.NT)   # A values a thread stages per tile
     KVB = property(lambda s: s.TK * s.TN // s.NT)   # B values a thread stages per tile
+    RR = property(lambda s: s.RM * s.RN)            # accumulators per thread
+    AS = property(lambda s: s.S * s.TM * s.TKP)     # 4-byte words of A's stages
+    BS = property(lambda s: s.S * s.TN * s.TKP)     # and of B's
 
     @classmethod
     def of(cls, layer: Layer, layout: Layout, params, **more):
@@ -418,20 +421,22 @@ def forward_code():
 # ---------------------------------------------------------------------------------------------
 
 def program(layer: Layer, layout: Layout, dtype, params, flip: bool = False,
-            w_shape=None) -> dace.SDFG:
+            w_shape=None, s=None, code=None) -> dace.SDFG:
     """The pipelined implicit GEMM of ``layer`` in ``layout`` (module docstring); the
     tasklets hold the CPU's C++ until a schedule sets its target's.  ``flip``: ``layer``
     is a data gradient's ``transposed_layer`` and the program takes the forward filter,
-    of shape ``w_shape``."""
-    s = shape(layer, layout, params, flip)
+    of shape ``w_shape``.  ``s`` and ``code``: another main loop's constants and tasklet
+    code on the same skeleton (the tensor-core kernels, ``impls/_mma.py``); its
+    accumulators are ``dtype``'s sums, its stages 4-byte words."""
+    s = s or shape(layer, layout, params, flip)
     L = layer_constants(layer, layout)
     x_shape = unpadded(layer, layout)
     w_shape = tuple(w_shape or L.w_shape)
     XS, WS, YS = int(np.prod(x_shape)), int(np.prod(w_shape)), int(np.prod(L.y_shape))
-    dt = dtype.dace
-    NT, RR, S, KT = s.NT, s.RM * s.RN, s.S, s.KT
+    dt, at = dtype.dace, dtype.acc_dace
+    NT, RR, S, KT = s.NT, s.RR, s.S, s.KT
     NSI, NSB = len(ST), len(SB)
-    AS, BS = S * s.TM * s.TKP, S * s.TN * s.TKP
+    AS, BS = s.AS, s.BS
 
     @dace.program
     def igemm_pipelined(x: dt[x_shape], w: dt[w_shape], y: dt[L.y_shape]):
@@ -439,11 +444,11 @@ def program(layer: Layer, layout: Layout, dtype, params, flip: bool = False,
         wf = np.reshape(w, [WS])
         yf = np.reshape(y, [YS])
         for blk_n, blk_m in dace.map[0:s.GNp:s.TN, 0:s.GMp:s.TM]:  # blk_m: grid x
-            acc = np.ndarray([NT, RR], dt)
+            acc = np.ndarray([NT, RR], at)
             st = np.ndarray([NT, NSI], dace.int32)
             sb = np.ndarray([NT, NSB], dace.int64)
-            As = np.ndarray([AS], dt)
-            Bs = np.ndarray([BS], dt)
+            As = np.ndarray([AS], dace.float32)
+            Bs = np.ndarray([BS], dace.float32)
             for t in dace.map[0:NT]:
                 with dace.tasklet:  # the prologue: its C++ is set below
                     xa << xf(1)[:]
@@ -483,7 +488,7 @@ def program(layer: Layer, layout: Layout, dtype, params, flip: bool = False,
                     yo[0] = acci[0, 0]
 
     sdfg = igemm_pipelined.to_sdfg(simplify=True)
-    set_code(sdfg, s, gpu=False)
+    set_code(sdfg, s, gpu=False, code=code)
     return sdfg
 
 

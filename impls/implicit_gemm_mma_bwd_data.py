@@ -1,42 +1,40 @@
 """``implicitGemmMMABwdData``: dL/dx on tensor cores, for stride 1.
 
 dL/dx of a stride-1 layer is the forward convolution of dL/dy with the filter flipped in
-space and its channel dimensions swapped (``transposed_layer``, as
-``directConvNDHWCblockedBwdData`` computes it).  This is ``implicitGemmMMA``'s program
-(``_mma.py``) on that layer: the flip and the swap happen while the filter is copied
-into the GEMM operand ``Bp``, which the forward program makes anyway, so they cost
-nothing.  The CPU schedule emulates the MMAs on the fragment layout, as the forward's
-does.
+space and its channel dimensions swapped (``transposed_layer``).  This is
+``implicitGemmMMA``'s program (``impls/_mma.py``) on that layer; the filter's gather reads
+the forward filter where it is.  In 16 bits its output channels are the contiguous ones:
+it is staged N-major in 16-byte chunks and read with ``ldmatrix.trans``; in TF32 it is
+staged value by value into the K-major layout.
 """
 
-import functools
-
-from convbench.registry import Layout, Pass, register
+from convbench.registry import Layout, Pass, register, stored_shape
 from impls import _mma
-from impls import _tiling as T
 from impls._transposed import supports as flipped_supports
 from impls._transposed import swap_roles, transposed_layer
 
 
 def algorithm(layer, dtype, params):
-    t = transposed_layer(layer)
-    w_shape = (layer.out_channels, layer.k_d, layer.k_h, layer.k_w, layer.in_channels)
-    sdfg = _mma.program(t, Layout.NDHWC, dtype, params, w_shape=w_shape,
-                        filter_matrix=functools.partial(T.add_filter_matrix, flipped=True))
+    sdfg = _mma.program(transposed_layer(layer), dtype, params, flip=True,
+                        w_shape=stored_shape(Layout.NDHWC, "w", layer.filter_shape))
     return swap_roles(sdfg)
 
 
 def supports(layer, params=None):
-    return flipped_supports(layer, params) or T.int32_offsets(transposed_layer(layer))
+    return (flipped_supports(layer, params) or _mma.supports(transposed_layer(layer), params)
+            or (f"{layer.in_channels} input channels: dL/dx's channels are copied at least "
+                "4 bytes at a time (an even count in 16 bits)" if layer.in_channels % 2 else None))
 
 
 register(_mma.implementation(
     name="implicitGemmMMABwdData",
     summary="backward data on tensor cores (stride 1): implicitGemmMMA on dL/dy with the "
-            "filter flipped and its channels swapped while it is copied into the GEMM "
-            "operand (CPU: the MMA emulated on the fragment layout)",
+            "filter flipped and its channels swapped as it is staged (16-bit: N-major, "
+            "ldmatrix.trans) (CPU: ldmatrix and the MMA emulated lane by lane)",
     pass_=Pass.BWD_DATA,
     algorithm=algorithm,
+    schedules={t: _mma.schedule(t, flip=True, layer_of=transposed_layer)
+               for t in ("cpu", "gpu")},
     supports=supports,
-    constraints="stride 1, padding at most kernel - 1; " + T.INT32_CONSTRAINT,
+    constraints="stride 1, padding at most kernel - 1; even channel counts",
 ))

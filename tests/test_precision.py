@@ -250,24 +250,14 @@ def test_precision_sweep(case, builds, reference, coverage):
     verify_case(case, builds, reference, coverage)
 
 
-# -- the tensor-core kernel's emulation ------------------------------------------------------------
+# -- the tensor-core kernels' emulation ------------------------------------------------------------
 
-MMA_LAYER = Layer("mma", 2, 5, 40, 6, 7, 5, 3, 3, 3, stride=2, pad=2)  # K = 135: tails
-#: A stride-1 layer for the data gradient (GEMM columns C = 24, reduction 27 K = 135).
-MMA_BWD_LAYER = Layer("mma_bwd", 2, 24, 5, 6, 7, 5, 3, 3, 3, pad=1)
-
-
-def _swapped_registers(FM, FN, shape):
-    """The emulation with A's register index taking the row half where PTX puts the
-    column half and back: what a fragment load in the wrong layout computes."""
-    e, h = shape.e, shape.k // 2
-    right = f"{e} * (r / 8) + {2 * e} * (k / {h})"
-    code = _ORIGINAL_EMULATION(FM, FN, shape)
-    assert right in code
-    return code.replace(right, f"{2 * e} * (r / 8) + {e} * (k / {h})")
-
-
-_ORIGINAL_EMULATION = _mma_module._emulation
+#: 6 input channels (4-byte copies into 16-byte chunks, the K tile's tail zero-filled),
+#: 40 output channels (a column tail), stride 2 and padding 2.
+MMA_LAYER = Layer("mma", 2, 6, 40, 6, 7, 5, 3, 3, 3, stride=2, pad=2)
+#: A stride-1 layer for the data gradient: 6 reduction channels, 24 output channels
+#: (three 16-byte chunks of the N-major filter in 16 bits, a column tail).
+MMA_BWD_LAYER = Layer("mma_bwd", 2, 24, 6, 6, 7, 5, 3, 3, 3, pad=1)
 
 MMA_CASES = [("implicitGemmMMA", "float16", "fwd"), ("implicitGemmMMA", "float32-tf32", "fwd"),
              ("implicitGemmMMABwdData", "bfloat16", "bwd_data")]
@@ -276,31 +266,60 @@ MMA_FULL = [("implicitGemmMMA", "bfloat16", "fwd"),
             ("implicitGemmMMABwdData", "float32-tf32", "bwd_data")]
 
 
+def _unswizzled_a(s):
+    """A's ldmatrix rows read where an unswizzled layout would put them (the copies still
+    write the swizzled one)."""
+    row = f"wm * {s.WM} + fm * 16 + (ln & 7) + ((ln >> 3) & 1) * 8"
+    return f"(({row}) * {s.CPR} + kk * 2 + (ln >> 4)) * {_mma_module.CHUNK}"
+
+
+def _swapped_b_matrices(s):
+    """B's ldmatrix.x4 with its second and third matrices exchanged: registers b1 of the
+    first tile and b0 of the second come from each other's rows."""
+    right = _ORIGINAL_B_ADDRESS(s)
+    if s.trans_b:
+        swapped = right.replace("((ln >> 3) & 1) * 8", "(ln >> 4) * 8", 1).replace(
+            "fp * 16 + (ln >> 4) * 8", "fp * 16 + ((ln >> 3) & 1) * 8", 1)
+    else:
+        swapped = right.replace("(ln >> 4) * 8", "((ln >> 3) & 1) * 8", 1).replace(
+            "kk * 2 + ((ln >> 3) & 1)", "kk * 2 + (ln >> 4)", 1)
+    assert swapped != right
+    return swapped
+
+
+_ORIGINAL_B_ADDRESS = _mma_module.b_address
+MMA_PLANTS = {"unswizzled_a": ("a_address", _unswizzled_a),
+              "swapped_b_matrices": ("b_address", _swapped_b_matrices)}
+
+
 @pytest.mark.parametrize("name, dtype, pass_", [pytest.param(*c, id="-".join(c[:2]))
                                                 for c in MMA_CASES]
                          + [pytest.param(*c, id="-".join(c[:2]), marks=pytest.mark.full)
                             for c in MMA_FULL])
-def test_mma_emulation_checks_the_fragment_layout(name, dtype, pass_, builds, reference,
-                                                  monkeypatch):
-    """The tensor-core kernels verify in their CPU emulation (TF32: operands rounded as
-    ``cvt.rna.tf32.f32`` does); with the emulated MMA reading A's registers in another
-    layout than the loads wrote, they fail."""
+def test_mma_emulation_checks_layout_and_fragments(name, dtype, pass_, builds, reference,
+                                                   monkeypatch):
+    """The tensor-core kernels verify in their CPU emulation (ldmatrix and mma.sync lane by
+    lane; TF32 operands truncated as the tensor cores read float32 registers); with A read
+    unswizzled, or B's matrices in the wrong registers (the N-major ``.trans`` path in the
+    16-bit data gradient), they fail."""
     from convbench import registry
     impl = registry.get(name)
     layer = MMA_LAYER if pass_ == "fwd" else MMA_BWD_LAYER
-    good = verify.verify_build(builds(toolchain.make_spec(impl, layer, dtype)),
-                               reference(layer, pass_=pass_, dtype=dtype))[0]
+    truth = reference(layer, pass_=pass_, dtype=dtype)
+    good = verify.verify_build(builds(toolchain.make_spec(impl, layer, dtype)), truth)[0]
     assert good.ok, good.summary()
-    monkeypatch.setattr(_mma_module, "_emulation", _swapped_registers)
-    spec = toolchain.make_spec(impl, layer, dtype, planted="mma_swapped_registers")
-    bad = verify.verify_build(builds(spec), reference(layer, pass_=pass_, dtype=dtype))[0]
-    assert not bad.ok, bad.summary()
+    for plant, (function, planted) in MMA_PLANTS.items():
+        monkeypatch.setattr(_mma_module, function, planted)
+        spec = toolchain.make_spec(impl, layer, dtype, planted=f"mma_{plant}")
+        bad = verify.verify_build(builds(spec), truth)[0]
+        assert not bad.ok, f"{plant}: {bad.summary()}"
+        monkeypatch.undo()
 
 
-def test_tf32_emulation_rounds_operands(builds, reference):
-    """The emulated TF32 MMA rounds its operands (as ``cvt.rna.tf32.f32``): its output
-    passes the TF32 bound and fails float32's, which products of unrounded operands
-    would pass."""
+def test_tf32_emulation_truncates_operands(builds, reference):
+    """The emulated TF32 MMA drops each operand's low 13 bits, as the tensor cores read a
+    float32 register: its output passes the TF32 bound and fails float32's, which products
+    of whole operands would pass."""
     from convbench import registry
     impl = registry.get("implicitGemmMMA")
     truth = reference(MMA_LAYER, dtype="float32-tf32")
@@ -308,6 +327,21 @@ def test_tf32_emulation_rounds_operands(builds, reference):
     assert verify.check_output(out, truth, precision.get_dtype("float32", "tf32"))[0].ok
     ieee = verify.check_output(out, truth, precision.get_dtype("float32"))[0]
     assert not ieee.ok, ieee.summary()
+
+
+def test_swizzle_spreads_each_ldmatrix_phase_over_the_banks():
+    """For every row length the kernels use, the eight 16-byte rows one ldmatrix phase
+    reads (eight consecutive rows, one chunk) land in eight different 16-byte bank groups,
+    and the swizzle permutes the chunks of each 128-byte line (nothing written twice)."""
+    for cpr in (2, 4, 8, 16, 32):
+        index = lambda r, c: eval(_mma_module.swizzle(cpr, str(r), str(c)).replace("/", "//"))
+        rows = 64
+        stored = [index(r, c) for r in range(rows) for c in range(cpr)]
+        assert sorted(stored) == list(range(rows * cpr)), cpr
+        assert all(index(r, c) // 8 == (r * cpr + c) // 8 for r in range(rows) for c in range(cpr))
+        for r0 in range(0, rows, 8):
+            for c in range(cpr):
+                assert len({index(r0 + i, c) % 8 for i in range(8)}) == 8, (cpr, r0, c)
 
 
 # -- the vdpbf16ps kernel (CPUs with AVX512_BF16) --------------------------------------------------

@@ -279,15 +279,22 @@ def test_cpu_gemm_links_mkl_from_its_environment(builds):
 #: gates, tests/test_pipelined.py); full tier: all, float32 among them, im2colGemm's cuBLAS
 #: and the tensor-core kernel's inline PTX.
 NVCC_FAST = ("implicitGemmNCDHW",)
-NVCC = [Case(name, LAYER, "nvcc", target="gpu") for name in GPU_IMPLS]
+#: The tensor-core kernels copy channels at least 4 bytes at a time: an even count.
+EVEN_LAYER = Layer("tc2", 1, 4, 6, 6, 5, 4, 3, 3, 3, pad=1)
+
+
+def _nvcc_layer(name):
+    return EVEN_LAYER if name.startswith("implicitGemmMMA") else LAYER
+
+
+NVCC = [Case(name, _nvcc_layer(name), "nvcc", target="gpu") for name in GPU_IMPLS]
 #: The tensor-core kernels in their other precisions (the first is in NVCC).
-NVCC += [Case(name, LAYER, "nvcc", target="gpu", dtype=dtype) for name in GPU_IMPLS
+NVCC += [Case(name, _nvcc_layer(name), "nvcc", target="gpu", dtype=dtype) for name in GPU_IMPLS
          for dtype in registry.get(name).precisions[1:]]
-#: The instruction and fragments of each tensor-core precision (defaults: 2 x 4 tiles).
-MMA_PTX = {"float16": ("m16n8k16.row.col.f32.f16.f16.f32", "cb_half fa[16]", "cb_half fb[16]"),
-           "bfloat16": ("m16n8k16.row.col.f32.bf16.bf16.f32", "cb_bfloat16 fa[16]",
-                        "cb_bfloat16 fb[16]"),
-           "float32-tf32": ("m16n8k8.row.col.f32.tf32.tf32.f32", "float fa[8]", "float fb[8]")}
+#: The MMA instruction of each tensor-core precision.
+MMA_PTX = {"float16": "m16n8k16.row.col.f32.f16.f16.f32",
+           "bfloat16": "m16n8k16.row.col.f32.bf16.bf16.f32",
+           "float32-tf32": "m16n8k8.row.col.f32.tf32.tf32.f32"}
 
 
 @needs_nvcc
@@ -319,11 +326,11 @@ def test_gpu_sdfg_compiles_with_nvcc(case, builds, coverage):
             _check_linked(build, ConvbenchCuBLAS)
             assert "libcublas.so" in _dynamic_section(build.library)
         _check_tiled_kernel(case.impl, text)
-        if case.impl.startswith("implicitGemmMMA"):  # the lane's fragments in registers
-            instruction, fa, fb = MMA_PTX[case.precision]
-            assert f"mma.sync.aligned.{instruction}" in text
-            assert fa in text and fb in text
-            assert ("cvt.rna.tf32.f32" in text) == (case.precision == "float32-tf32")
+        if case.impl.startswith("implicitGemmMMA"):  # fragments through ldmatrix
+            assert f"mma.sync.aligned.{MMA_PTX[case.precision]}" in text
+            assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in text
+            assert "cp.async.cg.shared.global" in text
+            assert "cvt.rna.tf32.f32" not in text  # the tensor cores read float32 registers
     except Exception as err:
         coverage.record(case, "failed", f"{type(err).__name__}: {err}")
         raise
@@ -335,8 +342,8 @@ TILED_KERNELS = {
     "implicitGemmTiledonly": (False, 1), "implicitGemmWarpTiled": (True, 16),
     "implicitGemmNCDHW": (True, 16), "implicitGemmsplitK": (True, 16),
     "directConvNCDHWnobuffer": (False, 4), "directConvNCDHWtileIC": (False, 4),
-    "directConvNCDHWmerged": (True, 8), "implicitGemmMMA": (True, 32),
-    "implicitGemmMMABwdData": (True, 32),
+    "directConvNCDHWmerged": (True, 8), "implicitGemmMMA": (True, 128),
+    "implicitGemmMMABwdData": (True, 128),
     "winogradF2Tiled": (True, 64), "winogradF2TiledBwdData": (True, 64),
 }
 
