@@ -131,12 +131,14 @@ def test_the_committed_table_covers_every_deep_layer_at_the_defaults(impl):
     check_committed_table(impl)
 
 
-def check_committed_table(impl):
+def check_committed_table(impl, table=TABLE, bar=None, dtype=None):
     """:func:`test_the_committed_table_covers_every_deep_layer_at_the_defaults` for
-    ``impl`` (the backward kernels' tests call it too)."""
+    ``impl`` (the backward and tensor-core kernels' tests call it too, with their
+    ``table`` folder, their ``bar`` and the precision read)."""
+    bar = bar or meets
     defaults = ";".join(f"{k}={v}" for k, v in registry.get(impl).resolve_params({}).items())
     for layer_set, batch in (("cosmoflow", 16), ("cosmoflow_mlperf", 8)):
-        path = TABLE / f"{impl}-{layer_set}.csv"
+        path = table / f"{impl}-{layer_set}.csv"
         rows = {r["layer"]: r for r in csv.DictReader(open(path)) if r["main"] == "yes"}
         for layer in load_layers(layer_set):
             if layer.in_channels < 32:
@@ -145,4 +147,5 @@ def check_committed_table(impl):
             assert row is not None, f"{path}: no {layer.name}"
             assert (row["config"], int(row["batch"])) == (defaults, batch), \
                 f"{path}: regenerate it (convbench sass {impl} --layer all)"
-            assert not meets(row), (layer_set, layer.name, meets(row))
+            assert dtype is None or row["dtype"] == dtype, path
+            assert not bar(row), (layer_set, layer.name, bar(row))
