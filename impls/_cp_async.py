@@ -1,5 +1,6 @@
 """``cp.async`` for the tasklets of the pipelined kernels, per target: the asynchronous
-copy of 4, 8 or 16 bytes (of any element type) from global to shared memory with its zero-fill (a source size
+copy of 4, 8 or 16 bytes (of any element type) from global to shared memory with its zero-fill
+(2 bytes, one 16-bit value, are an ordinary copy: ``cp.async`` moves 4 at least) (a source size
 of 0 reads nothing and writes zeros), its commit and wait, and a 4-float load
 (``cb_ld4``, one ``LDS.128`` from 16-byte aligned shared memory).  On the CPU the copy is
 a ``memcpy`` (or a zero fill) and the commit and wait do nothing: the CPU schedule runs
@@ -21,7 +22,9 @@ __device__ __forceinline__ void cb_cp_async(void* dst, const void* src, bool val
     const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
     const size_t g = __cvta_generic_to_global(src);
     const int n = valid ? BYTES : 0;  // 0: nothing is read, the destination is zero-filled
-    if constexpr (BYTES == 16)
+    if constexpr (BYTES == 2) {  // below cp.async's 4 bytes: an ordinary copy (one 16-bit value)
+        *static_cast<unsigned short*>(dst) = valid ? *static_cast<const unsigned short*>(src) : 0;
+    } else if constexpr (BYTES == 16)
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
                      :: "r"(s), "l"(g), "r"(n) : "memory");
     else

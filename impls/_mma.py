@@ -138,13 +138,7 @@ def check_params(params) -> Optional[str]:
 
 
 def supports(layer: Layer, params) -> Optional[str]:
-    """What every precision needs: 4-byte copies of channels (an even channel count in
-    16 bits) and the image offsets in int32."""
-    if layer.in_channels % 2:
-        return (f"{layer.in_channels} input channels: the staging copies at least 4 bytes "
-                "(an even count in 16 bits)")
-    if layer.groups != 1 or layer.dilation != 1:
-        return "groups and dilation are not supported"
+    """Every image's offsets in int32 (``_pipelined.supports``)."""
     return P.supports(layer, params)
 
 
@@ -173,7 +167,7 @@ def b_address(s: Shape) -> str:
     (``.trans``): matrix ``j`` is reduction rows ``8 (j % 2)`` on of 8 columns from
     ``8 (j / 2)``."""
     if s.trans_b:
-        row = f"kk * 16 + ((ln >> 3) & 1) * 8 + (ln & 7)"
+        row = "kk * 16 + ((ln >> 3) & 1) * 8 + (ln & 7)"
         chunk = f"(wn * {s.WN} + fp * 16 + (ln >> 4) * 8) / 8"
         return f"{swizzle(s.NCH, row, chunk)} * {CHUNK}"
     row = f"wn * {s.WN} + fp * 16 + (ln & 7) + (ln >> 4) * 8"
@@ -202,11 +196,11 @@ const int am = (int)t / {tpa}, ac = ((int)t % {tpa}) * {s.CA};
 (void)lane; (void)wm; (void)wn; (void)am; (void)ac;"""
 
 
-def _vector(extent: int, ce: int, eb: int) -> int:
+def _vector(extent: int, ce: int) -> int:
     """Values per copy: the largest power of two up to a chunk that divides the
-    contiguous ``extent`` and makes at least 4 bytes."""
+    contiguous ``extent`` (one 16-bit value, 2 bytes, is an ordinary copy)."""
     v = ce
-    while v * eb > 4 and extent % v:
+    while extent % v:
         v //= 2
     return v
 
@@ -239,7 +233,7 @@ def _stage_code(s: Shape) -> str:
     taps, as ``_pipelined`` does).  Each operand's run starts at one pointer, the
     operand's base where the run is outside it (every copy then zero-fills)."""
     tap = f"((kd * {s.KH} + kh) * {s.KW} + kw)"
-    va, vk = _vector(s.C, s.CE, s.EB), _vector(s.K, s.CE, s.EB)
+    va, vk = _vector(s.C, s.CE), _vector(s.K, s.CE)
     a = f"""{{ // A: this thread's pixel, chunks ac.. of channels c0..
     const int dd = d0 + kd, hh = h0 + kh, ww = w0 + kw;
     const bool inside = abase >= 0 && (unsigned)dd < {s.D}u && (unsigned)hh < {s.H}u

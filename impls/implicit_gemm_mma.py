@@ -19,5 +19,5 @@ register(_mma.implementation(
     algorithm=lambda layer, dtype, params: _mma.program(layer, dtype, params),
     schedules={t: _mma.schedule(t) for t in ("cpu", "gpu")},
     supports=_mma.supports,
-    constraints="an even number of input channels; one image below 2^31 elements",
+    constraints="one image of the input below 2^31 elements",
 ))

@@ -21,9 +21,7 @@ def algorithm(layer, dtype, params):
 
 
 def supports(layer, params=None):
-    return (flipped_supports(layer, params) or _mma.supports(transposed_layer(layer), params)
-            or (f"{layer.in_channels} input channels: dL/dx's channels are copied at least "
-                "4 bytes at a time (an even count in 16 bits)" if layer.in_channels % 2 else None))
+    return flipped_supports(layer, params) or _mma.supports(transposed_layer(layer), params)
 
 
 register(_mma.implementation(
@@ -36,5 +34,5 @@ register(_mma.implementation(
     schedules={t: _mma.schedule(t, flip=True, layer_of=transposed_layer)
                for t in ("cpu", "gpu")},
     supports=supports,
-    constraints="stride 1, padding at most kernel - 1; even channel counts",
+    constraints="stride 1, padding at most kernel - 1; one image of dL/dy below 2^31 elements",
 ))
