@@ -70,8 +70,11 @@ PTX = {"cb_half": ("f16", 16), "cb_bfloat16": ("bf16", 16), "float": ("tf32", 8)
 
 
 @dataclasses.dataclass(frozen=True)
-class Shape(P.Shape):
-    """The constants of one tensor-core build (``TK``: values of the storage type)."""
+class Warps:
+    """What every tensor-core kernel's constants add to its skeleton's: the warp tile,
+    the storage type's bytes and PTX name, and the operands' shared layouts (a mixin of
+    :class:`Shape` and of the filter gradient's ``impls/_mma_wgrad.WTShape``; ``TK``:
+    values of the storage type)."""
 
     WM: int = 64
     WN: int = 64
@@ -90,12 +93,24 @@ class Shape(P.Shape):
     BSB = property(lambda s: s.TN * s.TK * s.EB)
     AS = property(lambda s: s.S * s.ASB // 4)
     BS = property(lambda s: s.S * s.BSB // 4)
+    NCA = property(lambda s: s.TM // s.CE)         # chunks of an N-major A row
+    NCH = property(lambda s: s.TN // s.CE)         # chunks of an N-major B row
+    #: How each operand reaches the registers: "ldsm" (K-major, ldmatrix) or "trans"
+    #: (N-major, ldmatrix.trans: 16-bit values only)
+    a_mode = property(lambda s: "ldsm")
+    b_mode = property(lambda s: "ldsm")
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape(Warps, P.Shape):
+    """The constants of the forward's and the data gradient's tensor-core builds."""
+
     #: B stored N-major and read with ldmatrix.trans (the 16-bit data gradient's filter)
     trans_b = property(lambda s: s.flip and s.EB == 2)
+    b_mode = property(lambda s: "trans" if s.trans_b else "ldsm")
     CA = property(lambda s: s.TM * s.CPR // s.NT)  # chunks of A a thread stages per tile
     CB = property(lambda s: -(-s.C // s.TK))       # channel blocks per tap
     CBK = property(lambda s: s.TN * s.CPR // s.NT)  # chunks of a K-major B per thread
-    NCH = property(lambda s: s.TN // s.CE)         # chunks of an N-major B row
     CBN = property(lambda s: s.TK * s.NCH // s.NT)  # chunks of an N-major B per thread
 
 
@@ -154,19 +169,25 @@ def swizzle(cpr: int, row: str, chunk: str) -> str:
     return f"({lin} ^ {key})"
 
 
-def a_address(s: Shape) -> str:
+def a_address(s) -> str:
     """Byte offset of the 16-byte row lane ``ln`` names in ``ldmatrix.x4`` of A's MMA tile
-    ``fm`` at MMA step ``kk``: rows 0-7 and 8-15 of chunk 0, then of chunk 1."""
+    ``fm`` at MMA step ``kk``: (rows, chunk) = (0-7, 0), (8-15, 0), (0-7, 1), (8-15, 1).
+    N-major (``.trans``): matrix ``j`` is reduction rows ``8 (j / 2)`` on of the 8 rows of
+    A from ``8 (j % 2)``."""
+    if s.a_mode == "trans":
+        row = "kk * 16 + (ln >> 4) * 8 + (ln & 7)"
+        chunk = f"(wm * {s.WM} + fm * 16 + ((ln >> 3) & 1) * 8) / 8"
+        return f"{swizzle(s.NCA, row, chunk)} * {CHUNK}"
     row = f"wm * {s.WM} + fm * 16 + (ln & 7) + ((ln >> 3) & 1) * 8"
     return f"{swizzle(s.CPR, row, 'kk * 2 + (ln >> 4)')} * {CHUNK}"
 
 
-def b_address(s: Shape) -> str:
+def b_address(s) -> str:
     """Byte offset of the row lane ``ln`` names in ``ldmatrix.x4`` of B's MMA tiles
     ``2 fp`` and ``2 fp + 1``: (tile, chunk) = (0, 0), (0, 1), (1, 0), (1, 1).  N-major
     (``.trans``): matrix ``j`` is reduction rows ``8 (j % 2)`` on of 8 columns from
     ``8 (j / 2)``."""
-    if s.trans_b:
+    if s.b_mode == "trans":
         row = "kk * 16 + ((ln >> 3) & 1) * 8 + (ln & 7)"
         chunk = f"(wn * {s.WN} + fp * 16 + (ln >> 4) * 8) / 8"
         return f"{swizzle(s.NCH, row, chunk)} * {CHUNK}"
@@ -286,17 +307,19 @@ def mma_loop(s: Shape, gpu: bool) -> str:
     registers through ``ldmatrix.x4`` and the warp tile's ``mma.sync``.  On the CPU each
     thread builds the registers of every lane of its warp (``ln``) and emulates its own
     share of each MMA from them."""
-    tb = "true" if s.trans_b else "false"
-    loads = f"""#pragma unroll
+    ta = "true" if s.a_mode == "trans" else "false"
+    tb = "true" if s.b_mode == "trans" else "false"
+    a_loads = f"""#pragma unroll
 for (int fm = 0; fm < {s.FM}; ++fm)
-    cb_ldsm_x4<false>(fa[LN][fm], as_c, [&](int ln) {{ return {a_address(s)}; }}, LN);
-#pragma unroll
+    cb_ldsm_x4<{ta}>(fa[LN][fm], as_c, [&](int ln) {{ return {a_address(s)}; }}, LN);"""
+    b_loads = f"""#pragma unroll
 for (int fp = 0; fp < {s.FN // 2}; ++fp) {{
     unsigned r[4];
     cb_ldsm_x4<{tb}>(r, bs_c, [&](int ln) {{ return {b_address(s)}; }}, LN);
     fb[LN][2 * fp][0] = r[0]; fb[LN][2 * fp][1] = r[1];
     fb[LN][2 * fp + 1][0] = r[2]; fb[LN][2 * fp + 1][1] = r[3];
 }}"""
+    loads = a_loads + "\n" + b_loads
     if gpu:
         frags = f"unsigned fa[1][{s.FM}][4], fb[1][{s.FN}][2];\n" + loads.replace("LN]", "0]")
         frags = frags.replace(", LN)", ", lane)")
@@ -378,11 +401,12 @@ cb_cp_wait<{s.S - 2}>();
 """
 
 
-def epilogue_code(s: Shape, gpu: bool) -> str:
-    """Store each accumulator to its output element: lane ``l`` holds rows ``l / 4`` and
-    ``l / 4 + 8``, columns ``2 (l % 4)`` and the next, of each MMA tile."""
-    return f"""{_thread_code(s, gpu)}
-const float* acc = acci + tp * {s.RR};
+def store_code(s, rows: int, cols: int, target: str) -> str:
+    """C++ storing each accumulator of this lane to ``target`` (the C++ of its element,
+    given its GEMM row ``m`` and column ``n``) where ``m < rows`` and ``n < cols``: lane
+    ``l`` holds rows ``l / 4`` and ``l / 4 + 8``, columns ``2 (l % 4)`` and the next, of
+    each MMA tile."""
+    return f"""const float* acc = acci + tp * {s.RR};
 const int g = lane >> 2, t4 = lane & 3;
 #pragma unroll
 for (int fm = 0; fm < {s.FM}; ++fm)
@@ -394,11 +418,16 @@ for (int fm = 0; fm < {s.FM}; ++fm)
             #pragma unroll
             for (int i1 = 0; i1 < 2; ++i1) {{
                 const int64_t n = (int64_t)blk_n + wn * {s.WN} + fn * 8 + 2 * t4 + i1;
-                if (m < {s.GM} && n < {s.K})
-                    yo[m * {s.K} + n] = acc[(fm * {s.FN} + fn) * 4 + i2 * 2 + i1];
+                if (m < {rows} && n < {cols})
+                    {target} = acc[(fm * {s.FN} + fn) * 4 + i2 * 2 + i1];
             }}
     }}
 """
+
+
+def epilogue_code(s: Shape, gpu: bool) -> str:
+    """Store each accumulator to its output element."""
+    return f"{_thread_code(s, gpu)}\n" + store_code(s, s.GM, s.K, f"yo[m * {s.K} + n]")
 
 
 # ---------------------------------------------------------------------------------------------

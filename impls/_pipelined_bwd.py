@@ -186,13 +186,9 @@ def _wstage_code(s: WShape) -> str:
     """C++ that stages the next K tile of this slice (zeros once the slice has none left)
     into stage ``sslot``, then steps the counters and offsets to the tile after it."""
     ys, xs = _steps(s)
-    ncdhw = s.layout == Layout.NCDHW
     a_ok = "live && arow >= 0" + ("" if s.full else f" && ow0 + akv + e < {s.OW}")
     b_ok = (f"rowok && (unsigned)ww < {s.W}u" + ("" if s.full else
                                                   f" && ow0 + bkv + e < {s.OW}"))
-    # past the last output row of an image: the next image's first row
-    image_x = (s.C * s.DHW if ncdhw else s.DHW * s.C) - s.OD * s.SD * s.H * s.W * xs
-    image_y = f"\n                ya += {(s.K - 1) * s.OP};" if ncdhw else ""
     return f"""{{ // stage a K tile: pixels ow0.. of output row (od, oh), or zeros past the slice
     const bool live = left > 0;
     float* adst = As_ + sslot * {s.TM * s.TKP} + am * {s.TKP} + akv;
@@ -212,28 +208,40 @@ def _wstage_code(s: WShape) -> str:
         const bool ok = {b_ok};
         cb_cp_async<4>(bdst + e, ok ? bsrc + e * {s.SW * xs} : xb, ok);
     }}
-    if (live) {{
-        if (ow0 + {s.TK} < {s.OW}) {{
-            ow0 += {s.TK};
-            ya += {s.TK * ys};
-        }} else {{  // the next output row
-            ya += ({s.OW} - ow0) * {ys};
-            ow0 = 0;
-            xr += {s.SH * s.W * xs};
-            if (++oh == {s.OH}) {{
-                oh = 0;
-                xr += {(s.SD * s.H - s.OH * s.SH) * s.W * xs};
-                if (++od == {s.OD}) {{
-                    od = 0;
-                    xr += {image_x};{image_y}
-                }}
-            }}
-        }}
-    }}
-    --left;
+{P.indent(advance_code(s), 4)}
 }}
 sslot = sslot + 1 == {s.S} ? 0 : sslot + 1;
 cb_cp_commit();"""
+
+
+def advance_code(s: WShape) -> str:
+    """C++ stepping the counters and offsets of the K tile to stage to the next one (the
+    next ``CTAtileK`` pixels of the output row, or the next row, image), and the tiles
+    left in the slice."""
+    ys, xs = _steps(s)
+    ncdhw = s.layout == Layout.NCDHW
+    # past the last output row of an image: the next image's first row
+    image_x = (s.C * s.DHW if ncdhw else s.DHW * s.C) - s.OD * s.SD * s.H * s.W * xs
+    image_y = f"\n                ya += {(s.K - 1) * s.OP};" if ncdhw else ""
+    return f"""if (live) {{
+    if (ow0 + {s.TK} < {s.OW}) {{
+        ow0 += {s.TK};
+        ya += {s.TK * ys};
+    }} else {{  // the next output row
+        ya += ({s.OW} - ow0) * {ys};
+        ow0 = 0;
+        xr += {s.SH * s.W * xs};
+        if (++oh == {s.OH}) {{
+            oh = 0;
+            xr += {(s.SD * s.H - s.OH * s.SH) * s.W * xs};
+            if (++od == {s.OD}) {{
+                od = 0;
+                xr += {image_x};{image_y}
+            }}
+        }}
+    }}
+}}
+--left;"""
 
 
 def _wstate(writable: bool) -> str:
@@ -264,16 +272,7 @@ def wgrad_prologue(s: WShape, gpu: bool) -> str:
     return f"""{_INPUTS}{_wthread_code(s, gpu)}
 #pragma unroll
 for (int i = 0; i < {s.RM * s.RN}; ++i) acco[tp * {s.RM * s.RN} + i] = 0.0f;
-const int first = (int)blk_z * {s.TPS};  // this slice's first K tile
-int left = {s.KT} - first < {s.TPS} ? {s.KT} - first : {s.TPS};
-const int rowi = first / {s.OWT};
-int ow0 = (first - rowi * {s.OWT}) * {s.TK};
-int oh = rowi % {s.OH}, od = (rowi / {s.OH}) % {s.OD};
-const int64_t img = rowi / {s.OH * s.OD};
-int64_t ya = {f"img * {s.K * s.OP} + (int64_t)(rowi - img * {s.OD * s.OH}) * {s.OW} + ow0"
-              if ncdhw else f"((int64_t)rowi * {s.OW} + ow0) * {s.K}"};
-int64_t xr = {f"img * {s.C * s.DHW} + (od * {s.SD * s.H} + oh * {s.SH}) * {s.W}" if ncdhw
-              else f"(img * {s.DHW} + (od * {s.SD * s.H} + oh * {s.SH}) * {s.W}) * {s.C}"};
+{slice_start(s)}
 int64_t arow = -1, bcol = 0;
 int kdp = 1 << 20, khp = 0, kwp = 0;  // kdp out of range: no filter value to stage
 {{
@@ -297,6 +296,22 @@ for (int j = 0; j < {s.S - 1}; ++j) {{
 {_wstore(WST, WSB)}
 cb_cp_wait<{s.S - 2}>();
 """
+
+
+def slice_start(s: WShape) -> str:
+    """C++ decoding slice ``blk_z``'s first K tile: its output row and pixel, the tiles
+    left, and the offsets of its pixel in dL/dy (``ya``) and of its input row (``xr``)."""
+    ncdhw = s.layout == Layout.NCDHW
+    return f"""const int first = (int)blk_z * {s.TPS};  // this slice's first K tile
+int left = {s.KT} - first < {s.TPS} ? {s.KT} - first : {s.TPS};
+const int rowi = first / {s.OWT};
+int ow0 = (first - rowi * {s.OWT}) * {s.TK};
+int oh = rowi % {s.OH}, od = (rowi / {s.OH}) % {s.OD};
+const int64_t img = rowi / {s.OH * s.OD};
+int64_t ya = {f"img * {s.K * s.OP} + (int64_t)(rowi - img * {s.OD * s.OH}) * {s.OW} + ow0"
+              if ncdhw else f"((int64_t)rowi * {s.OW} + ow0) * {s.K}"};
+int64_t xr = {f"img * {s.C * s.DHW} + (od * {s.SD * s.H} + oh * {s.SH}) * {s.W}" if ncdhw
+              else f"(img * {s.DHW} + (od * {s.SD * s.H} + oh * {s.SH}) * {s.W}) * {s.C}"};"""
 
 
 def wgrad_step(s: WShape, gpu: bool) -> str:
@@ -351,18 +366,21 @@ def wgrad_code():
 # Filter gradient: the program and its registration
 # ---------------------------------------------------------------------------------------------
 
-def wgrad_program(layer: Layer, layout: Layout, dtype, params) -> dace.SDFG:
+def wgrad_program(layer: Layer, layout: Layout, dtype, params, s=None,
+                  code=None) -> dace.SDFG:
     """dL/dw of ``layer`` in ``layout`` (module docstring): ``x`` the input, ``y``
-    dL/dy, ``w`` the result."""
-    s = wshape(layer, layout, params)
+    dL/dy, ``w`` the result.  ``s`` and ``code``: another main loop's constants and
+    tasklet code on the same skeleton (the tensor cores', ``impls/_mma_wgrad.py``); its
+    accumulators are ``dtype``'s sums, its stages 4-byte words."""
+    s = s or wshape(layer, layout, params)
     L = layer_constants(layer, layout)
     x_shape = P.unpadded(layer, layout)
     XS, YS, WS = int(np.prod(x_shape)), int(np.prod(L.y_shape)), s.K * s.CT
-    dt = dtype.dace
-    NT, RR, S, Z = s.NT, s.RM * s.RN, s.S, s.Z
+    dt, at = dtype.dace, dtype.acc_dace
+    NT, RR, S, Z = s.NT, s.RR, s.S, s.Z
     GMp, GNp = T.round_up(s.K, s.TM), T.round_up(s.CT, s.TN)
     NSI, NSB = len(WST), len(WSB)
-    AS, BS = S * s.TM * s.TKP, S * s.TN * s.TKP
+    AS, BS = s.AS, s.BS
 
     @dace.program
     def wgrad_pipelined(x: dt[x_shape], y: dt[L.y_shape], w: dt[L.w_shape]):
@@ -371,11 +389,11 @@ def wgrad_program(layer: Layer, layout: Layout, dtype, params) -> dace.SDFG:
         wf = np.reshape(w, [WS])
         ws = np.ndarray([Z * WS], dace.float32)
         for blk_z, blk_n, blk_m in dace.map[0:Z, 0:GNp:s.TN, 0:GMp:s.TM]:
-            acc = np.ndarray([NT, RR], dt)
+            acc = np.ndarray([NT, RR], at)
             st = np.ndarray([NT, NSI], dace.int32)
             sb = np.ndarray([NT, NSB], dace.int64)
-            As = np.ndarray([AS], dt)
-            Bs = np.ndarray([BS], dt)
+            As = np.ndarray([AS], dace.float32)
+            Bs = np.ndarray([BS], dace.float32)
             for t in dace.map[0:NT]:
                 with dace.tasklet:  # the prologue: its C++ is set by the schedule
                     xa << yf(1)[:]
@@ -422,7 +440,7 @@ def wgrad_program(layer: Layer, layout: Layout, dtype, params) -> dace.SDFG:
                 wo = wsi[0]
 
     sdfg = wgrad_pipelined.to_sdfg(simplify=True)
-    P.set_code(sdfg, s, gpu=False, code=wgrad_code())
+    P.set_code(sdfg, s, gpu=False, code=code or wgrad_code())
     return sdfg
 
 

@@ -366,7 +366,8 @@ def test_list_filters_by_pass(capsys):
     out = capsys.readouterr().out
     names = [line for line in out.splitlines() if line and not line.startswith(" ")]
     assert names == ["directConvNCDHWBwdFilter", "directConvNDHWCblockedBwdFilter",
-                     "implicitGemmBwdFilter", "implicitGemmPipelinedBwdFilter",
+                     "implicitGemmBwdFilter", "implicitGemmMMABwdFilter",
+                     "implicitGemmPipelinedBwdFilter",
                      "implicitGemmPipelinedNCDHWBwdFilter", "implicitGemmsplitKBwdFilter",
                      "winogradF2BwdFilter"]
     assert "pass: bwd_filter" in out

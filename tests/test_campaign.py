@@ -49,12 +49,16 @@ def test_core_plan_covers_every_gpu_implementation_and_all_cosmoflow_layers():
 
 def test_precision_plan_times_the_tensor_core_kernels_in_each_precision(main):
     """The precision tier: the tensor-core kernels in each of their precisions on every
-    CosmoFlow layer, each layer's references timed once per precision; it fits its budget."""
+    CosmoFlow layer (the filter gradient in float16 on the training step's layers), each
+    layer's references timed once per precision; it fits its budget."""
     cases = campaign.plan_cases("precision", "gpu", planted=False)
-    for impl in ("implicitGemmMMA", "implicitGemmMMABwdData"):
+    only = campaign.plan.PRECISION_ONLY
+    for impl in ("implicitGemmMMA", "implicitGemmMMABwdData", "implicitGemmMMABwdFilter"):
         ran = {(c.precision, c.layer_set, c.layer.name) for c in cases if c.impl == impl}
         assert ran == {(p, s, layer.name) for p in registry.get(impl).precisions
-                       for s in campaign.ORIGINAL_BATCH for layer in campaign.load_layers(s)}
+                       for s in campaign.ORIGINAL_BATCH for layer in campaign.load_layers(s)
+                       if impl not in only or (s, p) in only[impl]}, impl
+    assert {c.precision for c in cases if c.impl == "implicitGemmMMABwdFilter"} == {"float16"}
     assert {c.group for c in cases} == {"precision"}
     timed = [c.refs_key for c in cases if c.time_refs]
     assert len(timed) == len(set(timed)) == len({c.refs_key for c in cases})

@@ -1,4 +1,4 @@
-"""The tensor-core kernels (``impls/_mma.py``): their sm_90 main loop is what issue "Tensor
+"""The tensor-core kernels (``impls/_mma.py``, ``impls/_mma_wgrad.py``): their sm_90 main loop is what issue "Tensor
 cores at the vendor's speed" asked for (``ldmatrix`` and ``cp.async``, no 16-bit scalar
 shared loads, at least one ``HMMA`` per 4 instructions, no spills), on a fresh build and
 in the committed table of every CosmoFlow layer with 32 channels or more; bad tiles are
@@ -15,7 +15,7 @@ from impls import _mma
 from tests.test_pipelined import check_committed_table
 
 ROOT = Path(__file__).resolve().parent.parent
-IMPLS = ("implicitGemmMMA", "implicitGemmMMABwdData")
+IMPLS = ("implicitGemmMMA", "implicitGemmMMABwdData", "implicitGemmMMABwdFilter")
 TABLE = ROOT / "results" / "gpu" / "sass" / "mma"
 LEAST_HMMA_SHARE = 0.25
 
@@ -41,7 +41,8 @@ def misses(row) -> list:
 @needs_tools
 @pytest.mark.parametrize("impl, dtype", [
     ("implicitGemmMMA", "float16"),
-    pytest.param("implicitGemmMMABwdData", "bfloat16", marks=pytest.mark.full)])
+    pytest.param("implicitGemmMMABwdData", "bfloat16", marks=pytest.mark.full),
+    pytest.param("implicitGemmMMABwdFilter", "float16", marks=pytest.mark.full)])
 def test_the_main_loop_feeds_the_tensor_cores_through_ldmatrix(impl, dtype):
     layer = next(x for x in load_layers("cosmoflow_mlperf") if x.name == "conv3").with_batch(8)
     probe = gpubuild.probe(impl, "cosmoflow_mlperf", layer,

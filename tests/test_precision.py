@@ -259,25 +259,40 @@ MMA_LAYER = Layer("mma", 2, 6, 40, 6, 7, 5, 3, 3, 3, stride=2, pad=2)
 #: (three 16-byte chunks of the N-major filter in 16 bits, a column tail).
 MMA_BWD_LAYER = Layer("mma_bwd", 2, 24, 6, 6, 7, 5, 3, 3, 3, pad=1)
 
+#: The filter gradient: 6 channels (a chunk spans taps: 4-byte copies, each its own tap),
+#: 40 output channels (tails), 5-pixel output rows (a K tile part-filled), stride 2.
+MMA_WGRAD_LAYER = Layer("mma_wgrad", 2, 6, 40, 6, 7, 9, 3, 3, 3, stride=2, pad=1)
+MMA_LAYERS = {"fwd": MMA_LAYER, "bwd_data": MMA_BWD_LAYER, "bwd_filter": MMA_WGRAD_LAYER}
+
 MMA_CASES = [("implicitGemmMMA", "float16", "fwd"), ("implicitGemmMMA", "float32-tf32", "fwd"),
-             ("implicitGemmMMABwdData", "bfloat16", "bwd_data")]
+             ("implicitGemmMMABwdData", "bfloat16", "bwd_data"),
+             ("implicitGemmMMABwdFilter", "float16", "bwd_filter"),
+             ("implicitGemmMMABwdFilter", "float32-tf32", "bwd_filter")]
 MMA_FULL = [("implicitGemmMMA", "bfloat16", "fwd"),
             ("implicitGemmMMABwdData", "float16", "bwd_data"),
-            ("implicitGemmMMABwdData", "float32-tf32", "bwd_data")]
+            ("implicitGemmMMABwdData", "float32-tf32", "bwd_data"),
+            ("implicitGemmMMABwdFilter", "bfloat16", "bwd_filter")]
+
+_ORIGINAL = {f: getattr(_mma_module, f) for f in ("a_address", "b_address")}
+
+
+def _unswizzle(right):
+    wrong = right.replace(" ^ ", " + 0 * ", 1)
+    assert wrong != right
+    return wrong
 
 
 def _unswizzled_a(s):
-    """A's ldmatrix rows read where an unswizzled layout would put them (the copies still
+    """A's fragments read where an unswizzled layout would put them (the copies still
     write the swizzled one)."""
-    row = f"wm * {s.WM} + fm * 16 + (ln & 7) + ((ln >> 3) & 1) * 8"
-    return f"(({row}) * {s.CPR} + kk * 2 + (ln >> 4)) * {_mma_module.CHUNK}"
+    return _unswizzle(_ORIGINAL["a_address"](s))
 
 
 def _swapped_b_matrices(s):
     """B's ldmatrix.x4 with its second and third matrices exchanged: registers b1 of the
     first tile and b0 of the second come from each other's rows."""
-    right = _ORIGINAL_B_ADDRESS(s)
-    if s.trans_b:
+    right = _ORIGINAL["b_address"](s)
+    if s.b_mode == "trans":
         swapped = right.replace("((ln >> 3) & 1) * 8", "(ln >> 4) * 8", 1).replace(
             "fp * 16 + (ln >> 4) * 8", "fp * 16 + ((ln >> 3) & 1) * 8", 1)
     else:
@@ -287,9 +302,9 @@ def _swapped_b_matrices(s):
     return swapped
 
 
-_ORIGINAL_B_ADDRESS = _mma_module.b_address
-MMA_PLANTS = {"unswizzled_a": ("a_address", _unswizzled_a),
-              "swapped_b_matrices": ("b_address", _swapped_b_matrices)}
+#: Each plant, by the functions it replaces.
+MMA_PLANTS = {"unswizzled_a": {"a_address": _unswizzled_a},
+              "swapped_b_matrices": {"b_address": _swapped_b_matrices}}
 
 
 @pytest.mark.parametrize("name, dtype, pass_", [pytest.param(*c, id="-".join(c[:2]))
@@ -300,16 +315,17 @@ def test_mma_emulation_checks_layout_and_fragments(name, dtype, pass_, builds, r
                                                    monkeypatch):
     """The tensor-core kernels verify in their CPU emulation (ldmatrix and mma.sync lane by
     lane; TF32 operands truncated as the tensor cores read float32 registers); with A read
-    unswizzled, or B's matrices in the wrong registers (the N-major ``.trans`` path in the
-    16-bit data gradient), they fail."""
+    unswizzled, or B's fragments in the wrong registers (the N-major ``.trans`` paths of
+    the 16-bit gradients too), they fail."""
     from convbench import registry
     impl = registry.get(name)
-    layer = MMA_LAYER if pass_ == "fwd" else MMA_BWD_LAYER
+    layer = MMA_LAYERS[pass_]
     truth = reference(layer, pass_=pass_, dtype=dtype)
     good = verify.verify_build(builds(toolchain.make_spec(impl, layer, dtype)), truth)[0]
     assert good.ok, good.summary()
-    for plant, (function, planted) in MMA_PLANTS.items():
-        monkeypatch.setattr(_mma_module, function, planted)
+    for plant, functions in MMA_PLANTS.items():
+        for function, planted in functions.items():
+            monkeypatch.setattr(_mma_module, function, planted)
         spec = toolchain.make_spec(impl, layer, dtype, planted=f"mma_{plant}")
         bad = verify.verify_build(builds(spec), truth)[0]
         assert not bad.ok, f"{plant}: {bad.summary()}"

@@ -7,7 +7,7 @@ HEAD = (HERE / "README.md").read_text().split("| implementation |")[0]
 rows = ["| implementation | layer | regs | spills | loop instr | HMMA | LDSM / HMMA | LDGSTS "
         "| scalar LDS | int / HMMA | IMAD.WIDE | BAR |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-for impl in ("implicitGemmMMA", "implicitGemmMMABwdData"):
+for impl in ("implicitGemmMMA", "implicitGemmMMABwdData", "implicitGemmMMABwdFilter"):
     for layer_set in ("cosmoflow", "cosmoflow_mlperf"):
         for r in csv.DictReader(open(HERE / f"{impl}-{layer_set}.csv")):
             if r["main"] != "yes":

@@ -1,0 +1,271 @@
+"""The filter gradient on tensor cores (``implicitGemmMMABwdFilter``, NDHWC): the pipelined
+filter gradient's skeleton and slices (``_pipelined_bwd``: K tiles of ``CTAtileK`` pixels
+of one output row, split-K into float32 partials added in slice order by a second
+kernel) with the tensor-core main loop of ``_mma``.
+
+The GEMM is M = K output channels by N = C x taps filter values (NDHWC's order: tap-major,
+``n = tap * C + c``) over the batch's output pixels.  Both operands have their reduction
+index (the pixel) strided and their GEMM index contiguous (dL/dy's channels, the input's
+channels at one tap).
+
+* **16 bits:** both are staged **N-major**: a stage row is one pixel, in 16-byte chunks of
+  8 consecutive channels, swizzled as ``_mma`` does; a thread stages one chunk column of A
+  (``ac``) and one of B (``bc``) in several pixel rows, and the fragments come through
+  ``ldmatrix.x4.trans``.
+* **TF32:** ``ldmatrix`` cannot transpose 4-byte values, so both are staged **K-major**
+  value by value (4-byte ``cp.async``; a thread stages one output channel's or filter
+  value's run of pixels) and read with ``ldmatrix.x4`` as the forward reads its tiles.
+  (N-major tiles read with 32-bit loads spilled at the defaults: 255 registers, 92 bytes.)
+
+The filter value of each B copy (its tap and channel) is the same in every step, decoded
+from constants.  The CPU schedule emulates ``ldmatrix`` and the MMAs as ``_mma`` does.
+"""
+
+import dataclasses
+from typing import Optional
+
+from convbench.registry import Layer, Layout, Param
+from impls import _mma as M
+from impls import _pipelined as P
+from impls import _pipelined_bwd as PB
+from impls import _tiling as T
+from impls._common import layer_constants
+
+PARAMS = tuple(dataclasses.replace(p, help="output pixels of one output row per K tile in "
+                                   "16 bits (TF32: half as many, the same bytes)")
+               if p.name == "CTAtileK" else p for p in M.PARAMS) + (
+    Param("splitK", 0, "slices of the batch x output-pixel reduction, each summed into its "
+          f"own float32 partial and added in order by a second kernel (0: as many as give "
+          f"{PB.AUTO_BLOCKS} blocks, at most one per K tile)", minimum=0),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class WTShape(M.Warps, PB.WShape):
+    """The constants of one tensor-core filter-gradient build (``TK``: pixels)."""
+
+    #: 16 bits: N-major, ldmatrix.trans; TF32: K-major, staged value by value
+    a_mode = property(lambda s: "trans" if s.EB == 2 else "ldsm")
+    b_mode = property(lambda s: "trans" if s.EB == 2 else "ldsm")
+    RA = property(lambda s: s.TK * s.TM // s.NT)   # TF32: pixels of A per thread
+    RB = property(lambda s: s.TK * s.TN // s.NT)
+    GA = property(lambda s: s.NT // s.NCA)  # pixel rows of A staged at once
+    GB = property(lambda s: s.NT // s.NCH)
+    VC = property(lambda s: M._vector(s.C, s.CE))  # B values per copy (one tap)
+    VK = property(lambda s: M._vector(s.K, s.CE))  # A values per copy
+
+
+def wtshape(layer: Layer, ctype: str, params) -> WTShape:
+    ptx, _ = M.PTX[ctype]
+    eb = 4 if ptx == "tf32" else 2
+    tk = params["CTAtileK"] * 2 // eb
+    kt = PB.tiles(layer, tk)
+    taps = layer.k_d * layer.k_h * layer.k_w
+    blocks = (-(-layer.out_channels // params["CTAtileM"])
+              * -(-layer.in_channels * taps // params["CTAtileN"]))
+    z = params["splitK"] or -(-PB.AUTO_BLOCKS // blocks)
+    tps = -(-kt // max(1, min(z, kt)))
+    L = layer_constants(layer, Layout.NDHWC)
+    return WTShape(Layout.NDHWC, L.N, L.C, L.K, L.D, L.H, L.W, L.KD, L.KH, L.KW, L.SD, L.SH,
+                   L.SW, L.PD, L.PH, L.PW, L.OD, L.OH, L.OW, params["CTAtileM"],
+                   params["CTAtileN"], tk, 1, 1, params["stages"], Z=-(-kt // tps), TPS=tps,
+                   WM=params["warpTileM"], WN=params["warpTileN"], EB=eb, ptx=ptx)
+
+
+def check_params(params) -> Optional[str]:
+    """The tensor-core tiles' check, and the pixel rows of both operands splitting evenly
+    over the threads in 16 bits and in TF32 (chunks of 8 and of 4 values)."""
+    tiles = {k: params[k] for k in ("CTAtileM", "CTAtileN", "CTAtileK", "warpTileM",
+                                    "warpTileN", "stages")}
+    reason = M.check_params(tiles)
+    if reason:
+        return reason
+    tm, tn, tk = params["CTAtileM"], params["CTAtileN"], params["CTAtileK"]
+    nt = (tm // params["warpTileM"]) * (tn // params["warpTileN"]) * M.WARP
+    for cols in (tm, tn):  # 16 bits: N-major rows of cols / 8 chunks
+        if nt % (cols // 8) or tk % (nt // (cols // 8)):
+            return (f"{nt} threads: the {cols // 8} chunks of a {cols}-wide row must "
+                    f"divide them, and their rows the K tile's {tk} pixels")
+        if (tk // 2) * cols % nt:  # TF32: K-major, a run of pixels per thread
+            return f"the {cols} x {tk // 2} values of a TF32 K tile must split over {nt} threads"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# The tasklets' C++
+# ---------------------------------------------------------------------------------------------
+
+def _thread_code(s: WTShape, gpu: bool) -> str:
+    return f"""const int tp = {"0" if gpu else "(int)t"};
+const int lane = (int)t % {M.WARP}, warp = (int)t / {M.WARP};
+const int wm = warp % {s.WARPS_M}, wn = warp / {s.WARPS_M};
+const int ac = (int)t % {s.NCA}, ar = (int)t / {s.NCA};
+const int bc = (int)t % {s.NCH}, br = (int)t / {s.NCH};
+(void)lane; (void)wm; (void)wn; (void)ac; (void)ar; (void)bc; (void)br;"""
+
+
+def _stage_code(s: WTShape) -> str:
+    """C++ staging the next K tile of this slice (zeros past it) into stage ``sslot``;
+    then the counters step (``advance_code``)."""
+    return (_stage_nmajor(s) if s.EB == 2 else _stage_kmajor(s)) + f"""
+{P.indent(PB.advance_code(s), 4)}
+}}
+sslot = sslot + 1 == {s.S} ? 0 : sslot + 1;
+cb_cp_commit();"""
+
+
+def _b_tap(s: WTShape, n: str) -> str:
+    """C++ decoding filter value ``n`` (tap ``n / C``, channel ``n % C``) into the input
+    row's offsets and whether its row is inside the input (``tapok``)."""
+    return f"""const int tap = {n} / {s.C}, c = {n} - tap * {s.C};
+const int kd = tap / {s.KH * s.KW} - {s.PD}, kh = (tap / {s.KW}) % {s.KH} - {s.PH};
+const int kw = tap % {s.KW} - {s.PW};
+const int dd = od * {s.SD} + kd, hh = oh * {s.SH} + kh;
+const bool tapok = {n} < {s.CT} && (unsigned)dd < {s.D}u && (unsigned)hh < {s.H}u;
+const auto* xrow = xb + (xr + ((int64_t)(kd * {s.H} + kh) * {s.W}) * {s.C} + c);"""
+
+
+def _stage_kmajor(s: WTShape) -> str:
+    """TF32: rows of A are output channels, of B filter values (one of each per thread,
+    ``am``/``bn``), their runs of ``RA``/``RB`` pixels copied value by value (4 bytes)
+    into K-major rows of ``CPR`` chunks, which ``ldmatrix`` reads."""
+    row_ok = "live" if s.OW % s.TK == 0 else f"live && ow0 + p < {s.OW}"
+    return f"""{{ // stage a K tile: pixels ow0.. of output row (od, oh), or zeros past the slice
+    const bool live = left > 0;
+    char* adst = as + sslot * {s.ASB};
+    char* bdst = bs + sslot * {s.BSB};
+    const int am = (int)t % {s.TM}, ap = ((int)t / {s.TM}) * {s.RA};
+    const int m = blk_m + am;
+    #pragma unroll
+    for (int e = 0; e < {s.RA}; ++e) {{
+        const int p = ap + e;
+        const bool ok = {row_ok} && m < {s.K};
+        cb_cp_async<4>(adst + {M.swizzle(s.CPR, "am", f"p / {s.CE}")} * {M.CHUNK} + (p % {s.CE}) * 4,
+                       ok ? yb + (ya + (int64_t)p * {s.K} + m) : yb, ok);
+    }}
+    const int bn = (int)t % {s.TN}, bp = ((int)t / {s.TN}) * {s.RB};
+    const int n = blk_n + bn;
+{P.indent(_b_tap(s, "n"), 4)}
+    #pragma unroll
+    for (int e = 0; e < {s.RB}; ++e) {{
+        const int p = bp + e, ww = (ow0 + p) * {s.SW} + kw;
+        const bool ok = {row_ok} && tapok && (unsigned)ww < {s.W}u;
+        cb_cp_async<4>(bdst + {M.swizzle(s.CPR, "bn", f"p / {s.CE}")} * {M.CHUNK} + (p % {s.CE}) * 4,
+                       ok ? xrow + (int64_t)ww * {s.C} : xb, ok);
+    }}"""
+
+
+def _stage_nmajor(s: WTShape) -> str:
+    """16 bits: per pixel row of this thread, a chunk of dL/dy's channels (A) and of the
+    input's channels at this chunk's taps (B)."""
+    full = s.OW % s.TK == 0
+    row_ok = "live" if full else f"live && ow0 + r < {s.OW}"
+    a_ok = row_ok if s.K % s.TM == 0 and s.VK == s.CE else f"{row_ok} && m + v < {s.K}"
+    return f"""{{ // stage a K tile: pixels ow0.. of output row (od, oh), or zeros past the slice
+    const bool live = left > 0;
+    char* adst = as + sslot * {s.ASB};
+    char* bdst = bs + sslot * {s.BSB};
+    const int m = blk_m + ac * {s.CE};
+    #pragma unroll
+    for (int i = 0; i < {s.TK // s.GA}; ++i) {{
+        const int r = ar + i * {s.GA};
+        const auto* src = yb + (ya + (int64_t)r * {s.K} + m);
+        char* d = adst + {M.swizzle(s.NCA, "r", "ac")} * {M.CHUNK};
+        #pragma unroll
+        for (int v = 0; v < {s.CE}; v += {s.VK}) {{
+            const bool ok = {a_ok};
+            cb_cp_async<{s.VK * s.EB}>(d + v * {s.EB}, ok ? src + v : yb, ok);
+        }}
+    }}
+    #pragma unroll
+    for (int v = 0; v < {s.CE}; v += {s.VC}) {{
+        const int n = blk_n + bc * {s.CE} + v;  // this copy's filter value
+{P.indent(_b_tap(s, "n"), 8)}
+        #pragma unroll
+        for (int i = 0; i < {s.TK // s.GB}; ++i) {{
+            const int r = br + i * {s.GB};
+            const int ww = (ow0 + r) * {s.SW} + kw;
+            const bool ok = {row_ok} && tapok && (unsigned)ww < {s.W}u;
+            cb_cp_async<{s.VC * s.EB}>(bdst + {M.swizzle(s.NCH, "r", "bc")} * {M.CHUNK}
+                                       + v * {s.EB}, ok ? xrow + (int64_t)ww * {s.C} : xb, ok);
+        }}
+    }}"""
+
+
+#: dL/dy and the input as the filter gradient's tasklets name them (the program passes
+#: them as the forward's ``xa`` and ``wb``), and the stages as bytes.
+_PREAMBLE = ("const auto* yb = xa;\nconst auto* xb = wb;\n"
+             "char* as = reinterpret_cast<char*>(ao);\nchar* bs = reinterpret_cast<char*>(bo);\n")
+
+
+def prologue_code(s: WTShape, gpu: bool) -> str:
+    return f"""{_PREAMBLE}{_thread_code(s, gpu)}
+#pragma unroll
+for (int i = 0; i < {s.RR}; ++i) acco[tp * {s.RR} + i] = 0.0f;
+{PB.slice_start(s)}
+const int64_t arow = 0, bcol = 0;
+const int kdp = 0, khp = 0, kwp = 0;
+int sslot = 0;
+const int cslot = 0;
+for (int j = 0; j < {s.S - 1}; ++j) {{
+{P.indent(_stage_code(s), 4)}
+}}
+{PB._wstore(PB.WST, PB.WSB)}
+cb_cp_wait<{s.S - 2}>();
+"""
+
+
+def step_code(s: WTShape, gpu: bool) -> str:
+    return f"""{_PREAMBLE}int64_t* sbo = sbs;
+{_thread_code(s, gpu)}
+{PB._wstate(writable=True)}
+{_stage_code(s)}
+{{
+    float* acc = acco + tp * {s.RR};
+{P.indent(M.mma_loop(s, gpu), 4)}
+}}
+cslot = cslot + 1 == {s.S} ? 0 : cslot + 1;
+{PB._wstore(*PB.WSTEP)}
+cb_cp_wait<{s.S - 2}>();
+"""
+
+
+def epilogue_code(s: WTShape, gpu: bool) -> str:
+    """Each accumulator to slice ``blk_z``'s float32 partial of its filter value."""
+    return f"{_thread_code(s, gpu)}\n" + M.store_code(
+        s, s.K, s.CT, f"yo[((int64_t)blk_z * {s.K} + m) * {s.CT} + n]")
+
+
+def _roles():
+    return {"prologue": prologue_code, "step": step_code, "epilogue": epilogue_code,
+            "reduce": PB.wgrad_reduce}
+
+
+# ---------------------------------------------------------------------------------------------
+# The program, its schedules and registration
+# ---------------------------------------------------------------------------------------------
+
+def program(layer: Layer, dtype, params):
+    s = wtshape(layer, dtype.dace.ctype, params)
+    sdfg = PB.wgrad_program(layer, Layout.NDHWC, dtype, params, s=s, code=_roles())
+    sdfg.append_global_code(M.helpers(s, gpu=False), "frame")
+    return sdfg
+
+
+def schedule(target: str):
+    def apply(sdfg, layer, params):
+        s = wtshape(layer, sdfg.arrays["x"].dtype.ctype, params)
+        P.schedule(target, Layout.NDHWC, kernel=lambda *_: (s, _roles()))(sdfg, layer, params)
+        sdfg.append_global_code(M.helpers(s, target == "gpu"),
+                                "cuda" if target == "gpu" else "frame")
+    return apply
+
+
+def implementation(**fields):
+    from convbench.registry import Implementation, Pass
+    return Implementation(
+        layout=Layout.NDHWC, pass_=Pass.BWD_FILTER,
+        algorithm=lambda layer, dtype, params: program(layer, dtype, params),
+        schedules={t: schedule(t) for t in ("cpu", "gpu")}, params=PARAMS,
+        check_params=check_params, supports=PB.wgrad_supports, precisions=M.PRECISIONS,
+        constraints="one image of the input and of dL/dy below 2^31 elements", **fields)

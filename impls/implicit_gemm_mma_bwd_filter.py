@@ -1,0 +1,15 @@
+"""``implicitGemmMMABwdFilter``: dL/dw on tensor cores, NDHWC: the pipelined filter
+gradient's slices (split-K into float32 partials, added in slice order) with the
+tensor-core main loop; both operands staged N-major, read with ``ldmatrix.trans`` in 16
+bits and with 32-bit loads in TF32 (``impls/_mma_wgrad.py``)."""
+
+from convbench.registry import register
+from impls import _mma_wgrad
+
+register(_mma_wgrad.implementation(
+    name="implicitGemmMMABwdFilter",
+    summary="backward filter on tensor cores, NDHWC: dL/dy and the input staged N-major by "
+            "cp.async, ldmatrix.trans (16-bit) or 32-bit loads (TF32), mma.sync per warp "
+            "tile, split-K with a deterministic reduction (CPU: ldmatrix and the MMA "
+            "emulated lane by lane)",
+))
