@@ -324,8 +324,8 @@ def default_choice(layer: Layer, pass_: Pass, device: str, dtype=None) -> Tuple[
     --store`` or ``--autotune``, :func:`convbench.tuning.best_implementation`), else the
     highest-ranked implementation whose rule applies (:func:`convbench.registry.by_rule`,
     "rule <name>").  Then (and on the GPU) the one that declares ``network-cpu`` (CPU),
-    ``network``, ``cli``, else the general one (:data:`GENERAL`): the first that supports
-    ``layer``.  In a precision other than float32 (``dtype``, a
+    ``network-tensor-cores`` (GPU, 16 bits or TF32), ``network``, ``cli``, else the
+    general one (:data:`GENERAL`): the first that supports ``layer``.  In a precision other than float32 (``dtype``, a
     :class:`~convbench.precision.DType`), only implementations that build for it count."""
     def usable(impl) -> bool:
         return (impl.pass_ == pass_ and device in impl.targets
@@ -340,7 +340,9 @@ def default_choice(layer: Layer, pass_: Pass, device: str, dtype=None) -> Tuple[
         ruled = registry.by_rule(pass_, layer, "cpu", usable)
         if ruled is not None:
             return ruled[0].name, f"rule {ruled[1].name}"
-    roles = (["network-cpu"] if device == "cpu" else []) + ["network", "cli"]
+    tensor = device == "gpu" and dtype is not None and dtype.label != "float32"
+    roles = (["network-cpu"] if device == "cpu" else []) + (
+        ["network-tensor-cores"] if tensor else []) + ["network", "cli"]
     candidates = [(registry.default(role, pass_), f"{role} default") for role in roles
                   if registry.members(role, pass_)] + [(GENERAL[Pass(pass_)], "general")]
     for name, why in candidates:

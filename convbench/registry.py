@@ -37,6 +37,8 @@ ROLES = {
     "network-cpu": "the network's CPU kernel for its pass, where it supports the layer "
                    "and no measured winner is stored",
     "best-of": "run by the GPU campaign's core tier on every layer",
+    "network-tensor-cores": "the network's convolution for its pass on the GPU in 16 bits "
+                            "or TF32, ahead of the network default",
 }
 
 

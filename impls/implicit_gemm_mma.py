@@ -11,6 +11,7 @@ from convbench.registry import Pass, register
 from impls import _mma
 
 register(_mma.implementation(
+    default_for=("network-tensor-cores",),
     name="implicitGemmMMA",
     summary="implicit GEMM on NDHWC on tensor cores: cp.async stages in a swizzled shared "
             "layout, ldmatrix.x4 fragments, mma.sync m16n8k16 (16-bit) or m16n8k8 (TF32) "

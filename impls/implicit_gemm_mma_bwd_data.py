@@ -25,6 +25,7 @@ def supports(layer, params=None):
 
 
 register(_mma.implementation(
+    default_for=("network-tensor-cores",),
     name="implicitGemmMMABwdData",
     summary="backward data on tensor cores (stride 1): implicitGemmMMA on dL/dy with the "
             "filter flipped and its channels swapped as it is staged (16-bit: N-major, "

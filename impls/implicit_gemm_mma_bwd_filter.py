@@ -7,6 +7,7 @@ from convbench.registry import register
 from impls import _mma_wgrad
 
 register(_mma_wgrad.implementation(
+    default_for=("network-tensor-cores",),
     name="implicitGemmMMABwdFilter",
     summary="backward filter on tensor cores, NDHWC: dL/dy and the input staged N-major by "
             "cp.async, ldmatrix.trans (16-bit) or 32-bit loads (TF32), mma.sync per warp "

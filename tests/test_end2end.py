@@ -381,3 +381,23 @@ def test_a_layer_the_network_kernels_refuse_takes_the_general_ones():
         assert network.default_implementation(grouped, pass_, "gpu") == network.GENERAL[pass_]
         assert network.default_implementation(plain, pass_, "gpu").startswith(
             "implicitGemmPipelined")
+
+
+def test_the_gpu_network_takes_tensor_cores_in_16_bits_and_tf32():
+    """On the GPU in float16, bfloat16 and TF32 the network's convolutions are the
+    tensor-core kernels; in IEEE float32 the pipelined ones; a layer the tensor-core data
+    gradient refuses (stride 2) falls back to the next role."""
+    from convbench import precision
+    from convbench.layers import Layer
+    plain = Layer("p", 1, 8, 8, 6, 6, 6, 3, 3, 3, pad=1)
+    strided = Layer("s", 1, 8, 8, 6, 6, 6, 3, 3, 3, stride=2, pad=1)
+    for label in ("float16", "bfloat16", "float32-tf32"):
+        dtype = precision.get_dtype(label)
+        for pass_ in network.PASSES:
+            name, why = network.default_choice(plain, pass_, "gpu", dtype)
+            assert name.startswith("implicitGemmMMA") and "tensor-cores" in why, (label, name)
+        assert not network.default_choice(strided, "bwd_data", "gpu", dtype)[0].startswith(
+            "implicitGemmMMA")
+    for pass_ in network.PASSES:
+        assert network.default_choice(plain, pass_, "gpu", precision.get_dtype("float32"))[
+            0].startswith("implicitGemmPipelined")
