@@ -344,7 +344,6 @@ for (int kk = 0; kk < {s.TK // s.KM}; ++kk) {{
 def prologue_code(s: Shape, gpu: bool) -> str:
     """Zero the accumulators, decode the staged pixel and filter row, issue the first
     ``stages - 1`` K tiles, and wait for the first."""
-    plane = s.OD * s.OH * s.OW
     if s.trans_b:
         bset = "bbase = 0;"  # its rows are reduction values; columns checked per chunk
     elif s.flip:
@@ -355,21 +354,7 @@ def prologue_code(s: Shape, gpu: bool) -> str:
     return f"""{_thread_code(s, gpu)}
 #pragma unroll
 for (int i = 0; i < {s.RR}; ++i) acco[tp * {s.RR} + i] = 0.0f;
-int d0 = 0, h0 = 0, w0 = 0;
-int64_t abase = -1, bbase = -1;
-{{
-    const int64_t m = (int64_t)blk_m + am;
-    if (m < {s.GM}) {{
-        const int64_t b = m / {plane};
-        const int p = (int)(m - b * {plane});
-        const int od = p / {s.OH * s.OW};
-        const int oh = (p - od * {s.OH * s.OW}) / {s.OW};
-        const int ow = p - od * {s.OH * s.OW} - oh * {s.OW};
-        d0 = od * {s.SD} - {s.PD};
-        h0 = oh * {s.SH} - {s.PH};
-        w0 = ow * {s.SW} - {s.PW};
-        abase = b * {s.C * s.D * s.H * s.W};
-    }}
+{P.staged_pixel(s)}
     {n}
     {bset}
 }}

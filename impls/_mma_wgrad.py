@@ -28,7 +28,6 @@ from convbench.registry import Layer, Layout, Param
 from impls import _mma as M
 from impls import _pipelined as P
 from impls import _pipelined_bwd as PB
-from impls import _tiling as T
 from impls._common import layer_constants
 
 PARAMS = tuple(dataclasses.replace(p, help="output pixels of one output row per K tile in "

@@ -301,26 +301,10 @@ def _b_run(s: Shape) -> str:
 def prologue_code(s: Shape, gpu: bool) -> str:
     """Zero the accumulators, decode the staged pixel and filter row, issue the first
     ``stages - 1`` K tiles, and wait for the first."""
-    plane = s.OD * s.OH * s.OW
-    image = s.C * s.D * s.H * s.W
     return f"""{_thread_code(s, gpu)}
 #pragma unroll
 for (int i = 0; i < {s.RM * s.RN}; ++i) acco[tp * {s.RM * s.RN} + i] = 0.0f;
-int d0 = 0, h0 = 0, w0 = 0;
-int64_t abase = -1, bbase = -1;
-{{
-    const int64_t m = (int64_t)blk_m + am;
-    if (m < {s.GM}) {{
-        const int64_t b = m / {plane};
-        const int p = (int)(m - b * {plane});
-        const int od = p / {s.OH * s.OW};
-        const int oh = (p - od * {s.OH * s.OW}) / {s.OW};
-        const int ow = p - od * {s.OH * s.OW} - oh * {s.OW};
-        d0 = od * {s.SD} - {s.PD};
-        h0 = oh * {s.SH} - {s.PH};
-        w0 = ow * {s.SW} - {s.PW};
-        abase = b * {image};
-    }}
+{staged_pixel(s)}
     const int64_t n = (int64_t)blk_n + bn;
     if (n < {s.K}) bbase = n * {_b_row_stride(s)};
 }}
@@ -334,6 +318,28 @@ sbo[tp * {len(SB)}] = abase;
 sbo[tp * {len(SB)} + 1] = bbase;
 cb_cp_wait<{s.S - 2}>();
 """
+
+
+def staged_pixel(s) -> str:
+    """C++ declaring the staged pixel's window origin (``d0, h0, w0``), its image's offset
+    (``abase``, -1 past the GEMM's rows) and ``bbase`` (-1), and decoding the output
+    pixel of A's row ``am``; it leaves a block open for the caller's filter row."""
+    plane = s.OD * s.OH * s.OW
+    return f"""int d0 = 0, h0 = 0, w0 = 0;
+int64_t abase = -1, bbase = -1;
+{{
+    const int64_t m = (int64_t)blk_m + am;
+    if (m < {s.GM}) {{
+        const int64_t b = m / {plane};
+        const int p = (int)(m - b * {plane});
+        const int od = p / {s.OH * s.OW};
+        const int oh = (p - od * {s.OH * s.OW}) / {s.OW};
+        const int ow = p - od * {s.OH * s.OW} - oh * {s.OW};
+        d0 = od * {s.SD} - {s.PD};
+        h0 = oh * {s.SH} - {s.PH};
+        w0 = ow * {s.SW} - {s.PW};
+        abase = b * {s.C * s.D * s.H * s.W};
+    }}"""
 
 
 def _b_row_stride(s: Shape) -> int:
@@ -434,7 +440,7 @@ def program(layer: Layer, layout: Layout, dtype, params, flip: bool = False,
     w_shape = tuple(w_shape or L.w_shape)
     XS, WS, YS = int(np.prod(x_shape)), int(np.prod(w_shape)), int(np.prod(L.y_shape))
     dt, at = dtype.dace, dtype.acc_dace
-    NT, RR, S, KT = s.NT, s.RR, s.S, s.KT
+    NT, RR, KT = s.NT, s.RR, s.KT
     NSI, NSB = len(ST), len(SB)
     AS, BS = s.AS, s.BS
 
