@@ -178,6 +178,26 @@ def _train_step(model, opt, x, target):
     return loss
 
 
+#: The backend name of torch's automatic mixed precision (float32 weights, convolutions
+#: in the 16-bit type under ``torch.autocast``; a gradient scaler in float16).
+AMP = "torch-amp"
+
+
+def _amp_train_step(model, opt, scaler, x, target, dtype):
+    """:func:`_train_step` as torch's mixed precision runs it: the forward pass under
+    autocast, the loss in float32, the gradients scaled (float16) and unscaled by the
+    step."""
+    import torch
+    opt.zero_grad(set_to_none=True)
+    with torch.autocast(x.device.type, dtype=dtype):
+        out = model(x)
+    loss = torch.nn.functional.mse_loss(out.float(), target)
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    return loss
+
+
 def output_folder(args, device: str, dtype) -> Path:
     """``--outdir``, else ``outputs/end2end_<model>_s<S>_b<N>_<device>[_<dtype>]``."""
     suffix = "" if dtype.label == "float32" else f"_{dtype.label}"
@@ -197,6 +217,14 @@ class Run:
         self.dtype = check_device(from_args(args), device)
         self.outdir = output_folder(args, device, self.dtype)
         self.summary: Dict[str, Any] = {}
+        #: a 16-bit storage type: torch's automatic mixed precision is timed as well
+        self.amp = self.dtype.label in ("float16", "bfloat16")
+        self.amp_model = None
+
+    @property
+    def backends(self) -> List[str]:
+        """The timed models: torch's, DaCe's, and torch's mixed precision in 16 bits."""
+        return ["torch", "dace"] + ([AMP] if self.amp_model is not None else [])
 
     def _models(self):
         import torch
@@ -219,6 +247,10 @@ class Run:
         if self.device == "gpu":  # the same math on both sides: torch's default is TF32
             from .references import torch_gpu_math
             self.summary["torch_gpu_math"] = torch_gpu_math(allow_tf32=dtype.math == "tf32")
+        # In 16 bits torch's mixed precision runs too: float32 weights, autocast.
+        self.amp_model = (copy.deepcopy(base).to(self.tdev, dtype=torch.float32,
+                                                 memory_format=self.fmt)
+                          if self.amp and a.iters else None)
         # Both models hold their weights and activations in the storage type.
         self.torch_model = base.to(self.tdev, dtype=dtype.torch, memory_format=self.fmt)
         self.dace_model = copy.deepcopy(self.torch_model)
@@ -339,8 +371,9 @@ class Run:
         phases = ["forward"] + (["train"] if a.train else [])
         samples = self._time_loop(phases)
         meta = run_metadata(PROJECT_ROOT, self.device, a.threads)
+        references = [b for b in self.backends if b != "dace"]
         meta.update(kind="end2end", model=self.spec.name, size=a.size, batch=a.batch,
-                    memory_format=self.format_name, references=["torch"],
+                    memory_format=self.format_name, references=references,
                     implementations={k: {str(p): n for p, n in v.items()}
                                      for k, v in self.choice.items()},
                     chosen_by={k: {str(p): why for p, why in v.items()}
@@ -349,7 +382,10 @@ class Run:
                             "warmup": a.warmup, "iterations": a.iters, "flush": False,
                             "interleaved": True, **self._heap()},
                     optimizer={"name": "Adam", "lr": a.lr}, loss="mse", **self.summary)
-        writer = RunWriter(self.outdir, meta, ["torch"])
+        if AMP in references:
+            meta["torch_amp"] = {"autocast": self.dtype.label, "weights": "float32",
+                                 "grad_scaler": self.dtype.label == "float16"}
+        writer = RunWriter(self.outdir, meta, references)
         index = 0
         for phase in phases:
             parts = {}  # part -> (implementation, geometry, flop)
@@ -367,13 +403,13 @@ class Run:
             parts["total"] = ("-", "", sum(flop for _, _, flop in parts.values() if flop))
             for part, (impl, geometry, flop) in parts.items():
                 ms = [Measurement(b, Timing(samples[b][phase][part], a.warmup, "end2end"))
-                      for b in ("torch", "dace")]
+                      for b in self.backends]
                 writer.add_entry(index, f"{phase}.{part}", impl, ms, geometry=geometry,
                                  batch=a.batch, flop=flop)
                 index += 1
         writer.finish()
         self.medians = {b: {ph: statistics.median(samples[b][ph]["total"]) for ph in phases}
-                        for b in ("torch", "dace")}
+                        for b in self.backends}
         self._report(samples, phases)
         path = plot_breakdown(self.outdir, self.outdir / "runtimebreakdown.png")
         print(f"results: {self.outdir}/ (samples.csv, summary.csv, metadata.json, {path.name})")
@@ -391,7 +427,8 @@ class Run:
         from .heap import section
         a = self.args
         x, target = self._batch(a.seed + 2)
-        models = {"torch": self.torch_model, "dace": self.dace_model}
+        models = {"torch": self.torch_model, "dace": self.dace_model, AMP: self.amp_model}
+        models = {k: models[k] for k in self.backends}
         opts = {k: torch.optim.Adam(m.parameters(), lr=a.lr) for k, m in models.items()}
         out = {b: {ph: {} for ph in phases} for b in models}
         total = a.warmup + a.iters
@@ -407,20 +444,33 @@ class Run:
 
         from .network import Recorder
         a = self.args
+        inputs = {b: (x, target) for b in models}
+        if AMP in models:  # float32 in, convolutions in 16 bits under autocast
+            inputs[AMP] = (x.float().contiguous(memory_format=self.fmt), target.float())
+            scaler = torch.amp.GradScaler(self.tdev.type,
+                                          enabled=self.dtype.label == "float16")
         for it in range(total):
             for phase in phases:
                 for name, model in models.items():
                     rec = Recorder(self.device)
                     model.set_recorder(rec)
+                    xb, tb = inputs[name]
+                    autocast = torch.autocast(self.tdev.type, dtype=self.dtype.torch,
+                                              enabled=name == AMP)
                     try:
                         if phase == "forward":
                             model.eval()
-                            with torch.no_grad(), rec.span("total"):
-                                model(x)
+                            with torch.no_grad(), autocast, rec.span("total"):
+                                model(xb)
+                        elif name == AMP:
+                            model.train()
+                            with rec.span("total"):
+                                _amp_train_step(model, opts[name], scaler, xb, tb,
+                                                self.dtype.torch)
                         else:
                             model.train()
                             with rec.span("total"):
-                                _train_step(model, opts[name], x, target)
+                                _train_step(model, opts[name], xb, tb)
                     finally:
                         model.set_recorder(None)
                     spans = rec.collect()
@@ -448,6 +498,12 @@ class Run:
                 t, d = part_ms(samples["torch"][ph], part), part_ms(samples["dace"][ph], part)
                 cells.append(f"{t:12.2f}ms{d:11.2f}ms{d / t if t > 0 else math.nan:6.2f}x")
             print(f"{part:16s} " + "".join(cells))
+        if AMP in samples:  # the step of torch's mixed precision, and DaCe's against it
+            cells = []
+            for ph in phases:
+                m, d = part_ms(samples[AMP][ph], "total"), part_ms(samples["dace"][ph], "total")
+                cells.append(f"{ph} {m:.2f}ms (dace {d / m if m > 0 else math.nan:.2f}x)  ")
+            print(f"{'total ' + AMP:16s} " + "".join(cells))
 
     def _last_line(self, status: int) -> str:
         a = self.args
@@ -458,6 +514,13 @@ class Run:
                 t, d = self.medians["torch"][ph], self.medians["dace"][ph]
                 label = "forward" if ph == "forward" else "train step"
                 bits.append(f"{label} torch {t:.1f} ms, dace {d:.1f} ms ({d / t:.2f}x)")
+                if AMP in self.medians:
+                    m = self.medians[AMP][ph]
+                    bits.append(f"{label} torch AMP {m:.1f} ms (dace {d / m:.2f}x)")
+                if ph == "train":
+                    per_s = {b: 1e3 * a.batch / v["train"] for b, v in self.medians.items()}
+                    bits.append("samples/s " + ", ".join(f"{b} {v:.1f}"
+                                                         for b, v in per_s.items()))
         if a.epochs:
             h = self.summary["training"]
             bits.append(f"loss dace {h[0]['loss_dace']:.3f} -> {h[-1]['loss_dace']:.3f} in "

@@ -17,10 +17,12 @@ stored **K-major**: row ``r`` (a pixel, an output channel) of ``CPR = TK / CE`` 
 Chunk ``c`` of row ``r`` lies at chunk :func:`swizzle` ``(r, c)``: the chunk's index XOR
 a 3-bit key of its row (``r % 8`` where a row spans 128 bytes or more, else the index of
 its 128-byte line), so the eight rows one ``ldmatrix`` phase reads fall in eight
-different groups of four banks.  The data gradient's filter in 16 bits has its output
-channels contiguous: it is stored **N-major** (row = reduction value, chunks of 8
-channels) and read with ``ldmatrix.trans``; in TF32 it is staged value by value into a
-K-major tile (4-byte copies; ``ldmatrix.trans`` moves 16-bit values only).
+different groups of four banks.  The data gradient's filter has its output channels
+contiguous: it is stored **N-major** (row = reduction value, chunks of 8 or 4
+channels).  In 16 bits ``ldmatrix.trans`` reads it; in TF32, which ``ldmatrix`` cannot
+transpose (it moves 16-bit values), one 32-bit shared load per register does, from the
+:func:`blocked` layout: blocks of 4 rows x 8 values, so that one load's 32 lanes read one
+block (32 banks) at an immediate offset from each lane's own address.
 
 **Main loop** (per K tile, per MMA step of ``KM`` = 16 or 8 reduction values = 2 chunks):
 ``ldmatrix.x4`` gives a lane its A registers of one 16 x KM tile (matrices: rows 0-7
@@ -29,7 +31,8 @@ and 8-15 of chunk 0, then of chunk 1) and its B registers of two KM x 8 tiles; t
 ``l / 8``; it receives word ``l % 4`` of row ``l / 4`` of each matrix (with ``.trans``:
 the 16-bit values of column ``l / 4`` in rows ``2 (l % 4)`` and ``2 (l % 4) + 1``).  In
 TF32, where a 4-byte value is one "pair" of ``ldmatrix``'s 16-bit values, the same loads
-give m16n8k8's fragments; each is rounded to TF32 (``cvt.rna.tf32.f32``) before its MMA.
+give m16n8k8's fragments, which the tensor cores read as TF32 (the low 13 bits of each
+float32 ignored: no ``cvt``; the emulation truncates the same way).
 
 **The CPU emulation** runs the same tasklet code thread by thread, with the same address
 expressions: each thread builds the registers of all 32 lanes of its warp from shared
@@ -95,19 +98,29 @@ class Warps:
     BS = property(lambda s: s.S * s.BSB // 4)
     NCA = property(lambda s: s.TM // s.CE)         # chunks of an N-major A row
     NCH = property(lambda s: s.TN // s.CE)         # chunks of an N-major B row
-    #: How each operand reaches the registers: "ldsm" (K-major, ldmatrix) or "trans"
-    #: (N-major, ldmatrix.trans: 16-bit values only)
+    #: How each operand reaches the registers: "ldsm" (K-major, ldmatrix), "trans"
+    #: (N-major, ldmatrix.trans: 16-bit values only) or "lds" (N-major TF32: one 32-bit
+    #: load per register, ``ldmatrix`` cannot transpose 4-byte values)
     a_mode = property(lambda s: "ldsm")
     b_mode = property(lambda s: "ldsm")
+
+    #: The mode of an N-major operand in this precision: "trans" or (TF32) "lds"
+    nmajor = property(lambda s: "trans" if s.EB == 2 else "lds")
+
+    def swizzle(self, operand: str, cpr: int, row: str, chunk: str) -> str:
+        """The stored chunk index of operand ``"a"`` or ``"b"`` as its mode reads it:
+        :func:`swizzle`, or :func:`blocked` for 32-bit loads."""
+        mode = self.a_mode if operand == "a" else self.b_mode
+        return (blocked if mode == "lds" else swizzle)(cpr, row, chunk)
 
 
 @dataclasses.dataclass(frozen=True)
 class Shape(Warps, P.Shape):
     """The constants of the forward's and the data gradient's tensor-core builds."""
 
-    #: B stored N-major and read with ldmatrix.trans (the 16-bit data gradient's filter)
-    trans_b = property(lambda s: s.flip and s.EB == 2)
-    b_mode = property(lambda s: "trans" if s.trans_b else "ldsm")
+    #: B stored N-major (the data gradient's filter: its output channels are contiguous),
+    #: read with ldmatrix.trans in 16 bits and with 32-bit loads in TF32
+    b_mode = property(lambda s: s.nmajor if s.flip else "ldsm")
     CA = property(lambda s: s.TM * s.CPR // s.NT)  # chunks of A a thread stages per tile
     CB = property(lambda s: -(-s.C // s.TK))       # channel blocks per tap
     CBK = property(lambda s: s.TN * s.CPR // s.NT)  # chunks of a K-major B per thread
@@ -169,11 +182,35 @@ def swizzle(cpr: int, row: str, chunk: str) -> str:
     return f"({lin} ^ {key})"
 
 
+def blocked(cpr: int, row: str, chunk: str) -> str:
+    """C++ of the stored chunk index of chunk ``chunk`` of row ``row`` in an N-major TF32
+    tile of rows of ``cpr`` chunks, read with 32-bit loads: blocks of 4 rows x 2 chunks
+    (8 x 4 values, 128 bytes), the blocks of 4 rows in a row, then the next 4 rows.  One
+    load's lanes read one block (values ``g`` of rows ``t``: lane ``4 g + t``), so 32
+    different banks, at one offset from each lane's own; 8 threads staging a block's 8
+    chunks write 128 consecutive bytes."""
+    return (f"(((({row}) >> 2) * {cpr // 2} + (({chunk}) >> 1)) * 8 + (({row}) & 3) * 2"
+            f" + (({chunk}) & 1))")
+
+
+def blocked_thread(cpr: int):
+    """C++ of the row and the chunk that thread ``t`` stages in each round of an N-major
+    TF32 tile (:func:`blocked`): the ``t``-th stored chunk, so that consecutive threads
+    write consecutive bytes; a round covers ``NT / cpr`` rows (a multiple of 4)."""
+    return (f"(((int)t >> 3) / {cpr // 2}) * 4 + (((int)t & 7) >> 1)",
+            f"(((int)t >> 3) % {cpr // 2}) * 2 + ((int)t & 1)")
+
+
 def a_address(s) -> str:
     """Byte offset of the 16-byte row lane ``ln`` names in ``ldmatrix.x4`` of A's MMA tile
     ``fm`` at MMA step ``kk``: (rows, chunk) = (0-7, 0), (8-15, 0), (0-7, 1), (8-15, 1).
     N-major (``.trans``): matrix ``j`` is reduction rows ``8 (j / 2)`` on of the 8 rows of
-    A from ``8 (j % 2)``."""
+    A from ``8 (j % 2)``.  ``lds``: the byte of lane ``ln``'s register ``j`` itself
+    (m16n8k8's A fragment: lane ``4 g + t`` holds rows ``g``, ``g + 8`` of columns ``t``,
+    ``t + 4``)."""
+    if s.a_mode == "lds":  # A[8 kk + t + 4 (j / 2)][wm WM + 16 fm + g + 8 (j % 2)]
+        block = f"(kk * 2 + (j >> 1)) * {s.NCA // 2} + wm * {s.WM // 8} + fm * 2 + (j & 1)"
+        return f"cb_lds_lane(ln) + ({block}) * 128"
     if s.a_mode == "trans":
         row = "kk * 16 + (ln >> 4) * 8 + (ln & 7)"
         chunk = f"(wm * {s.WM} + fm * 16 + ((ln >> 3) & 1) * 8) / 8"
@@ -186,7 +223,12 @@ def b_address(s) -> str:
     """Byte offset of the row lane ``ln`` names in ``ldmatrix.x4`` of B's MMA tiles
     ``2 fp`` and ``2 fp + 1``: (tile, chunk) = (0, 0), (0, 1), (1, 0), (1, 1).  N-major
     (``.trans``): matrix ``j`` is reduction rows ``8 (j % 2)`` on of 8 columns from
-    ``8 (j / 2)``."""
+    ``8 (j / 2)``.  ``lds``: the byte of lane ``ln``'s register ``j`` (registers 0, 1 of
+    tile ``2 fp``, then of ``2 fp + 1``; lane ``4 g + t`` holds rows ``t``, ``t + 4`` of
+    column ``g``)."""
+    if s.b_mode == "lds":  # B[8 kk + t + 4 (j % 2)][wn WN + 8 (2 fp + j / 2) + g]
+        block = f"(kk * 2 + (j & 1)) * {s.NCH // 2} + wn * {s.WN // 8} + (fp * 2 + (j >> 1))"
+        return f"cb_lds_lane(ln) + ({block}) * 128"
     if s.b_mode == "trans":
         row = "kk * 16 + ((ln >> 3) & 1) * 8 + (ln & 7)"
         chunk = f"(wn * {s.WN} + fp * 16 + (ln >> 4) * 8) / 8"
@@ -203,7 +245,9 @@ def _thread_code(s: Shape, gpu: bool) -> str:
     """This thread's row of the per-thread arrays, its warp and lane, and the rows and
     chunks of A and B it stages."""
     tpa = s.NT // s.TM
-    if s.trans_b:
+    if s.b_mode == "lds":  # one chunk column of rows bk + i GB (blocked_thread)
+        b = "const int bk = {}, bc = {};".format(*blocked_thread(s.NCH))
+    elif s.flip:
         tpr = s.NCH // s.CBN  # threads per reduction row of an N-major B
         b = f"const int bk = (int)t / {tpr}, bc = ((int)t % {tpr}) * {s.CBN};"
     else:
@@ -227,19 +271,18 @@ def _vector(extent: int, ce: int) -> int:
 
 
 def _copies(s: Shape, dst: str, rows: int, cpr: int, row: str, chunk0: str, first: str,
-            limit: int, whole: int, ok: str, vec: int, step: int = 1) -> str:
-    """C++ staging one run of this thread: chunks ``chunk0 + j`` (``j`` < ``rows``) of row ``row`` of a stage of rows of ``cpr`` chunks at ``dst``, from ``src``
-    (value ``v`` of chunk ``j`` at ``(j * CE + v) * step``), ``vec`` values per
-    ``cp.async``.  Value ``first + j * CE + v`` past ``limit`` is zero-filled, unless
+            limit: int, whole: int, ok: str, vec: int, operand: str) -> str:
+    """C++ staging one run of this thread: chunks ``chunk0 + j`` (``j`` < ``rows``) of row
+    ``row`` of a stage of ``operand``'s rows of ``cpr`` chunks at ``dst``, from ``src``
+    (value ``v`` of chunk ``j`` at ``j * CE + v``), ``vec`` values per ``cp.async``.  Value ``first + j * CE + v`` past ``limit`` is zero-filled, unless
     ``limit`` is a multiple of ``whole`` (the tile's extent along ``first``): then no value
     passes it, and the run's copies share ``ok`` and constant offsets from one pointer."""
     full = limit % whole == 0 and vec == s.CE
     cond = ok if full else f"{ok} && {first} + j * {s.CE} + v < {limit}"
-    source = (f"src + (j * {s.CE} + v) * {step}" if full else
-              f"okv ? src + (j * {s.CE} + v) * {step} : base")
+    source = f"src + j * {s.CE} + v" if full else f"okv ? src + j * {s.CE} + v : base"
     return f"""#pragma unroll
 for (int j = 0; j < {rows}; ++j) {{
-    char* d = {dst} + {swizzle(cpr, row, chunk0 + " + j")} * {CHUNK};
+    char* d = {dst} + {s.swizzle(operand, cpr, row, chunk0 + " + j")} * {CHUNK};
     #pragma unroll
     for (int v = 0; v < {s.CE}; v += {vec}) {{
         const bool okv = {cond};
@@ -263,23 +306,32 @@ def _stage_code(s: Shape) -> str:
     const auto* base = xa;
     const auto* src = inside ? xa + abase + (int64_t)((dd * {s.H} + hh) * {s.W} + ww) * {s.C} + ch : xa;
 {P.indent(_copies(s, f"as + sslot * {s.ASB}", s.CA, s.CPR, "am", "ac", "ch", s.C, s.TK,
-                  "inside", va), 4)}
+                  "inside", va, "a"), 4)}
 }}"""
-    if s.trans_b:  # rows: reduction channels c0 + bk; chunks: 8 output channels of w
+    if s.b_mode == "lds":  # N-major TF32, blocked: chunk bc of rows bk + i GB
+        gb = s.NT // s.NCH
+        b = f"""{{ // B (N-major, blocked): output channels from blk_n + bc * {s.CE}, rows c0 + bk + i * {gb}
+    const int n = blk_n + bc * {s.CE};
+    const auto* row0 = wb + (int64_t)(c0 + bk) * {s.taps * s.K} + ({s.taps - 1} - {tap}) * {s.K} + n;
+    char* d0 = bs + sslot * {s.BSB} + {blocked(s.NCH, "bk", "bc")} * {CHUNK};
+    #pragma unroll
+    for (int i = 0; i < {s.TK // gb}; ++i) {{
+        const bool ok = c0 + bk + i * {gb} < {s.C};
+        #pragma unroll
+        for (int v = 0; v < {s.CE}; v += {vk}) {{
+            const bool okv = ok{"" if s.K % s.TN == 0 and vk == s.CE else f" && n + v < {s.K}"};
+            cb_cp_async<{vk * s.EB}>(d0 + (i * {gb * s.NCH} * {s.CE} + v) * {s.EB},
+                                    okv ? row0 + (int64_t)i * {gb * s.taps * s.K} + v : wb, okv);
+        }}
+    }}
+}}"""
+    elif s.flip:  # N-major: rows are reduction channels c0 + bk, chunks output channels
         b = f"""{{ // B (N-major): reduction channel c0 + bk, output channels from blk_n + bc * {s.CE}
     const int ck = c0 + bk, n = blk_n + bc * {s.CE};
     const auto* base = wb;
     const auto* src = ck < {s.C} ? wb + (int64_t)ck * {s.taps * s.K} + ({s.taps - 1} - {tap}) * {s.K} + n : wb;
 {P.indent(_copies(s, f"bs + sslot * {s.BSB}", s.CBN, s.NCH, "bk", "bc", "n", s.K, s.TN,
-                  f"ck < {s.C}", vk), 4)}
-}}"""
-    elif s.flip:  # K-major, value by value: the reduction channels are a filter apart
-        b = f"""{{ // B (K-major, flipped): output channel bbase, reduction channels c0..
-    const int ch = c0 + bc * {s.CE};
-    const auto* base = wb;
-    const auto* src = bbase >= 0 ? wb + bbase + (int64_t)({s.taps - 1} - {tap}) * {s.K} + (int64_t)ch * {s.taps * s.K} : wb;
-{P.indent(_copies(s, f"bs + sslot * {s.BSB}", s.CBK, s.CPR, "bn", "bc", "ch", s.C, s.TK,
-                  "bbase >= 0", 1, s.taps * s.K), 4)}
+                  f"ck < {s.C}", vk, "b"), 4)}
 }}"""
     else:
         b = f"""{{ // B (K-major): output channel's filter row at bbase, tap, channels c0..
@@ -287,7 +339,7 @@ def _stage_code(s: Shape) -> str:
     const auto* base = wb;
     const auto* src = bbase >= 0 ? wb + bbase + (int64_t){tap} * {s.C} + ch : wb;
 {P.indent(_copies(s, f"bs + sslot * {s.BSB}", s.CBK, s.CPR, "bn", "bc", "ch", s.C, s.TK,
-                  "bbase >= 0", va), 4)}
+                  "bbase >= 0", va, "b"), 4)}
 }}"""
     return f"""if (kd < {s.KD}) {{ // a K tile is left to stage
 {P.indent(a, 4)}
@@ -307,15 +359,18 @@ def mma_loop(s: Shape, gpu: bool) -> str:
     registers through ``ldmatrix.x4`` and the warp tile's ``mma.sync``.  On the CPU each
     thread builds the registers of every lane of its warp (``ln``) and emulates its own
     share of each MMA from them."""
-    ta = "true" if s.a_mode == "trans" else "false"
-    tb = "true" if s.b_mode == "trans" else "false"
+    def load(mode, dst, base, address):
+        if mode == "lds":
+            return f"cb_lds_x4({dst}, {base}, [&](int ln, int j) {{ return {address}; }}, LN);"
+        trans = "true" if mode == "trans" else "false"
+        return f"cb_ldsm_x4<{trans}>({dst}, {base}, [&](int ln) {{ return {address}; }}, LN);"
     a_loads = f"""#pragma unroll
 for (int fm = 0; fm < {s.FM}; ++fm)
-    cb_ldsm_x4<{ta}>(fa[LN][fm], as_c, [&](int ln) {{ return {a_address(s)}; }}, LN);"""
+    {load(s.a_mode, "fa[LN][fm]", "as_c", a_address(s))}"""
     b_loads = f"""#pragma unroll
 for (int fp = 0; fp < {s.FN // 2}; ++fp) {{
     unsigned r[4];
-    cb_ldsm_x4<{tb}>(r, bs_c, [&](int ln) {{ return {b_address(s)}; }}, LN);
+    {load(s.b_mode, "r", "bs_c", b_address(s))}
     fb[LN][2 * fp][0] = r[0]; fb[LN][2 * fp][1] = r[1];
     fb[LN][2 * fp + 1][0] = r[2]; fb[LN][2 * fp + 1][1] = r[3];
 }}"""
@@ -344,13 +399,12 @@ for (int kk = 0; kk < {s.TK // s.KM}; ++kk) {{
 def prologue_code(s: Shape, gpu: bool) -> str:
     """Zero the accumulators, decode the staged pixel and filter row, issue the first
     ``stages - 1`` K tiles, and wait for the first."""
-    if s.trans_b:
+    if s.flip:
         bset = "bbase = 0;"  # its rows are reduction values; columns checked per chunk
-    elif s.flip:
-        bset = f"if (n < {s.K}) bbase = n;"
+        n = ""
     else:
         bset = f"if (n < {s.K}) bbase = n * {s.taps * s.C};"
-    n = "" if s.trans_b else "const int64_t n = (int64_t)blk_n + bn;"
+        n = "const int64_t n = (int64_t)blk_n + bn;"
     return f"""{_thread_code(s, gpu)}
 #pragma unroll
 for (int i = 0; i < {s.RR}; ++i) acco[tp * {s.RR} + i] = 0.0f;
@@ -439,6 +493,21 @@ __device__ __forceinline__ void cb_ldsm_x4(unsigned (&r)[4], const char* base, F
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
 }
+// The byte of lane ln's value in a 128-byte block of a blocked tile (_mma.blocked): value
+// ln / 4 of row ln % 4.  Opaque to the compiler, so that each load's address stays this
+// plus a constant (an immediate offset) rather than being folded into one mask per load.
+__device__ __forceinline__ int cb_lds_lane(int ln) {
+    int b = ((ln & 3) * 8 + (ln >> 2)) * 4;
+    asm("mov.b32 %0, %0;\n" : "+r"(b));
+    return b;
+}
+template <class F>
+__device__ __forceinline__ void cb_lds_x4(unsigned (&r)[4], const char* base, F addr, int lane) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(base));
+    #pragma unroll
+    for (int j = 0; j < 4; ++j)
+        asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(r[j]) : "r"(s + (unsigned)addr(lane, j)));
+}
 #endif
 """ + f"""
 __device__ __forceinline__ void cb_mma(float* d, const unsigned* a, const unsigned* b) {{
@@ -479,6 +548,14 @@ static inline void cb_ldsm_x4(unsigned (&r)[4], const char* base, F addr, int la
             r[j] = (unsigned)lo | ((unsigned)hi << 16);
         }
     }
+}
+// The byte of lane ln's value in a 128-byte block of a blocked tile: value ln / 4 of row
+// ln % 4.
+static inline int cb_lds_lane(int ln) { return ((ln & 3) * 8 + (ln >> 2)) * 4; }
+// Four 32-bit loads, register j of lane `lane` from byte addr(lane, j) (N-major TF32).
+template <class F>
+static inline void cb_lds_x4(unsigned (&r)[4], const char* base, F addr, int lane) {
+    for (int j = 0; j < 4; ++j) std::memcpy(&r[j], base + addr(lane, j), 4);
 }
 // A TF32 operand as the tensor cores read a float32 register: its low 13 bits ignored.
 static inline float cb_tf32_value(unsigned u) {

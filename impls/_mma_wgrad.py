@@ -8,14 +8,11 @@ The GEMM is M = K output channels by N = C x taps filter values (NDHWC's order: 
 index (the pixel) strided and their GEMM index contiguous (dL/dy's channels, the input's
 channels at one tap).
 
-* **16 bits:** both are staged **N-major**: a stage row is one pixel, in 16-byte chunks of
-  8 consecutive channels, swizzled as ``_mma`` does; a thread stages one chunk column of A
-  (``ac``) and one of B (``bc``) in several pixel rows, and the fragments come through
-  ``ldmatrix.x4.trans``.
-* **TF32:** ``ldmatrix`` cannot transpose 4-byte values, so both are staged **K-major**
-  value by value (4-byte ``cp.async``; a thread stages one output channel's or filter
-  value's run of pixels) and read with ``ldmatrix.x4`` as the forward reads its tiles.
-  (N-major tiles read with 32-bit loads spilled at the defaults: 255 registers, 92 bytes.)
+Both are staged **N-major**: a stage row is one pixel, in 16-byte chunks of 8 (16 bits)
+or 4 (TF32) consecutive channels, swizzled as ``_mma`` does; a thread stages one chunk
+column of A (``ac``) and one of B (``bc``) in several pixel rows.  In 16 bits the
+fragments come through ``ldmatrix.x4.trans``; in TF32, which ``ldmatrix`` cannot
+transpose, through one 32-bit shared load per register (``_mma``'s ``lds`` mode).
 
 The filter value of each B copy (its tap and channel) is the same in every step, decoded
 from constants.  The CPU schedule emulates ``ldmatrix`` and the MMAs as ``_mma`` does.
@@ -43,11 +40,9 @@ PARAMS = tuple(dataclasses.replace(p, help="output pixels of one output row per 
 class WTShape(M.Warps, PB.WShape):
     """The constants of one tensor-core filter-gradient build (``TK``: pixels)."""
 
-    #: 16 bits: N-major, ldmatrix.trans; TF32: K-major, staged value by value
-    a_mode = property(lambda s: "trans" if s.EB == 2 else "ldsm")
-    b_mode = property(lambda s: "trans" if s.EB == 2 else "ldsm")
-    RA = property(lambda s: s.TK * s.TM // s.NT)   # TF32: pixels of A per thread
-    RB = property(lambda s: s.TK * s.TN // s.NT)
+    #: both N-major: ldmatrix.trans in 16 bits, 32-bit loads in TF32
+    a_mode = property(lambda s: s.nmajor)
+    b_mode = property(lambda s: s.nmajor)
     GA = property(lambda s: s.NT // s.NCA)  # pixel rows of A staged at once
     GB = property(lambda s: s.NT // s.NCH)
     VC = property(lambda s: M._vector(s.C, s.CE))  # B values per copy (one tap)
@@ -72,8 +67,8 @@ def wtshape(layer: Layer, ctype: str, params) -> WTShape:
 
 
 def check_params(params) -> Optional[str]:
-    """The tensor-core tiles' check, and the pixel rows of both operands splitting evenly
-    over the threads in 16 bits and in TF32 (chunks of 8 and of 4 values)."""
+    """The tensor-core tiles' check, and the N-major pixel rows of both operands splitting
+    evenly over the threads in 16 bits and in TF32 (chunks of 8 and of 4 values)."""
     tiles = {k: params[k] for k in ("CTAtileM", "CTAtileN", "CTAtileK", "warpTileM",
                                     "warpTileN", "stages")}
     reason = M.check_params(tiles)
@@ -81,12 +76,12 @@ def check_params(params) -> Optional[str]:
         return reason
     tm, tn, tk = params["CTAtileM"], params["CTAtileN"], params["CTAtileK"]
     nt = (tm // params["warpTileM"]) * (tn // params["warpTileN"]) * M.WARP
-    for cols in (tm, tn):  # 16 bits: N-major rows of cols / 8 chunks
-        if nt % (cols // 8) or tk % (nt // (cols // 8)):
-            return (f"{nt} threads: the {cols // 8} chunks of a {cols}-wide row must "
-                    f"divide them, and their rows the K tile's {tk} pixels")
-        if (tk // 2) * cols % nt:  # TF32: K-major, a run of pixels per thread
-            return f"the {cols} x {tk // 2} values of a TF32 K tile must split over {nt} threads"
+    for cols in (tm, tn):
+        for ce, rows in ((8, tk), (4, tk // 2)):  # 16 bits, TF32
+            if nt % (cols // ce) or rows % (nt // (cols // ce)):
+                return (f"{nt} threads: the {cols // ce} chunks of a {cols}-wide row of "
+                        f"{ce} values must divide them, and their rows the K tile's "
+                        f"{rows} pixels")
     return None
 
 
@@ -94,19 +89,29 @@ def check_params(params) -> Optional[str]:
 # The tasklets' C++
 # ---------------------------------------------------------------------------------------------
 
+def _rows(s: WTShape, operand: str, chunk: str, row: str, cpr: int) -> str:
+    """C++ of the chunk column and first row this thread stages of an operand's rows of
+    ``cpr`` chunks: ``t % cpr`` of row ``t / cpr``, or in TF32 the ``t``-th chunk of the
+    blocked layout (``_mma.blocked_thread``)."""
+    if s.nmajor == "lds":
+        r, c = M.blocked_thread(cpr)
+        return f"const int {chunk} = {c}, {row} = {r};"
+    return f"const int {chunk} = (int)t % {cpr}, {row} = (int)t / {cpr};"
+
+
 def _thread_code(s: WTShape, gpu: bool) -> str:
     return f"""const int tp = {"0" if gpu else "(int)t"};
 const int lane = (int)t % {M.WARP}, warp = (int)t / {M.WARP};
 const int wm = warp % {s.WARPS_M}, wn = warp / {s.WARPS_M};
-const int ac = (int)t % {s.NCA}, ar = (int)t / {s.NCA};
-const int bc = (int)t % {s.NCH}, br = (int)t / {s.NCH};
+{_rows(s, "a", "ac", "ar", s.NCA)}
+{_rows(s, "b", "bc", "br", s.NCH)}
 (void)lane; (void)wm; (void)wn; (void)ac; (void)ar; (void)bc; (void)br;"""
 
 
 def _stage_code(s: WTShape) -> str:
     """C++ staging the next K tile of this slice (zeros past it) into stage ``sslot``;
     then the counters step (``advance_code``)."""
-    return (_stage_nmajor(s) if s.EB == 2 else _stage_kmajor(s)) + f"""
+    return _stage_nmajor(s) + f"""
 {P.indent(PB.advance_code(s), 4)}
 }}
 sslot = sslot + 1 == {s.S} ? 0 : sslot + 1;
@@ -124,39 +129,19 @@ const bool tapok = {n} < {s.CT} && (unsigned)dd < {s.D}u && (unsigned)hh < {s.H}
 const auto* xrow = xb + (xr + ((int64_t)(kd * {s.H} + kh) * {s.W}) * {s.C} + c);"""
 
 
-def _stage_kmajor(s: WTShape) -> str:
-    """TF32: rows of A are output channels, of B filter values (one of each per thread,
-    ``am``/``bn``), their runs of ``RA``/``RB`` pixels copied value by value (4 bytes)
-    into K-major rows of ``CPR`` chunks, which ``ldmatrix`` reads."""
-    row_ok = "live" if s.OW % s.TK == 0 else f"live && ow0 + p < {s.OW}"
-    return f"""{{ // stage a K tile: pixels ow0.. of output row (od, oh), or zeros past the slice
-    const bool live = left > 0;
-    char* adst = as + sslot * {s.ASB};
-    char* bdst = bs + sslot * {s.BSB};
-    const int am = (int)t % {s.TM}, ap = ((int)t / {s.TM}) * {s.RA};
-    const int m = blk_m + am;
-    #pragma unroll
-    for (int e = 0; e < {s.RA}; ++e) {{
-        const int p = ap + e;
-        const bool ok = {row_ok} && m < {s.K};
-        cb_cp_async<4>(adst + {M.swizzle(s.CPR, "am", f"p / {s.CE}")} * {M.CHUNK} + (p % {s.CE}) * 4,
-                       ok ? yb + (ya + (int64_t)p * {s.K} + m) : yb, ok);
-    }}
-    const int bn = (int)t % {s.TN}, bp = ((int)t / {s.TN}) * {s.RB};
-    const int n = blk_n + bn;
-{P.indent(_b_tap(s, "n"), 4)}
-    #pragma unroll
-    for (int e = 0; e < {s.RB}; ++e) {{
-        const int p = bp + e, ww = (ow0 + p) * {s.SW} + kw;
-        const bool ok = {row_ok} && tapok && (unsigned)ww < {s.W}u;
-        cb_cp_async<4>(bdst + {M.swizzle(s.CPR, "bn", f"p / {s.CE}")} * {M.CHUNK} + (p % {s.CE}) * 4,
-                       ok ? xrow + (int64_t)ww * {s.C} : xb, ok);
-    }}"""
+def _row_chunk(s: WTShape, operand: str, cpr: int, row: str, chunk: str, rows: int) -> str:
+    """C++ of the stored index of this thread's chunk in its ``i``-th row (``row + i *
+    rows``); in TF32's blocked layout, ``rows`` (a multiple of 4) rows on from the first's."""
+    if s.nmajor == "lds":
+        return f"({s.swizzle(operand, cpr, row, chunk)} + i * {rows * cpr})"
+    return s.swizzle(operand, cpr, "r", chunk)
 
 
 def _stage_nmajor(s: WTShape) -> str:
-    """16 bits: per pixel row of this thread, a chunk of dL/dy's channels (A) and of the
-    input's channels at this chunk's taps (B)."""
+    """Per pixel row of this thread, a chunk of dL/dy's channels (A) and of the input's
+    channels at this chunk's taps (B).  A copy outside the tensors gets its address all
+    the same, never read: ``cp.async`` with a source size of 0 reads nothing (and the
+    CPU's copies skip it), which saves a select of a 64-bit pointer per copy."""
     full = s.OW % s.TK == 0
     row_ok = "live" if full else f"live && ow0 + r < {s.OW}"
     a_ok = row_ok if s.K % s.TM == 0 and s.VK == s.CE else f"{row_ok} && m + v < {s.K}"
@@ -169,11 +154,11 @@ def _stage_nmajor(s: WTShape) -> str:
     for (int i = 0; i < {s.TK // s.GA}; ++i) {{
         const int r = ar + i * {s.GA};
         const auto* src = yb + (ya + (int64_t)r * {s.K} + m);
-        char* d = adst + {M.swizzle(s.NCA, "r", "ac")} * {M.CHUNK};
+        char* d = adst + {_row_chunk(s, "a", s.NCA, "ar", "ac", s.GA)} * {M.CHUNK};
         #pragma unroll
         for (int v = 0; v < {s.CE}; v += {s.VK}) {{
             const bool ok = {a_ok};
-            cb_cp_async<{s.VK * s.EB}>(d + v * {s.EB}, ok ? src + v : yb, ok);
+            cb_cp_async<{s.VK * s.EB}>(d + v * {s.EB}, src + v, ok);
         }}
     }}
     #pragma unroll
@@ -185,8 +170,8 @@ def _stage_nmajor(s: WTShape) -> str:
             const int r = br + i * {s.GB};
             const int ww = (ow0 + r) * {s.SW} + kw;
             const bool ok = {row_ok} && tapok && (unsigned)ww < {s.W}u;
-            cb_cp_async<{s.VC * s.EB}>(bdst + {M.swizzle(s.NCH, "r", "bc")} * {M.CHUNK}
-                                       + v * {s.EB}, ok ? xrow + (int64_t)ww * {s.C} : xb, ok);
+            cb_cp_async<{s.VC * s.EB}>(bdst + {_row_chunk(s, "b", s.NCH, "br", "bc", s.GB)} * {M.CHUNK}
+                                       + v * {s.EB}, xrow + (int64_t)ww * {s.C}, ok);
         }}
     }}"""
 

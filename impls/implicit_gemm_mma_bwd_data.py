@@ -3,9 +3,9 @@
 dL/dx of a stride-1 layer is the forward convolution of dL/dy with the filter flipped in
 space and its channel dimensions swapped (``transposed_layer``).  This is
 ``implicitGemmMMA``'s program (``impls/_mma.py``) on that layer; the filter's gather reads
-the forward filter where it is.  In 16 bits its output channels are the contiguous ones:
-it is staged N-major in 16-byte chunks and read with ``ldmatrix.trans``; in TF32 it is
-staged value by value into the K-major layout.
+the forward filter where it is.  Its output channels are the contiguous ones: it is
+staged N-major in 16-byte chunks by ``cp.async``, and read with ``ldmatrix.trans`` in 16
+bits and with 32-bit shared loads from ``_mma.blocked``'s layout in TF32.
 """
 
 from convbench.registry import Layout, Pass, register, stored_shape
@@ -28,8 +28,9 @@ register(_mma.implementation(
     default_for=("network-tensor-cores",),
     name="implicitGemmMMABwdData",
     summary="backward data on tensor cores (stride 1): implicitGemmMMA on dL/dy with the "
-            "filter flipped and its channels swapped as it is staged (16-bit: N-major, "
-            "ldmatrix.trans) (CPU: ldmatrix and the MMA emulated lane by lane)",
+            "filter flipped and its channels swapped as it is staged N-major (ldmatrix.trans "
+            "in 16 bits, 32-bit loads in TF32) (CPU: ldmatrix and the MMA emulated lane by "
+            "lane)",
     pass_=Pass.BWD_DATA,
     algorithm=algorithm,
     schedules={t: _mma.schedule(t, flip=True, layer_of=transposed_layer)

@@ -369,6 +369,37 @@ def test_bfloat16_training_step_checks(builds, cachedir, tmp_path):
     assert last.startswith("end2end mlperf 32^3 b2 cpu bfloat16;") and "check passed" in last
     meta = json.loads((tmp_path / "metadata.json").read_text())
     assert meta["precision"]["label"] == "bfloat16" and meta["check"]["ok"]
+    # torch's mixed precision is timed beside both (float32 weights, bfloat16 autocast)
+    assert "train step torch AMP" in last and "samples/s torch" in last, last
+    assert meta["references"] == ["torch", end2end.AMP], meta["references"]
+    assert meta["torch_amp"] == {"autocast": "bfloat16", "weights": "float32",
+                                 "grad_scaler": False}
+    with open(tmp_path / "summary.csv") as f:
+        rows = {(r["layer"], r["backend"]): r for r in csv.DictReader(f)}
+    for backend in ("torch", "dace", end2end.AMP):
+        assert float(rows[("train.total", backend)]["median_ms"]) > 0, backend
+    assert float(rows[("train.total", "dace")]["ratio_vs_" + end2end.AMP]) > 0
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_the_mixed_precision_step_runs_its_convolutions_in_16_bits(dtype):
+    """torch's AMP contestant: float32 weights and input, each convolution computed in the
+    16-bit type under autocast, the loss in float32, the weights stepped (through the
+    gradient scaler in float16)."""
+    kind = getattr(torch, dtype)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv3d(2, 4, 3, padding=1), torch.nn.Flatten(),
+                                torch.nn.Linear(4 * 4 ** 3, 3))
+    seen = []
+    model[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    scaler = torch.amp.GradScaler("cpu", enabled=dtype == "float16")
+    before = model[0].weight.detach().clone()
+    loss = end2end._amp_train_step(model, opt, scaler, torch.randn(2, 2, 4, 4, 4),
+                                   torch.randn(2, 3), kind)
+    assert seen == [kind] and loss.dtype == torch.float32 and torch.isfinite(loss)
+    assert model[0].weight.dtype == torch.float32
+    assert not torch.equal(before, model[0].weight.detach())
 
 
 def test_a_layer_the_network_kernels_refuse_takes_the_general_ones():

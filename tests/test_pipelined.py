@@ -131,14 +131,14 @@ def test_the_committed_table_covers_every_deep_layer_at_the_defaults(impl):
     check_committed_table(impl)
 
 
-def check_committed_table(impl, table=TABLE, bar=None, dtype=None):
+def check_committed_table(impl, table=TABLE, bar=None, dtype=None, suffix=""):
     """:func:`test_the_committed_table_covers_every_deep_layer_at_the_defaults` for
     ``impl`` (the backward and tensor-core kernels' tests call it too, with their
-    ``table`` folder, their ``bar`` and the precision read)."""
+    ``table`` folder, their ``bar``, the precision read and its files' ``suffix``)."""
     bar = bar or meets
     defaults = ";".join(f"{k}={v}" for k, v in registry.get(impl).resolve_params({}).items())
     for layer_set, batch in (("cosmoflow", 16), ("cosmoflow_mlperf", 8)):
-        path = table / f"{impl}-{layer_set}.csv"
+        path = table / f"{impl}-{layer_set}{suffix}.csv"
         rows = {r["layer"]: r for r in csv.DictReader(open(path)) if r["main"] == "yes"}
         for layer in load_layers(layer_set):
             if layer.in_channels < 32:

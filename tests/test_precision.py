@@ -297,7 +297,10 @@ def _unswizzle(right):
 
 def _unswizzled_a(s):
     """A's fragments read where an unswizzled layout would put them (the copies still
-    write the swizzled one)."""
+    write the swizzled one); in TF32's blocked layout, where plain N-major rows would."""
+    if s.a_mode == "lds":
+        return (f"((kk * 8 + (ln & 3) + (j >> 1) * 4) * {s.TM} + wm * {s.WM} + fm * 16 "
+                f"+ (ln >> 2) + (j & 1) * 8) * 4")
     return _unswizzle(_ORIGINAL["a_address"](s))
 
 
@@ -305,7 +308,10 @@ def _swapped_b_matrices(s):
     """B's ldmatrix.x4 with its second and third matrices exchanged: registers b1 of the
     first tile and b0 of the second come from each other's rows."""
     right = _ORIGINAL["b_address"](s)
-    if s.b_mode == "trans":
+    if s.b_mode == "lds":  # registers 1 and 2: rows t + 4 of tile 2 fp, rows t of the next
+        swapped = right.replace("(j & 1)", "@").replace("(j >> 1)", "(j & 1)").replace(
+            "@", "(j >> 1)")
+    elif s.b_mode == "trans":
         swapped = right.replace("((ln >> 3) & 1) * 8", "(ln >> 4) * 8", 1).replace(
             "fp * 16 + (ln >> 4) * 8", "fp * 16 + ((ln >> 3) & 1) * 8", 1)
     else:
@@ -371,6 +377,29 @@ def test_swizzle_spreads_each_ldmatrix_phase_over_the_banks():
         for r0 in range(0, rows, 8):
             for c in range(cpr):
                 assert len({index(r0 + i, c) % 8 for i in range(8)}) == 8, (cpr, r0, c)
+
+
+def test_blocked_layout_spreads_each_32bit_load_over_the_banks():
+    """N-major TF32 tiles (read with 32-bit loads): the layout is a permutation of the
+    tile; the 32 words one load reads (8 consecutive values in each of 4 rows from a
+    multiple of 4) land in 32 different banks; the threads of a round stage every chunk
+    of its rows once, each 8 consecutive threads 128 consecutive bytes."""
+    for cpr in (4, 8, 16, 32):
+        index = lambda r, c: eval(_mma_module.blocked(cpr, str(r), str(c)))
+        rows = 16
+        stored = [index(r, c) for r in range(rows) for c in range(cpr)]
+        assert sorted(stored) == list(range(rows * cpr)), cpr
+        for r0 in range(0, rows, 4):
+            for c0 in range(0, cpr, 2):
+                banks = {(index(r0 + t, c0 + g // 4) * 4 + g % 4) % 32
+                         for t in range(4) for g in range(8)}
+                assert len(banks) == 32, (cpr, r0, c0)
+        for nt in (cpr * 4, cpr * 8):
+            row, chunk = _mma_module.blocked_thread(cpr)
+            at = [tuple(eval(e.replace("(int)t", str(t)).replace("/", "//")) for e in (row, chunk))
+                  for t in range(nt)]
+            assert sorted(at) == [(r, c) for r in range(nt // cpr) for c in range(cpr)]
+            assert [index(r, c) for r, c in at] == list(range(nt)), (cpr, nt)
 
 
 # -- the vdpbf16ps kernel (CPUs with AVX512_BF16) --------------------------------------------------
