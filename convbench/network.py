@@ -195,14 +195,18 @@ def _conv_module_class():
     class ConvFunction(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x, w, conv):
+            kind = x.device.type
+            if torch.is_autocast_enabled(kind):  # mixed precision: the convolution in its type
+                x, w = x.to(torch.get_autocast_dtype(kind)), w.to(torch.get_autocast_dtype(kind))
             ctx.conv = conv
             ctx.save_for_backward(x, w)
-            with span(conv, "fwd"):
+            with torch.autocast(kind, enabled=False), span(conv, "fwd"):
                 return conv.backend.forward(x, w, conv.recorder)
 
         @staticmethod
         def backward(ctx, gy):
             x, w = ctx.saved_tensors
+            gy = gy.to(x.dtype)  # (a no-op but under autocast; the engine casts gx and gw back)
             conv = ctx.conv
             need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
             with span(conv, "bwd"):
@@ -223,7 +227,9 @@ def _conv_module_class():
 
         def forward(self, x):
             y = ConvFunction.apply(x, self.weight, self)
-            return y + self.bias.view(1, -1, 1, 1, 1)
+            # in y's type: under autocast the bias joins the 16-bit output, as torch's
+            # own convolution adds it (otherwise a no-op)
+            return y + self.bias.to(y.dtype).view(1, -1, 1, 1, 1)
 
         def extra_repr(self):
             return f"{self.layer.describe()}, backend={self.backend.describe()}"

@@ -51,6 +51,7 @@ from convbench.registry import Layer, Layout, Param
 from impls import _pipelined as P
 from impls import _tiling as T
 from impls._common import layer_constants
+from impls._mma_ptx import helpers
 
 WARP = 32
 #: Bytes of one staged chunk: one ``cp.async.cg`` copy, one row of an ``ldmatrix`` matrix.
@@ -274,9 +275,10 @@ def _copies(s: Shape, dst: str, rows: int, cpr: int, row: str, chunk0: str, firs
             limit: int, whole: int, ok: str, vec: int, operand: str) -> str:
     """C++ staging one run of this thread: chunks ``chunk0 + j`` (``j`` < ``rows``) of row
     ``row`` of a stage of ``operand``'s rows of ``cpr`` chunks at ``dst``, from ``src``
-    (value ``v`` of chunk ``j`` at ``j * CE + v``), ``vec`` values per ``cp.async``.  Value ``first + j * CE + v`` past ``limit`` is zero-filled, unless
-    ``limit`` is a multiple of ``whole`` (the tile's extent along ``first``): then no value
-    passes it, and the run's copies share ``ok`` and constant offsets from one pointer."""
+    (value ``v`` of chunk ``j`` at ``j * CE + v``), ``vec`` values per ``cp.async``.
+    Value ``first + j * CE + v`` past ``limit`` is zero-filled, unless ``limit`` is a
+    multiple of ``whole`` (the tile's extent along ``first``): then no value passes it,
+    and the run's copies share ``ok`` and constant offsets from one pointer."""
     full = limit % whole == 0 and vec == s.CE
     cond = ok if full else f"{ok} && {first} + j * {s.CE} + v < {limit}"
     source = f"src + j * {s.CE} + v" if full else f"okv ? src + j * {s.CE} + v : base"
@@ -310,9 +312,10 @@ def _stage_code(s: Shape) -> str:
 }}"""
     if s.b_mode == "lds":  # N-major TF32, blocked: chunk bc of rows bk + i GB
         gb = s.NT // s.NCH
-        b = f"""{{ // B (N-major, blocked): output channels from blk_n + bc * {s.CE}, rows c0 + bk + i * {gb}
+        b = f"""{{ // B (N-major, blocked): output channels n.., rows c0 + bk + i * {gb}
     const int n = blk_n + bc * {s.CE};
-    const auto* row0 = wb + (int64_t)(c0 + bk) * {s.taps * s.K} + ({s.taps - 1} - {tap}) * {s.K} + n;
+    const auto* row0 = wb + (int64_t)(c0 + bk) * {s.taps * s.K}
+                       + ({s.taps - 1} - {tap}) * {s.K} + n;
     char* d0 = bs + sslot * {s.BSB} + {blocked(s.NCH, "bk", "bc")} * {CHUNK};
     #pragma unroll
     for (int i = 0; i < {s.TK // gb}; ++i) {{
@@ -467,122 +470,6 @@ for (int fm = 0; fm < {s.FM}; ++fm)
 def epilogue_code(s: Shape, gpu: bool) -> str:
     """Store each accumulator to its output element."""
     return f"{_thread_code(s, gpu)}\n" + store_code(s, s.GM, s.K, f"yo[m * {s.K} + n]")
-
-
-# ---------------------------------------------------------------------------------------------
-# ldmatrix and mma.sync, per target
-# ---------------------------------------------------------------------------------------------
-
-def helpers(s: Shape, gpu: bool) -> str:
-    """C++ the tasklets call: ``cb_ldsm_x4<trans>`` (registers of lane ``lane`` from the
-    rows that ``addr(ln)`` names for each lane ``ln``), ``cb_mma`` (GPU) or
-    ``cb_mma_emulated`` (CPU), and the stages as bytes (``as``, ``bs``)."""
-    ptx, k = s.ptx, s.KM
-    if gpu:
-        cvt = "    const unsigned* a_ = a; const unsigned* b_ = b;\n"
-        return r"""
-#ifndef CB_MMA_HELPERS_GPU
-#define CB_MMA_HELPERS_GPU
-template <bool TRANS, class F>
-__device__ __forceinline__ void cb_ldsm_x4(unsigned (&r)[4], const char* base, F addr, int lane) {
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(base + addr(lane)));
-    if constexpr (TRANS)
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
-    else
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
-}
-// The byte of lane ln's value in a 128-byte block of a blocked tile (_mma.blocked): value
-// ln / 4 of row ln % 4.  Opaque to the compiler, so that each load's address stays this
-// plus a constant (an immediate offset) rather than being folded into one mask per load.
-__device__ __forceinline__ int cb_lds_lane(int ln) {
-    int b = ((ln & 3) * 8 + (ln >> 2)) * 4;
-    asm("mov.b32 %0, %0;\n" : "+r"(b));
-    return b;
-}
-template <class F>
-__device__ __forceinline__ void cb_lds_x4(unsigned (&r)[4], const char* base, F addr, int lane) {
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(base));
-    #pragma unroll
-    for (int j = 0; j < 4; ++j)
-        asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(r[j]) : "r"(s + (unsigned)addr(lane, j)));
-}
-#endif
-""" + f"""
-__device__ __forceinline__ void cb_mma(float* d, const unsigned* a, const unsigned* b) {{
-{cvt}    asm volatile("mma.sync.aligned.m16n8k{k}.row.col.f32.{ptx}.{ptx}.f32 "
-                 "{{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%0,%1,%2,%3}};\\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a_[0]), "r"(a_[1]), "r"(a_[2]), "r"(a_[3]), "r"(b_[0]), "r"(b_[1]));
-}}
-"""
-    value = {"f16": "cb_half_to_float((uint16_t)h)", "bf16": "cb_bf16_to_float((uint16_t)h)",
-             "tf32": "cb_tf32_value(w)"}[ptx]
-    if ptx == "tf32":  # one value per register: A[r][k] in lane (r % 8) * 4 + k % 4
-        a_loc = "const unsigned w = fa[(r % 8) * 4 + kk % 4][fm][r / 8 + 2 * (kk / 4)];"
-        b_loc = "const unsigned w = fb[n * 4 + kk % 4][fn][kk / 4];"
-        a_val = b_val = value
-    else:  # two per register, the lower index in the lower half
-        a_loc = ("const unsigned w = fa[(r % 8) * 4 + (kk % 8) / 2][fm][r / 8 + 2 * (kk / 8)];"
-                 " const unsigned h = kk % 2 ? w >> 16 : w & 0xffffu;")
-        b_loc = ("const unsigned w = fb[n * 4 + (kk % 8) / 2][fn][kk / 8];"
-                 " const unsigned h = kk % 2 ? w >> 16 : w & 0xffffu;")
-        a_val = b_val = value
-    return r"""
-#ifndef CB_MMA_HELPERS_CPU
-#define CB_MMA_HELPERS_CPU
-#include <cstring>
-// ldmatrix.x4 as lane `lane` receives it: register j holds word lane % 4 of the row that
-// lane 8 j + lane / 4 names (.trans: the 16-bit values of column lane / 4 in the rows
-// that lanes 8 j + 2 (lane % 4) and the next name, the first in the lower half).
-template <bool TRANS, class F>
-static inline void cb_ldsm_x4(unsigned (&r)[4], const char* base, F addr, int lane) {
-    for (int j = 0; j < 4; ++j) {
-        if (!TRANS) {
-            std::memcpy(&r[j], base + addr(8 * j + lane / 4) + 4 * (lane % 4), 4);
-        } else {
-            uint16_t lo, hi;
-            std::memcpy(&lo, base + addr(8 * j + 2 * (lane % 4)) + 2 * (lane / 4), 2);
-            std::memcpy(&hi, base + addr(8 * j + 2 * (lane % 4) + 1) + 2 * (lane / 4), 2);
-            r[j] = (unsigned)lo | ((unsigned)hi << 16);
-        }
-    }
-}
-// The byte of lane ln's value in a 128-byte block of a blocked tile: value ln / 4 of row
-// ln % 4.
-static inline int cb_lds_lane(int ln) { return ((ln & 3) * 8 + (ln >> 2)) * 4; }
-// Four 32-bit loads, register j of lane `lane` from byte addr(lane, j) (N-major TF32).
-template <class F>
-static inline void cb_lds_x4(unsigned (&r)[4], const char* base, F addr, int lane) {
-    for (int j = 0; j < 4; ++j) std::memcpy(&r[j], base + addr(lane, j), 4);
-}
-// A TF32 operand as the tensor cores read a float32 register: its low 13 bits ignored.
-static inline float cb_tf32_value(unsigned u) {
-    u &= 0xffffe000u;
-    float f; std::memcpy(&f, &u, 4); return f;
-}
-#endif
-""" + f"""
-// mma.sync m16n8k{k} as lane `lane` sees it: its sums C[g + 8 (i / 2)][2 t + i % 2] of
-// tile (fm, fn), each A[r][k] and B[k][n] taken from the lane and register where PTX's
-// fragment layout puts it.
-template <class FA, class FB>
-static inline void cb_mma_emulated(float* d, int lane, const FA& fa, const FB& fb, int fm, int fn) {{
-    const int g = lane / 4, t = lane % 4;
-    for (int i = 0; i < 4; ++i) {{
-        const int r = g + 8 * (i / 2), n = 2 * t + i % 2;
-        float sum = d[i];
-        for (int kk = 0; kk < {k}; ++kk) {{
-            float av, bv;
-            {{ {a_loc} av = {a_val}; }}
-            {{ {b_loc} bv = {b_val}; }}
-            sum += av * bv;
-        }}
-        d[i] = sum;
-    }}
-}}
-"""
 
 
 #: What the prologue and the steps call the stages, as bytes, before their code.

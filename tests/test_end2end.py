@@ -383,23 +383,25 @@ def test_bfloat16_training_step_checks(builds, cachedir, tmp_path):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_the_mixed_precision_step_runs_its_convolutions_in_16_bits(dtype):
-    """torch's AMP contestant: float32 weights and input, each convolution computed in the
-    16-bit type under autocast, the loss in float32, the weights stepped (through the
-    gradient scaler in float16)."""
+    """torch's AMP contestant on the CosmoFlow model: float32 weights and input, each
+    convolution (the model's own autograd function) computed in the 16-bit type under
+    autocast, the loss in float32, every weight stepped (through the gradient scaler in
+    float16)."""
     kind = getattr(torch, dtype)
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Conv3d(2, 4, 3, padding=1), torch.nn.Flatten(),
-                                torch.nn.Linear(4 * 4 ** 3, 3))
+    model = network.build_model(network.MODELS["mlperf"], 32, 2, dropout=0.0)
     seen = []
-    model[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    for conv in model.convs:
+        conv.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     scaler = torch.amp.GradScaler("cpu", enabled=dtype == "float16")
-    before = model[0].weight.detach().clone()
-    loss = end2end._amp_train_step(model, opt, scaler, torch.randn(2, 2, 4, 4, 4),
-                                   torch.randn(2, 3), kind)
-    assert seen == [kind] and loss.dtype == torch.float32 and torch.isfinite(loss)
-    assert model[0].weight.dtype == torch.float32
-    assert not torch.equal(before, model[0].weight.detach())
+    before = [p.detach().clone() for p in model.parameters()]
+    loss = end2end._amp_train_step(model, opt, scaler, torch.randn(2, 4, 32, 32, 32),
+                                   torch.randn(2, 4), kind)
+    assert seen == [kind] * len(model.convs) and loss.dtype == torch.float32
+    assert torch.isfinite(loss)
+    for old, new in zip(before, model.parameters()):
+        assert new.dtype == torch.float32 and not torch.equal(old, new.detach())
 
 
 def test_a_layer_the_network_kernels_refuse_takes_the_general_ones():
