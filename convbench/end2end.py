@@ -24,6 +24,7 @@ from .errors import ArgumentParser, UsageError, check_at_least, run_main
 from .flags import (add_cachedir_flag, add_device_flag, add_heap_flag, add_implementation_flag,
                     add_outdir_flag, add_precision_flags, add_seed_flag, add_threads_flag,
                     check_heap_flag)
+from . import schema
 from .layouts import Pass
 
 PROG = "cosmoflow_end2end.py"
@@ -180,7 +181,7 @@ def _train_step(model, opt, x, target):
 
 #: The backend name of torch's automatic mixed precision (float32 weights, convolutions
 #: in the 16-bit type under ``torch.autocast``; a gradient scaler in float16).
-AMP = "torch-amp"
+AMP = schema.TORCH_AMP
 
 
 def _amp_train_step(model, opt, scaler, x, target, dtype):

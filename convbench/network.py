@@ -196,11 +196,13 @@ def _conv_module_class():
         @staticmethod
         def forward(ctx, x, w, conv):
             kind = x.device.type
-            if torch.is_autocast_enabled(kind):  # mixed precision: the convolution in its type
-                x, w = x.to(torch.get_autocast_dtype(kind)), w.to(torch.get_autocast_dtype(kind))
+            # mixed precision: the convolution in the 16-bit type (its cast in its span)
+            amp = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
             ctx.conv = conv
-            ctx.save_for_backward(x, w)
             with torch.autocast(kind, enabled=False), span(conv, "fwd"):
+                if amp is not None:
+                    x, w = x.to(amp), w.to(amp)
+                ctx.save_for_backward(x, w)
                 return conv.backend.forward(x, w, conv.recorder)
 
         @staticmethod

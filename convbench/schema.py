@@ -14,6 +14,8 @@ SUMMARY = "summary.csv"
 METADATA = "metadata.json"
 
 DACE = "dace"
+#: The backend of torch's automatic mixed precision in end-to-end runs (16-bit types).
+TORCH_AMP = "torch-amp"
 
 # Lists, as the writer has always exported them; treat them as read-only.
 SAMPLE_COLUMNS = ["layer_index", "layer", "implementation", "backend", "iteration", "time_ms"]

@@ -198,6 +198,7 @@ def blocked_thread(cpr: int):
     """C++ of the row and the chunk that thread ``t`` stages in each round of an N-major
     TF32 tile (:func:`blocked`): the ``t``-th stored chunk, so that consecutive threads
     write consecutive bytes; a round covers ``NT / cpr`` rows (a multiple of 4)."""
+    assert cpr % 2 == 0, cpr
     return (f"(((int)t >> 3) / {cpr // 2}) * 4 + (((int)t & 7) >> 1)",
             f"(((int)t >> 3) % {cpr // 2}) * 2 + ((int)t & 1)")
 
@@ -312,6 +313,7 @@ def _stage_code(s: Shape) -> str:
 }}"""
     if s.b_mode == "lds":  # N-major TF32, blocked: chunk bc of rows bk + i GB
         gb = s.NT // s.NCH
+        assert s.NT % s.NCH == 0 and gb % 4 == 0 and s.TK % gb == 0, (s.NT, s.NCH, s.TK)
         b = f"""{{ // B (N-major, blocked): output channels n.., rows c0 + bk + i * {gb}
     const int n = blk_n + bc * {s.CE};
     const auto* row0 = wb + (int64_t)(c0 + bk) * {s.taps * s.K}

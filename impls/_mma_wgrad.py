@@ -132,7 +132,8 @@ const auto* xrow = xb + (xr + ((int64_t)(kd * {s.H} + kh) * {s.W}) * {s.C} + c);
 def _row_chunk(s: WTShape, operand: str, cpr: int, row: str, chunk: str, rows: int) -> str:
     """C++ of the stored index of this thread's chunk in its ``i``-th row (``row + i *
     rows``); in TF32's blocked layout, ``rows`` (a multiple of 4) rows on from the first's."""
-    if s.nmajor == "lds":
+    if s.nmajor == "lds":  # the rounds cover whole blocks of 4 rows, and the K tile
+        assert rows % 4 == 0 and s.TK % rows == 0 and rows * cpr == s.NT, (rows, cpr, s.TK)
         return f"({s.swizzle(operand, cpr, row, chunk)} + i * {rows * cpr})"
     return s.swizzle(operand, cpr, "r", chunk)
 

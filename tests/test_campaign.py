@@ -415,9 +415,22 @@ def test_run_flags_before_the_command_are_kept_or_refused(main):
 
 # -- the end-to-end phase (tune tier) -----------------------------------------------------------
 
-def test_only_the_tune_tier_runs_the_training_step():
+def test_the_tune_and_precision_tiers_run_the_training_step(tmp_path, monkeypatch):
+    """tune runs it in float32 with its winners, precision in float16 (on the tensor
+    cores, against torch in float16 and torch's mixed precision): the command says so."""
+    from convbench.campaign import phases
+    from convbench.campaign.folder import Folder
     skips = campaign.plan.TIER_SKIPS
-    assert [t for t in campaign.plan.TIERS if "end2end" not in skips.get(t, ())] == ["tune"]
+    assert [t for t in campaign.plan.TIERS
+            if "end2end" not in skips.get(t, ())] == ["tune", "precision"]
+    assert campaign.plan.END2END_DTYPE == {"precision": "float16"}
+    ran = []
+    monkeypatch.setattr(phases, "_run_group", lambda cmd, *a, **k: ran.append(cmd) or 0)
+    for dtype in (None, "float16"):
+        phases.run_end2end(Folder(tmp_path), "cpu", None, 10.0, lambda _: None, dtype)
+    assert "--dtype" not in ran[0]
+    assert ran[1][ran[1].index("--dtype") + 1] == "float16"
+    assert ran[1].index("--dtype") < ran[1].index("--outdir")  # the report shows it
 
 
 def test_the_end_to_end_section_reads_the_runs_files(tmp_path):
@@ -438,3 +451,14 @@ def test_the_end_to_end_section_reads_the_runs_files(tmp_path):
     assert "`cosmoflow_end2end.py --train` with" in text  # no --outdir
     assert "| train.conv1.bwd | implicitGemmPipelinedBwdFilter | 4.00 | 6.00 | 1.50 |" in text
     assert "torch 80.0 samples/s, DaCe 66.7 samples/s (batch 2)" in text
+    assert "AMP" not in text and "TF32 off" in text
+    # a float16 run: torch's mixed precision beside both, in the table and the samples/s
+    folder.write_json("end2end.json", dict(folder.read_json("end2end.json"), command=[
+        "/x/scripts/cosmoflow_end2end.py", "--train", "--dtype", "float16", "--outdir", "o"]))
+    rows += ["train.total,torch-amp,-,2,20.0", "train.conv1.bwd,torch-amp,-,2,3.0"]
+    (tmp_path / "end2end" / "summary.csv").write_text("\n".join(rows) + "\n")
+    text = "\n".join(end2end_section(folder))
+    assert "`cosmoflow_end2end.py --train --dtype float16` with" in text
+    assert "TF32 off" not in text
+    assert "| train.conv1.bwd | implicitGemmPipelinedBwdFilter | 4.00 | 6.00 | 1.50 | 3.00 | 2.00 |" in text
+    assert "DaCe 66.7 samples/s, torch AMP 100.0 samples/s (batch 2)" in text

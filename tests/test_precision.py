@@ -400,6 +400,11 @@ def test_blocked_layout_spreads_each_32bit_load_over_the_banks():
                   for t in range(nt)]
             assert sorted(at) == [(r, c) for r in range(nt // cpr) for c in range(cpr)]
             assert [index(r, c) for r, c in at] == list(range(nt)), (cpr, nt)
+            # round i stages rows nt / cpr on: each chunk i * nt chunks on (the stagings'
+            # constant offsets)
+            rows = nt // cpr
+            assert all(index(r + i * rows, c) == index(r, c) + i * nt
+                       for r, c in at for i in range(3)), (cpr, nt)
 
 
 # -- the vdpbf16ps kernel (CPUs with AVX512_BF16) --------------------------------------------------

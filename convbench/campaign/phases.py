@@ -251,10 +251,11 @@ END2END_CPU_SIZE = 32
 
 
 def run_end2end(folder: Folder, target: str, cachedir, timeout: float,
-                say: Callable[[str], None]) -> dict:
-    """The training step (``scripts/cosmoflow_end2end.py --train --check``, TF32 off) with
-    the tune tier's winners as its tuned entries (``end2end/tuning.json``), sharing the
-    campaign's build cache; its files in ``end2end/``, its output in ``logs/end2end.log``."""
+                say: Callable[[str], None], dtype: Optional[str] = None) -> dict:
+    """The training step (``scripts/cosmoflow_end2end.py --train --check``, TF32 off; in
+    ``dtype`` where given, ``--dtype``) with the tune tier's winners as its tuned entries
+    (``end2end/tuning.json``), sharing the campaign's build cache; its files in
+    ``end2end/``, its output in ``logs/end2end.log``."""
     from ..files import write_atomic
     from ..toolchain import PROJECT_ROOT
     from .plan import END2END
@@ -268,7 +269,7 @@ def run_end2end(folder: Folder, target: str, cachedir, timeout: float,
     size = size if target == "gpu" else END2END_CPU_SIZE
     cmd = [sys.executable, str(PROJECT_ROOT / "scripts" / "cosmoflow_end2end.py"),
            "--model", model, "--size", str(size), "--batch", str(batch), "--device", target,
-           "--train", "--check", "--outdir", str(out)]
+           "--train", "--check"] + (["--dtype", dtype] if dtype else []) + ["--outdir", str(out)]
     if cachedir:
         cmd += ["--cachedir", str(cachedir)]
     log = folder.root / "logs" / "end2end.log"

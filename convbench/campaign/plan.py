@@ -66,12 +66,17 @@ CALL_SETUP_S = 120.0
 CALL_LIMIT_S = 600.0
 CALL_FILL = 0.9
 #: Phases a tier leaves out: smoke is the quick check; tune times configurations, then the
-#: training step with the winners (end2end), and only tune runs that.  precision times the
-#: tensor-core kernels in each of their precisions.  core leaves out the GPU tests and the
-#: roofline too (about 5 of its minutes): full runs them.
+#: training step with the winners (end2end).  precision times the tensor-core kernels in
+#: each of their precisions, then the training step in float16 (:data:`END2END_DTYPE`).
+#: core leaves out the GPU tests and the roofline too (about 5 of its minutes): full runs
+#: them.
 TIER_SKIPS = {"smoke": ("end2end", "tests", "roofline"), "core": ("end2end", "tests", "roofline"),
               "full": ("end2end",), "tune": ("tests", "roofline"),
-              "precision": ("end2end", "tests", "roofline")}
+              "precision": ("tests", "roofline")}
+#: The training step's precision per tier (float32 where absent): the precision tier's
+#: runs on the tensor cores in float16, against torch in float16 and torch's automatic
+#: mixed precision.
+END2END_DTYPE = {"precision": "float16"}
 #: The whole campaign's device-time budget, set-up included: a lent GPU comes with 15
 #: minutes in all, the machine's start counted.  full spans several windows.
 BUDGET_S = {"smoke": 10 * 60.0, "core": 15 * 60.0, "full": 30 * 60.0, "tune": 15 * 60.0,

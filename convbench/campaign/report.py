@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from .. import results, tables
+from ..schema import TORCH_AMP as AMP
 from ..files import write_atomic
 from .folder import _now
 from .plan import PHASES, V100_RATIOS
@@ -257,8 +258,9 @@ def end2end_section(folder: Folder) -> List[str]:
     command = list(done.get("command") or ["?"])
     command = [Path(command[0]).name] + command[1:command.index("--outdir")
                                                  if "--outdir" in command else None]
+    math_note = "" if "--dtype" in command else ", TF32 off"
     lines += [f"`{' '.join(command)}` with the tuned entries "
-              f"above (`end2end/tuning.json`), TF32 off: exit {done.get('exit')}; "
+              f"above (`end2end/tuning.json`){math_note}: exit {done.get('exit')}; "
               f"{done.get('summary') or 'no summary line (logs/end2end.log)'}.", ""]
     path = folder.root / "end2end" / "summary.csv"
     if not path.is_file():
@@ -268,18 +270,25 @@ def end2end_section(folder: Folder) -> List[str]:
     batch = None
     for row in csvlib.DictReader(open(path)):
         ms.setdefault(row["layer"], {})[row["backend"]] = float(row["median_ms"])
-        if row["backend"] != "torch":
+        if row["backend"] == "dace":
             impl[row["layer"]] = row.get("implementation", "")
         batch = batch or row.get("batch")
+    amp = any(AMP in v for v in ms.values())  # a 16-bit run: torch's mixed precision too
+
+    def ratio(v, ref):
+        return _fmt(v["dace"] / v[ref] if v.get(ref) and v.get("dace") else None, ".2f")
     rows = [[part, impl.get(part, ""), _fmt(v.get("torch"), ".2f"), _fmt(v.get("dace"), ".2f"),
-             _fmt(v["dace"] / v["torch"] if v.get("torch") and v.get("dace") else None, ".2f")]
+             ratio(v, "torch")] + ([_fmt(v.get(AMP), ".2f"), ratio(v, AMP)] if amp else [])
             for part, v in ms.items()]
-    lines += [tables.markdown(["part", "DaCe implementation", "torch ms", "DaCe ms", "ratio"],
-                              rows, "llrrr"), ""]
+    head = ["part", "DaCe implementation", "torch ms", "DaCe ms", "ratio"]
+    head += ["torch AMP ms", "ratio to AMP"] if amp else []
+    lines += [tables.markdown(head, rows, "llrrr" + ("rr" if amp else "")), ""]
     step = ms.get("train.total", {})
     if batch and step.get("torch") and step.get("dace"):
         lines += [f"Training step: torch {int(batch) / step['torch'] * 1e3:.1f} samples/s, "
-                  f"DaCe {int(batch) / step['dace'] * 1e3:.1f} samples/s (batch {batch}).", ""]
+                  f"DaCe {int(batch) / step['dace'] * 1e3:.1f} samples/s"
+                  + (f", torch AMP {int(batch) / step[AMP] * 1e3:.1f} samples/s"
+                     if step.get(AMP) else "") + f" (batch {batch}).", ""]
     return lines
 
 

@@ -17,7 +17,7 @@ from .folder import Folder, _now
 from .phases import (identity, measure_ceilings, roofline_rows, run_builds, run_end2end,
                      run_gpu_tests, run_roofline)
 from .plan import (BUDGET_S, BUDGET_WITH, CALL_SETUP_S, DEFAULT_TIMING, PHASES, TARGETS, TIERS,
-                   TIER_SKIPS, TUNE_TIMING, Case, estimate, plan_cases)
+                   TIER_SKIPS, TUNE_TIMING, Case, estimate, plan_cases, END2END_DTYPE)
 from .report import update_index, write_table
 from .worker import _project_root, run_cases
 
@@ -244,7 +244,8 @@ def run_campaign(o: Options, say: Callable[[str], None] = print) -> int:
             say(f"[builds] failed ({type(err).__name__}: {err}); cases build on a miss")
         folder.mark("builds", status, detail, time.perf_counter() - t0)
     phase("cases", cases_phase)
-    phase("end2end", lambda: run_end2end(folder, o.target, o.cachedir, limit(420.0), say))
+    phase("end2end", lambda: run_end2end(folder, o.target, o.cachedir, limit(420.0), say,
+                                         END2END_DTYPE.get(o.tier)))
     phase("tests", lambda: run_gpu_tests(folder, o.target, limit(540.0), o.workers))
     phase("roofline", lambda: run_roofline(folder, o.target, o.cachedir, o.workers,
                                            limit(420.0), say))
