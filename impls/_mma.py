@@ -24,6 +24,11 @@ transpose (it moves 16-bit values), one 32-bit shared load per register does, fr
 :func:`blocked` layout: blocks of 4 rows x 8 values, so that one load's 32 lanes read one
 block (32 banks) at an immediate offset from each lane's own address.
 
+**Taps packed.**  A forward layer with at most half a K tile of channels (CosmoFlow's
+first layers) walks the filter's flat (tap, channel) reduction in K tiles instead of one
+tap's channel blocks (``Shape.packed``, :func:`_packed_stage_code`): no tile is mostly
+zeros, and each copy decodes its own tap.
+
 **Main loop** (per K tile, per MMA step of ``KM`` = 16 or 8 reduction values = 2 chunks):
 ``ldmatrix.x4`` gives a lane its A registers of one 16 x KM tile (matrices: rows 0-7
 and 8-15 of chunk 0, then of chunk 1) and its B registers of two KM x 8 tiles; then
@@ -123,7 +128,12 @@ class Shape(Warps, P.Shape):
     #: read with ldmatrix.trans in 16 bits and with 32-bit loads in TF32
     b_mode = property(lambda s: s.nmajor if s.flip else "ldsm")
     CA = property(lambda s: s.TM * s.CPR // s.NT)  # chunks of A a thread stages per tile
-    CB = property(lambda s: -(-s.C // s.TK))       # channel blocks per tap
+    #: Taps packed into K tiles (the forward of a layer with at most half a K tile of
+    #: channels, such as CosmoFlow's first): the reduction is the filter's flat (tap,
+    #: channel) index, K tiles of TK of it, so no tile is mostly zeros
+    packed = property(lambda s: not s.flip and 2 * s.C <= s.TK)
+    RF = property(lambda s: s.taps * s.C)          # the flat reduction's length
+    KT = property(lambda s: -(-s.RF // s.TK) if s.packed else s.taps * s.CB)
     CBK = property(lambda s: s.TN * s.CPR // s.NT)  # chunks of a K-major B per thread
     CBN = property(lambda s: s.TK * s.NCH // s.NT)  # chunks of an N-major B per thread
 
@@ -299,6 +309,8 @@ def _stage_code(s: Shape) -> str:
     advances those to the next tile and stage (the reduction walks channel blocks, then
     taps, as ``_pipelined`` does).  Each operand's run starts at one pointer, the
     operand's base where the run is outside it (every copy then zero-fills)."""
+    if s.packed:
+        return _packed_stage_code(s)
     tap = f"((kd * {s.KH} + kh) * {s.KW} + kw)"
     va, vk = _vector(s.C, s.CE), _vector(s.K, s.CE)
     a = f"""{{ // A: this thread's pixel, chunks ac.. of channels c0..
@@ -339,24 +351,65 @@ def _stage_code(s: Shape) -> str:
                   f"ck < {s.C}", vk, "b"), 4)}
 }}"""
     else:
-        b = f"""{{ // B (K-major): output channel's filter row at bbase, tap, channels c0..
+        b = _kmajor_b(s, f"(int64_t){tap} * {s.C} + ", s.C, va)
+    return _staged(s, a, b, f"""if (c0 >= {s.C}) {{
+    c0 = 0;
+    if (++kw == {s.KW}) {{ kw = 0; if (++kh == {s.KH}) {{ kh = 0; ++kd; }} }}
+}}""")
+
+
+def _kmajor_b(s: Shape, tap: str, limit: int, vec: int) -> str:
+    """C++ staging this thread's chunks of its output channel's filter row (B, K-major, at
+    ``bbase``): values ``ch = c0 + bc * CE`` on, after ``tap`` (C++ ending in ``+``, or
+    empty where ``c0`` indexes the whole row), zero-filled from ``limit`` on."""
+    return f"""{{ // B (K-major): output channel's filter row at bbase, values c0 + bc * {s.CE}..
     const int ch = c0 + bc * {s.CE};
     const auto* base = wb;
-    const auto* src = bbase >= 0 ? wb + bbase + (int64_t){tap} * {s.C} + ch : wb;
-{P.indent(_copies(s, f"bs + sslot * {s.BSB}", s.CBK, s.CPR, "bn", "bc", "ch", s.C, s.TK,
-                  "bbase >= 0", va, "b"), 4)}
+    const auto* src = bbase >= 0 ? wb + bbase + {tap}ch : wb;
+{P.indent(_copies(s, f"bs + sslot * {s.BSB}", s.CBK, s.CPR, "bn", "bc", "ch", limit, s.TK,
+                  "bbase >= 0", vec, "b"), 4)}
 }}"""
+
+
+def _staged(s: Shape, a: str, b: str, advance: str) -> str:
+    """C++ staging A and B (their code) while a K tile is left, advancing ``c0`` by a K
+    tile and then by ``advance``, and moving to the next stage."""
     return f"""if (kd < {s.KD}) {{ // a K tile is left to stage
 {P.indent(a, 4)}
 {P.indent(b, 4)}
     c0 += {s.TK};
-    if (c0 >= {s.C}) {{
-        c0 = 0;
-        if (++kw == {s.KW}) {{ kw = 0; if (++kh == {s.KH}) {{ kh = 0; ++kd; }} }}
-    }}
+{P.indent(advance, 4)}
 }}
 sslot = sslot + 1 == {s.S} ? 0 : sslot + 1;
 cb_cp_commit();"""
+
+
+def _packed_stage_code(s: Shape) -> str:
+    """:func:`_stage_code` with taps packed (``Shape.packed``): the K tile at ``c0`` of the
+    flat reduction ``r = tap * C + channel``.  Each A copy (``vec`` values, which divides
+    C: one tap) decodes its own tap and checks it against the input's borders; B is a run
+    of the filter row (the filter's own order); values past ``RF`` are zero-filled.
+    ``kd`` only marks the end (``KD`` once the reduction is staged)."""
+    va, vb = _vector(s.C, s.CE), _vector(s.RF, s.CE)
+    a = f"""{{ // A (taps packed): this thread's pixel, chunks ac.. of the flat reduction from c0
+    #pragma unroll
+    for (int j = 0; j < {s.CA}; ++j) {{
+        char* d = as + sslot * {s.ASB} + {swizzle(s.CPR, "am", "ac + j")} * {CHUNK};
+        #pragma unroll
+        for (int v = 0; v < {s.CE}; v += {va}) {{
+            const int r = c0 + (ac + j) * {s.CE} + v;  // tap r / C, channel r % C
+            const int tap = r / {s.C}, ch = r - tap * {s.C};
+            const int dd = d0 + tap / {s.KH * s.KW}, hh = h0 + (tap / {s.KW}) % {s.KH};
+            const int ww = w0 + tap % {s.KW};
+            const bool ok = abase >= 0 && r < {s.RF} && (unsigned)dd < {s.D}u
+                            && (unsigned)hh < {s.H}u && (unsigned)ww < {s.W}u;
+            // (past the borders the address is formed, never read: source size 0)
+            cb_cp_async<{va * s.EB}>(d + v * {s.EB},
+                                    xa + abase + (int64_t)((dd * {s.H} + hh) * {s.W} + ww) * {s.C} + ch, ok);
+        }}
+    }}
+}}"""
+    return _staged(s, a, _kmajor_b(s, "", s.RF, vb), f"if (c0 >= {s.RF}) kd = {s.KD};")
 
 
 def mma_loop(s: Shape, gpu: bool) -> str:

@@ -265,9 +265,12 @@ def test_mma_sweep(case, builds, reference, coverage):
 
 # -- the tensor-core kernels' emulation ------------------------------------------------------------
 
-#: 6 input channels (4-byte copies into 16-byte chunks, the K tile's tail zero-filled),
-#: 40 output channels (a column tail), stride 2 and padding 2.
+#: 6 input channels: taps packed into K tiles (``_mma.Shape.packed``; 4-byte copies,
+#: each its own tap, the flat reduction's tail zero-filled), 40 output channels (a column
+#: tail), stride 2 and padding 2.
 MMA_LAYER = Layer("mma", 2, 6, 40, 6, 7, 5, 3, 3, 3, stride=2, pad=2)
+#: 20 input channels: a K tile per tap (8-byte copies, the channels' tail zero-filled).
+MMA_DEEP_LAYER = Layer("mma_deep", 2, 20, 40, 5, 6, 5, 3, 3, 3, pad=1)
 #: A stride-1 layer for the data gradient: 6 reduction channels, 24 output channels
 #: (three 16-byte chunks of the N-major filter in 16 bits, a column tail).
 MMA_BWD_LAYER = Layer("mma_bwd", 2, 24, 6, 6, 7, 5, 3, 3, 3, pad=1)
@@ -275,13 +278,18 @@ MMA_BWD_LAYER = Layer("mma_bwd", 2, 24, 6, 6, 7, 5, 3, 3, 3, pad=1)
 #: The filter gradient: 6 channels (a chunk spans taps: 4-byte copies, each its own tap),
 #: 40 output channels (tails), 5-pixel output rows (a K tile part-filled), stride 2.
 MMA_WGRAD_LAYER = Layer("mma_wgrad", 2, 6, 40, 6, 7, 9, 3, 3, 3, stride=2, pad=1)
-MMA_LAYERS = {"fwd": MMA_LAYER, "bwd_data": MMA_BWD_LAYER, "bwd_filter": MMA_WGRAD_LAYER}
+#: The layer and the pass of each case's key.
+MMA_LAYERS = {"fwd": (MMA_LAYER, "fwd"), "fwd_deep": (MMA_DEEP_LAYER, "fwd"),
+              "bwd_data": (MMA_BWD_LAYER, "bwd_data"),
+              "bwd_filter": (MMA_WGRAD_LAYER, "bwd_filter")}
 
 MMA_CASES = [("implicitGemmMMA", "float16", "fwd"), ("implicitGemmMMA", "float32-tf32", "fwd"),
+             ("implicitGemmMMA", "float16", "fwd_deep"),
              ("implicitGemmMMABwdData", "bfloat16", "bwd_data"),
              ("implicitGemmMMABwdFilter", "float16", "bwd_filter"),
              ("implicitGemmMMABwdFilter", "float32-tf32", "bwd_filter")]
 MMA_FULL = [("implicitGemmMMA", "bfloat16", "fwd"),
+            ("implicitGemmMMA", "float32-tf32", "fwd_deep"),
             ("implicitGemmMMABwdData", "float16", "bwd_data"),
             ("implicitGemmMMABwdData", "float32-tf32", "bwd_data"),
             ("implicitGemmMMABwdFilter", "bfloat16", "bwd_filter")]
@@ -326,11 +334,11 @@ MMA_PLANTS = {"unswizzled_a": {"a_address": _unswizzled_a},
               "swapped_b_matrices": {"b_address": _swapped_b_matrices}}
 
 
-@pytest.mark.parametrize("name, dtype, pass_", [pytest.param(*c, id="-".join(c[:2]))
-                                                for c in MMA_CASES]
-                         + [pytest.param(*c, id="-".join(c[:2]), marks=pytest.mark.full)
+@pytest.mark.parametrize("name, dtype, key", [pytest.param(*c, id="-".join(c))
+                                              for c in MMA_CASES]
+                         + [pytest.param(*c, id="-".join(c), marks=pytest.mark.full)
                             for c in MMA_FULL])
-def test_mma_emulation_checks_layout_and_fragments(name, dtype, pass_, builds, reference,
+def test_mma_emulation_checks_layout_and_fragments(name, dtype, key, builds, reference,
                                                    monkeypatch):
     """The tensor-core kernels verify in their CPU emulation (ldmatrix and mma.sync lane by
     lane; TF32 operands truncated as the tensor cores read float32 registers); with A read
@@ -338,7 +346,7 @@ def test_mma_emulation_checks_layout_and_fragments(name, dtype, pass_, builds, r
     the 16-bit gradients too), they fail."""
     from convbench import registry
     impl = registry.get(name)
-    layer = MMA_LAYERS[pass_]
+    layer, pass_ = MMA_LAYERS[key]
     truth = reference(layer, pass_=pass_, dtype=dtype)
     good = verify.verify_build(builds(toolchain.make_spec(impl, layer, dtype)), truth)[0]
     assert good.ok, good.summary()

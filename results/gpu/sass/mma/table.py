@@ -16,6 +16,8 @@ for suffix, impl, layer_set in itertools.product(("", "-tf32"), IMPLS,
             continue
         scalar = sum(float(r[k] or 0) for k in ("lds32_per_fma", "lds64_per_fma",
                                                  "lds16_per_fma"))
+        if not int(r["fma"] or 0):  # one K tile: no main loop to read (the whole kernel's counts)
+            r = dict(r, fma_share=0, ldsm_per_fma=0, int_per_fma=0)
         rows.append(
             f"| `{impl}` | {r['dtype']} | {layer_set}/{r['layer']} b{r['batch']} | "
             f"{r['registers']} | "
