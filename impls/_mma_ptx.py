@@ -12,7 +12,6 @@ def helpers(s, gpu: bool) -> str:
     ``j`` from ``addr(lane, j)``), ``cb_mma`` (GPU) or ``cb_mma_emulated`` (CPU)."""
     ptx, k = s.ptx, s.KM
     if gpu:
-        cvt = "    const unsigned* a_ = a; const unsigned* b_ = b;\n"
         return r"""
 #ifndef CB_MMA_HELPERS_GPU
 #define CB_MMA_HELPERS_GPU
@@ -44,10 +43,10 @@ __device__ __forceinline__ void cb_lds_x4(unsigned (&r)[4], const char* base, F 
 #endif
 """ + f"""
 __device__ __forceinline__ void cb_mma(float* d, const unsigned* a, const unsigned* b) {{
-{cvt}    asm volatile("mma.sync.aligned.m16n8k{k}.row.col.f32.{ptx}.{ptx}.f32 "
+    asm volatile("mma.sync.aligned.m16n8k{k}.row.col.f32.{ptx}.{ptx}.f32 "
                  "{{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%0,%1,%2,%3}};\\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a_[0]), "r"(a_[1]), "r"(a_[2]), "r"(a_[3]), "r"(b_[0]), "r"(b_[1]));
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }}
 """
     value = {"f16": "cb_half_to_float((uint16_t)h)", "bf16": "cb_bf16_to_float((uint16_t)h)",

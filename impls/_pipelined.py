@@ -46,7 +46,7 @@ import numpy as np
 from convbench.registry import Layer, Layout, Param
 from impls import _tiling as T
 from impls._common import layer_constants
-from impls._cp_async import CPU_HELPERS, GPU_HELPERS
+from impls._pipelined_tasklets import set_code  # (P.set_code: _pipelined_bwd)
 
 #: Shared-memory rows are padded by this many floats (16 bytes): 8 rows read by a quarter
 #: warp land in 8 different groups of four banks for CTAtileK of 8 and 16.
@@ -494,68 +494,13 @@ def program(layer: Layer, layout: Layout, dtype, params, flip: bool = False,
                     yo[0] = acci[0, 0]
 
     sdfg = igemm_pipelined.to_sdfg(simplify=True)
-    set_code(sdfg, s, gpu=False, code=code)
+    set_code(sdfg, s, gpu=False, code=code or forward_code())
     return sdfg
 
 
 def unpadded(layer: Layer, layout: Layout):
     from convbench.registry import stored_shape
     return stored_shape(layout, "x", layer.input_shape)
-
-
-#: The tasklets, by their output connectors ("reduce": the filter gradient's sum of its
-#: slices, ``impls/_pipelined_bwd.py``).
-_ROLES = {frozenset({"acco", "sto", "sbo", "ao", "bo"}): "prologue",
-          frozenset({"acco", "sto", "ao", "bo"}): "step",
-          frozenset({"acco", "sto", "sbs", "ao", "bo"}): "step",  # steps 64-bit state too
-          frozenset({"yo"}): "epilogue",
-          frozenset({"wo"}): "reduce"}
-
-
-def tasklets(sdfg):
-    """(role, tasklet) of the three tasklets of a pipelined program."""
-    for node, _ in sdfg.all_nodes_recursive():
-        if isinstance(node, dace.nodes.Tasklet):
-            role = _ROLES.get(frozenset(node.out_connectors))
-            if role:
-                yield role, node
-
-
-#: What each tasklet calls the shared stages and its state, before its code.
-_PREAMBLE = {
-    "prologue": "float* As_ = reinterpret_cast<float*>(ao);\n"
-                "float* Bs_ = reinterpret_cast<float*>(bo);\n",
-    "step": "float* As_ = reinterpret_cast<float*>(ao);\n"
-            "float* Bs_ = reinterpret_cast<float*>(bo);\n",
-    "epilogue": "",
-    "reduce": "",
-}
-
-
-def set_code(sdfg, s, gpu: bool, code=None) -> None:
-    """Give the tasklets the C++ of the target (``code``: role -> ``f(s, gpu)``, the
-    forward's by default), and the generated file its helpers.  Every connector reads or
-    writes a whole array: it is typed a pointer to the array's elements (DaCe 1.0.2
-    cannot infer the type of a connector on a reshaped view)."""
-    code = code or forward_code()
-    found = set()
-    for role, node in tasklets(sdfg):
-        node.code = dace.properties.CodeBlock(_PREAMBLE[role] + code[role](s, gpu),
-                                              dace.Language.CPP)
-        found.add(role)
-    for node, state in sdfg.all_nodes_recursive():
-        if not (isinstance(node, dace.nodes.Tasklet) and node in dict(tasklets(sdfg)).values()):
-            continue
-        arrays = state.parent.arrays
-        for edge in state.in_edges(node):
-            node.in_connectors[edge.dst_conn] = dace.pointer(arrays[edge.data.data].dtype)
-        for edge in state.out_edges(node):
-            node.out_connectors[edge.src_conn] = dace.pointer(arrays[edge.data.data].dtype)
-    if found != set(code):
-        raise ValueError(f"{sdfg.name}: tasklets {sorted(set(code) - found)} not found")
-    for location in ("cuda", "frame"):
-        sdfg.global_code.pop(location, None)
-    sdfg.append_global_code(GPU_HELPERS if gpu else CPU_HELPERS, "cuda" if gpu else "frame")
 
 
 # ---------------------------------------------------------------------------------------------
