@@ -28,6 +28,7 @@ import numpy as np
 
 from convbench.registry import Layout
 from impls._common import layer_constants, pad_input
+from impls._stable import stable_program
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -92,7 +93,7 @@ def bwd_data_algorithm(layer, dtype, params):
     x_shape = (N, D, H, W, C)
     i32 = dace.int32
 
-    @dace.program
+    @stable_program
     def bwd_data(y: dt[L.y_shape], w: dt[L.w_shape], x: dt[x_shape],
                  od_t: i32[D, JD], kd_t: i32[D, JD], oh_t: i32[H, JH], kh_t: i32[H, JH],
                  ow_t: i32[W, JW], kw_t: i32[W, JW]):
@@ -128,7 +129,7 @@ def bwd_filter_algorithm(layer, dtype, params, nsplit: int = 1):
     SD, SH, SW, ED, EH, EW = L.SD, L.SH, L.SW, L.ED, L.EH, L.EW
 
     if nsplit == 1:
-        @dace.program
+        @stable_program
         def bwd_filter(x: dt[L.xp_shape], y: dt[L.y_shape], w: dt[L.w_shape]):
             # filter g * KG + j of group g sees the CG input channels of that group
             for g, j, kd, kh, kw, c in dace.map[0:G, 0:KG, 0:KD, 0:KH, 0:KW, 0:CG]:
@@ -149,7 +150,7 @@ def bwd_filter_algorithm(layer, dtype, params, nsplit: int = 1):
     DZ = max(L.DP, (ODZ - 1) * SD + (KD - 1) * ED + 1)  # input depth the chunks read
     DP, HP, WP = L.DP, L.HP, L.WP
 
-    @dace.program
+    @stable_program
     def bwd_filter_split(x: dt[L.xp_shape], y: dt[L.y_shape], w: dt[L.w_shape]):
         yz = np.zeros((N, ODZ, OH, OW, K), dtype=dt)
         yz[:, 0:OD, :, :, :] = y

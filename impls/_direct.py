@@ -18,6 +18,7 @@ from convbench.registry import Layout, Pass
 from convbench.registry import Implementation, Param
 from impls import _tiling as T
 from impls._common import layer_constants, pad_input
+from impls._stable import stable_program
 
 LAYOUT = Layout.NCDHW
 
@@ -77,7 +78,7 @@ def per_thread(layer: Layer, dtype, params, channel_loop_outside: bool) -> dace.
 
     OUTSIDE = channel_loop_outside
 
-    @dace.program
+    @stable_program
     def direct_per_thread(x: dt[L.xp_shape], w: dt[L.w_shape], y: dt[L.y_shape],
                           poff: i32[Pp]):
         xf = np.reshape(x, [G.XS])
@@ -195,7 +196,7 @@ def merged(layer: Layer, dtype, params) -> dace.SDFG:
     N, C, K = L.N, L.C, L.K
     P, Pp, CX, PX = G.P, G.Pp, G.CX, G.PX
 
-    @dace.program
+    @stable_program
     def direct_merged(x: dt[L.xp_shape], w: dt[L.w_shape], y: dt[L.y_shape], poff: i32[Pp],
                       toff: i32[Tq], Bp: dt[GKr, GNp]):
         xf = np.reshape(x, [G.XS])

@@ -27,6 +27,7 @@ from convbench.registry import Layout, Pass
 from convbench.registry import ALL_PRECISIONS, Implementation, Param
 from impls import _tiling as T
 from impls._common import layer_constants, pad_input
+from impls._stable import stable_program
 
 #: Tables and matrices the programs take as arguments; :func:`finish` makes them transients.
 TABLES = ("rowoff", "coloff", "yrow", "Bp")
@@ -89,7 +90,7 @@ def tiled_only(layer: Layer, layout: Layout, dtype, params) -> dace.SDFG:
     dt, at, i32, zero = dtype.dace, dtype.acc_dace, dace.int32, dtype.zero
     GM, GN, GMp, GNp, GKp, YC = G.GM, G.GN, G.GMp, G.GNp, G.GKp, G.YC
 
-    @dace.program
+    @stable_program
     def igemm_tiled(x: dt[G.L.xp_shape], w: dt[G.L.w_shape], y: dt[G.L.y_shape],
                     rowoff: i32[GMp], coloff: i32[GKp], yrow: i32[GMp], Bp: dt[GKp, GNp]):
         xf = np.reshape(x, [G.XS])
@@ -135,7 +136,7 @@ def warp_tiled(layer: Layer, layout: Layout, dtype, params, nsplit: int = 1) -> 
     dt, at, i32, zero = dtype.dace, dtype.acc_dace, dace.int32, dtype.zero
     GM, GN, GMp, GNp, GKp, KS, YC, NS = G.GM, G.GN, G.GMp, G.GNp, G.GKp, G.KS, G.YC, nsplit
 
-    @dace.program
+    @stable_program
     def igemm_warp(x: dt[G.L.xp_shape], w: dt[G.L.w_shape], y: dt[G.L.y_shape],
                    rowoff: i32[GMp], coloff: i32[GKp], yrow: i32[GMp], Bp: dt[GKp, GNp]):
         xf = np.reshape(x, [G.XS])

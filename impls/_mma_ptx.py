@@ -25,7 +25,7 @@ __device__ __forceinline__ void cb_ldsm_x4(unsigned (&r)[4], const char* base, F
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
 }
-// The byte of lane ln's value in a 128-byte block of a blocked tile (_mma.blocked): value
+// The byte of lane ln's value in a 128-byte block of a blocked tile: value
 // ln / 4 of row ln % 4.  Opaque to the compiler, so that each load's address stays this
 // plus a constant (an immediate offset) rather than being folded into one mask per load.
 __device__ __forceinline__ int cb_lds_lane(int ln) {

@@ -47,6 +47,7 @@ from convbench.registry import Layer, Layout, Param
 from impls import _tiling as T
 from impls._common import layer_constants
 from impls._pipelined_tasklets import set_code  # (P.set_code: _pipelined_bwd)
+from impls._stable import stable_program
 
 #: Shared-memory rows are padded by this many floats (16 bytes): 8 rows read by a quarter
 #: warp land in 8 different groups of four banks for CTAtileK of 8 and 16.
@@ -444,7 +445,7 @@ def program(layer: Layer, layout: Layout, dtype, params, flip: bool = False,
     NSI, NSB = len(ST), len(SB)
     AS, BS = s.AS, s.BS
 
-    @dace.program
+    @stable_program
     def igemm_pipelined(x: dt[x_shape], w: dt[w_shape], y: dt[L.y_shape]):
         xf = np.reshape(x, [XS])
         wf = np.reshape(w, [WS])

@@ -35,6 +35,7 @@ from impls import _tiling as T
 from impls._common import layer_constants
 from impls._transposed import supports as flipped_supports
 from impls._transposed import swap_roles, transposed_layer
+from impls._stable import stable_program
 
 # ---------------------------------------------------------------------------------------------
 # Data gradient
@@ -382,7 +383,7 @@ def wgrad_program(layer: Layer, layout: Layout, dtype, params, s=None,
     NSI, NSB = len(WST), len(WSB)
     AS, BS = s.AS, s.BS
 
-    @dace.program
+    @stable_program
     def wgrad_pipelined(x: dt[x_shape], y: dt[L.y_shape], w: dt[L.w_shape]):
         xf = np.reshape(x, [XS])
         yf = np.reshape(y, [YS])

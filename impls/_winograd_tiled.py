@@ -29,6 +29,7 @@ import numpy as np
 from convbench import winograd
 from impls import _tiling
 from impls._winograd import M_OUT, R, tile_count, tiles
+from impls._stable import stable_program
 
 P = (M_OUT + R - 1) ** 3
 N_IN = M_OUT + R - 1
@@ -181,7 +182,7 @@ def program(layer, L, params, flip: bool = False, w_shape=None, matrices=None) -
     XS, WS, YS = math.prod(x_shape), math.prod(w_shape), math.prod(L.y_shape)
     f32 = dace.float32
 
-    @dace.program
+    @stable_program
     def winograd_tiled(x: f32[x_shape], w: f32[w_shape], y: f32[L.y_shape]):
         xf = np.reshape(x, [XS])
         wf = np.reshape(w, [WS])

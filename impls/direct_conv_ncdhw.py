@@ -12,6 +12,7 @@ import dace
 from convbench.registry import ALL_PRECISIONS, FEATURES, Layout, Pass
 from convbench.registry import Implementation, register
 from impls._common import auto_cpu, auto_gpu, layer_constants, pad_input
+from impls._stable import stable_program
 
 
 def algorithm(layer, dtype, params):
@@ -20,7 +21,7 @@ def algorithm(layer, dtype, params):
     N, KD, KH, KW, G, CG, KG = L.N, L.KD, L.KH, L.KW, L.G, L.CG, L.KG
     OD, OH, OW, SD, SH, SW, ED, EH, EW = L.OD, L.OH, L.OW, L.SD, L.SH, L.SW, L.ED, L.EH, L.EW
 
-    @dace.program
+    @stable_program
     def direct_conv(x: dt[L.xp_shape], w: dt[L.w_shape], y: dt[L.y_shape]):
         for n, g, j, od, oh, ow in dace.map[0:N, 0:G, 0:KG, 0:OD, 0:OH, 0:OW]:
             acc = zero

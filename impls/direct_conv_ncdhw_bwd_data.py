@@ -18,6 +18,7 @@ from convbench.registry import ALL_PRECISIONS, FEATURES, Layout, Pass
 from convbench.registry import Implementation, register
 from impls._backward import add_position_tables
 from impls._common import auto_cpu, auto_gpu, layer_constants
+from impls._stable import stable_program
 
 
 def algorithm(layer, dtype, params):
@@ -27,7 +28,7 @@ def algorithm(layer, dtype, params):
     KD, KH, KW, OD, OH, OW = L.KD, L.KH, L.KW, L.OD, L.OH, L.OW
     x_shape = (N, L.C, D, H, W)
 
-    @dace.program
+    @stable_program
     def direct_bwd_data(y: dt[L.y_shape], w: dt[L.w_shape], x: dt[x_shape],
                         od_t: i32[D, KD], oh_t: i32[H, KH], ow_t: i32[W, KW]):
         yz = np.zeros((N, K, OD + 1, OH + 1, OW + 1), dtype=dt)  # + a zero plane per dim

@@ -33,6 +33,7 @@ from convbench.registry import Layout, Pass
 from convbench.environments import GEMM_CUBLAS, GEMM_MKL, mkl_problem
 from convbench.registry import Implementation, register
 from impls._common import layer_constants, pad_input
+from impls._stable import stable_program
 
 
 def algorithm(layer, dtype, params):
@@ -46,7 +47,7 @@ def algorithm(layer, dtype, params):
     # becomes a Gemv).  Such a "GEMM" is an outer or a matrix-vector product: a map does it.
     BLAS = min(K, GK, P) > 1
 
-    @dace.program
+    @stable_program
     def im2col_gemm(x: dt[L.xp_shape], w: dt[L.w_shape], y: dt[L.y_shape]):
         col = dace.define_local((GK, P), dt)
         if BLAS:  # resolved while parsing: BLAS is a Python constant

@@ -24,6 +24,7 @@ import dace
 from convbench.registry import ALL_PRECISIONS, FEATURES, Layout, Pass
 from convbench.registry import Implementation, register
 from impls._common import auto_cpu, auto_gpu, layer_constants, pad_input
+from impls._stable import stable_program
 
 
 def algorithm(layer, dtype, params):
@@ -32,7 +33,7 @@ def algorithm(layer, dtype, params):
     N, KD, KH, KW, G, CG, KG = L.N, L.KD, L.KH, L.KW, L.G, L.CG, L.KG
     OD, OH, OW, SD, SH, SW, ED, EH, EW = L.OD, L.OH, L.OW, L.SD, L.SH, L.SW, L.ED, L.EH, L.EW
 
-    @dace.program
+    @stable_program
     def implicit_gemm(x: dt[L.xp_shape], w: dt[L.w_shape], y: dt[L.y_shape]):
         # (m, n) with n = g * KG + j: group g's GEMM reads its own CG input channels
         for b, od, oh, ow, g, j in dace.map[0:N, 0:OD, 0:OH, 0:OW, 0:G, 0:KG]:

@@ -36,6 +36,7 @@ from convbench.registry import Implementation, Layer, Layout, Param, Pass, regis
 from impls import _igemm
 from impls import _tiling as T
 from impls._common import layer_constants
+from impls._stable import stable_program
 
 #: The packed coordinates: three 10-bit fields, each biased so that a window origin at
 #: -pad stays positive; field + tap must stay below 1024.
@@ -132,7 +133,7 @@ def inplace(layer: Layer, dtype, params) -> dace.SDFG:
     BD, BH, BW = bounds(layer)
     F1, F2 = FIELD, FIELD * FIELD
 
-    @dace.program
+    @stable_program
     def igemm_inplace(x: dt[xshape], w: dt[L.w_shape], y: dt[L.y_shape],
                       coloff: i32[GKp], coldhw: i32[GKp]):
         xf = np.reshape(x, [XS])

@@ -1,8 +1,8 @@
-// The C++ every Winograd CPU kernel shares (impls/_winograd.py, _winograd_adjoint.py,
-// _winograd_filter.py): the transform passes and the register-blocked GEMM step.
+// The C++ every Winograd CPU kernel shares (the forward, the data gradient as its
+// adjoint, the filter gradient): the transform passes and the register-blocked GEMM step.
 // Included by content in each kernel's generated code, after the definitions it needs:
-// the vector types wg_v and wg_vu of VL floats and `static constexpr int VL`
-// (impls/_winograd.py, vector_code).
+// the vector types wg_v and wg_vu of VL floats and `static constexpr int VL` (written by
+// the generator's vector_code).
 // The 1D transform M (NO x NI, a constant: its zeros and ones fold away) applied to
 // vectors of V floats.  A point (i, j, l) of a 3D array lies at base + i si + j sj + l sl.
 // sum_j row[j] x[j stride], the row a constant (ones and zeros fold away)

@@ -1,13 +1,13 @@
-// The CPU kernel of 3D Winograd F(m^3, 3^3) on NDHWC (impls/_winograd.py: winogradF2 and,
-// on the transposed layer with WG_FLIP, winogradF2BwdData).  Included by content after
-// winograd_common.h and a prelude of compile-time constants that impls/_winograd.py
-// writes for one layer and blocking (global_code):
-//   the transforms WG_AT [m][n], WG_G [n][3], WG_BT [n][n], from convbench.winograd;
+// The CPU kernel of 3D Winograd F(m^3, 3^3) on NDHWC (winogradF2 and, on the transposed
+// layer with WG_FLIP, winogradF2BwdData).  Included by content after winograd_common.h
+// and a prelude of compile-time constants that its generator writes for one layer and
+// blocking (global_code):
+//   the transforms WG_AT [m][n], WG_G [n][3], WG_BT [n][n], computed from their points;
 //   the layer: WG_C, WG_K input and output channels, WG_D, WG_H, WG_W the input, WG_PD,
 //     WG_PH, WG_PW its padding at the front, WG_OD, WG_OH, WG_OW the output;
 //   the tiles: WG_M = m, WG_N = m + 2, WG_R = 3, WG_P = n^3 transform points, WG_TD, WG_TH,
 //     WG_TW tiles per axis, WG_COUNT tiles in all (over the batch);
-//   the blocking (impls/_winograd.py, Blocking): WG_T tiles per block, WG_KG output
+//   the blocking (Blocking): WG_T tiles per block, WG_KG output
 //     channels per work item, WG_CB input channels per chunk, WG_KB output channels per
 //     register block (WG_NV vectors of VL), WG_RT tiles per register block, WG_FUSE,
 //     WG_SHARE, WG_PARTS parts of a block in the shared input transform;
