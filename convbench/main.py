@@ -8,7 +8,7 @@
     convbench bench | tune | precompile | end2end | stress | plot | campaign ... [--help]
 
 Each subcommand is the library function behind one of the project's scripts, with the
-same flags (declared once, in :mod:`convbench.flags`) and exit codes: 0 done, 1 a check
+same flags (declared once, in :mod:`convbench.commands.flags`) and exit codes: 0 done, 1 a check
 or build failed, 2 bad input (one line on stderr), 130 interrupted.  ``profile_conv3d.py``
 and the files in ``scripts/`` stay as they were, as thin fronts of the same functions.
 """
@@ -19,22 +19,22 @@ from typing import List, Optional
 
 #: name -> (module, keyword arguments of its ``main``, one-line help)
 SUBCOMMANDS = {
-    "verify": ("convbench.cli", {"mode": "verify"},
+    "verify": ("convbench.commands.profile_conv3d", {"mode": "verify"},
                "check implementations layer by layer against torch float64 (and cuDNN)"),
-    "profile": ("convbench.cli", {"mode": "profile"},
+    "profile": ("convbench.commands.profile_conv3d", {"mode": "profile"},
                 "time an implementation per layer next to torch/cuDNN; result files, plots"),
-    "list": ("convbench.cli", {"mode": "list"}, "list the registered implementations"),
+    "list": ("convbench.commands.profile_conv3d", {"mode": "list"}, "list the registered implementations"),
     "status": ("convbench.commands.status", {},
                "per implementation and pass, what the committed results say"),
     "bench": ("convbench.commands.bench", {},
               "CPU benchmark: every forward implementation against torch, per layer"),
     "tune": ("convbench.commands.tune", {}, "parameter search for a CPU implementation"),
     "precompile": ("convbench.commands.precompile", {}, "fill the build cache in parallel"),
-    "end2end": ("convbench.end2end", {},
+    "end2end": ("convbench.network.end2end", {},
                 "CosmoFlow networks with DaCe convolutions: check, train, time"),
     "stress": ("convbench.commands.stress", {}, "one very large layer, DaCe against torch"),
     "plot": ("convbench.commands.plot", {}, "redraw the plots of result folders"),
-    "sweep": ("convbench.commands.sweep", {},
+    "sweep": ("convbench.sweep.command", {},
               "verify or profile selections as jobs (local, Slurm) through submitit, merged"),
     "compare": ("convbench.commands.compare", {},
                 "two runs side by side: per layer the ratio, and whether it is beyond noise"),
@@ -43,7 +43,7 @@ SUBCOMMANDS = {
                "convolutions"),
     "sass": ("convbench.commands.sass", {},
              "a GPU build's machine code: per kernel its resources and its main loop's mix"),
-    "campaign": ("convbench.campaign_cli", {},
+    "campaign": ("convbench.campaign.cli", {},
                  "the GPU campaign: pack, run, unpack (docs/gpu-campaign.md)"),
     "validate-timing": ("convbench.commands.validate_timing", {},
                         "the timer against DaCe's own instrumentation"),
@@ -55,6 +55,9 @@ SUBCOMMANDS = {
                          "per-layer ratios of the CPU bench next to the network's"),
     "winograd-error": ("convbench.commands.winograd_error", {},
                        "float32 error of 3D Winograd against the direct sum"),
+    "codegen-hashes": ("convbench.commands.codegen_hashes", {},
+                       "digests of every implementation's generated code against the "
+                       "committed ones"),
 }
 
 
@@ -69,7 +72,7 @@ def usage() -> str:
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
-        from .errors import run_main
+        from convbench.base.errors import run_main
         return run_main("convbench", lambda _: print(usage()) or 0)
     name, rest = argv[0], argv[1:]
     if name not in SUBCOMMANDS:

@@ -1,8 +1,8 @@
 """The implementation registry.
 
-docs/adding-an-implementation.md describes what an implementation is (an
-algorithm plus one schedule per target) and how a module in ``impls/`` registers
-itself on import.  The harness looks implementations up by the name users type.
+docs/adding-an-implementation.md describes what an implementation is (an algorithm plus one
+schedule per target, from the kernel library ``convkernels``) and how a module in ``impls/``
+registers it on import.  The harness looks implementations up by the name users type.
 """
 
 from __future__ import annotations
@@ -16,16 +16,14 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
-from .errors import UsageError
+from convbench.base.errors import UsageError
 # Layer, Layout, Pass and stored_shape are re-exported: implementations (impls/) import
 # the registry and DaCe only, never the harness (checked by import-linter, see setup.cfg).
-from .layers import FEATURES, Layer  # noqa: F401
-from .layouts import Layout, Pass, stored_shape  # noqa: F401
-
-TARGETS = ("cpu", "gpu")
-#: Every storage precision (:mod:`convbench.precision`), for implementations that widen
-#: their operands and sum in float32.
-ALL_PRECISIONS = ("float32", "float16", "bfloat16")
+from convbench.layersets.layer import FEATURES, Layer  # noqa: F401
+from convkernels.layouts import Layout, Pass, stored_shape  # noqa: F401
+# What a kernel declares (its targets, precisions, parameters and rules) is the kernel
+# library's; re-exported for the implementations and the harness.
+from convkernels.declarations import ALL_PRECISIONS, TARGETS, Param, Rule  # noqa: F401
 
 #: The roles an implementation can be the default for (``Implementation.default_for``),
 #: each within its own pass.  One implementation per pass holds each of the first three;
@@ -42,32 +40,23 @@ ROLES = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class Param:
-    """A tunable integer parameter of an implementation (a tile size, a split factor)."""
-
-    name: str
-    default: int
-    help: str = ""
-    #: ``check(value) -> None or a message`` for values outside the valid range.
-    check: Optional[Callable[[int], Optional[str]]] = None
-    minimum: int = 1
-
-    def validate(self, value: Any, source: str = "--param") -> int:
-        if isinstance(value, str):
-            try:
-                value = int(value.strip(), 10)
-            except ValueError:
-                raise UsageError(f"{source}: {self.name} must be an integer, got {value!r}") from None
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise UsageError(f"{source}: {self.name} must be an integer, got {value!r}")
-        if value < self.minimum:
-            raise UsageError(f"{source}: {self.name} must be >= {self.minimum}, got {value}")
-        if self.check is not None:
-            message = self.check(value)
-            if message:
-                raise UsageError(f"{source}: {self.name}={value}: {message}")
-        return value
+def validate(param: Param, value: Any, source: str = "--param") -> int:
+    """``value`` (an int, or its text) as a value of ``param``; a :class:`UsageError` naming
+    ``source`` if it is not an integer, below the minimum, or refused by the check."""
+    if isinstance(value, str):
+        try:
+            value = int(value.strip(), 10)
+        except ValueError:
+            raise UsageError(f"{source}: {param.name} must be an integer, got {value!r}") from None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise UsageError(f"{source}: {param.name} must be an integer, got {value!r}")
+    if value < param.minimum:
+        raise UsageError(f"{source}: {param.name} must be >= {param.minimum}, got {value}")
+    if param.check is not None:
+        message = param.check(value)
+        if message:
+            raise UsageError(f"{source}: {param.name}={value}: {message}")
+    return value
 
 
 class Params(dict):
@@ -102,27 +91,6 @@ Schedule = Callable[..., None]  # (sdfg, layer, params) -> None, transforms in p
 
 
 @dataclasses.dataclass(frozen=True)
-class Rule:
-    """Where an implementation should be the fastest of its pass on a target, without a
-    measurement on the machine at hand: the choice by rule of
-    :func:`convbench.network.default_implementation` where nothing was measured here.
-    ``applies(layer) -> bool`` on the layer (the forward geometry of every pass); of the
-    implementations whose rule applies and which support the layer, the highest ``rank``
-    is chosen (a tie goes to the first registered).  ``name`` is printed with the choice,
-    ``text`` says in words where it applies (``convbench list``)."""
-
-    name: str
-    text: str
-    applies: Callable[[Any], bool]
-    target: str = "cpu"
-    rank: int = 1
-
-    def __post_init__(self):
-        if self.target not in TARGETS:
-            raise ValueError(f"rule {self.name}: unknown target {self.target!r}; known: {TARGETS}")
-
-
-@dataclasses.dataclass(frozen=True)
 class Implementation:
     name: str
     summary: str
@@ -153,7 +121,7 @@ class Implementation:
     handles: Tuple[str, ...] = ()
     #: ``registers(layer, params) -> int``: the vector registers one micro-tile's
     #: accumulators take on this CPU (register-blocked CPU kernels).  The tuner leaves out
-    #: configurations over :func:`convbench.isa.accumulator_budget`, which would spill.
+    #: configurations over :func:`convkernels.cpu.isa.accumulator_budget`, which would spill.
     registers: Optional[Callable[..., int]] = None
     #: The roles (:data:`ROLES`) this implementation is the default for, in its own pass.
     default_for: Tuple[str, ...] = ()
@@ -165,11 +133,11 @@ class Implementation:
     #: bound on the error of an algorithm that does not sum the convolution's products
     #: directly (Winograd), which its check uses instead of the direct sums' tolerance
     #: (inputs in logical layout).  A bound may model its long sums as
-    #: :mod:`convbench.verify` does, with that module's safety factor ``tol_factor`` and,
+    #: :mod:`convbench.check.verify` does, with that module's safety factor ``tol_factor`` and,
     #: where ``random_inputs`` (drawn by the harness, independent and symmetric about zero),
     #: its l2 form.
     error_bound: Optional[Callable[..., Any]] = None
-    #: The precisions it builds for, by label (:mod:`convbench.precision`): a storage type
+    #: The precisions it builds for, by label (:mod:`convbench.build.precision`): a storage type
     #: (a 16-bit one means it widens each operand to float32 before multiplying and sums
     #: in float32), or one with its math mode, such as ``float32-tf32``.
     precisions: Tuple[str, ...] = ("float32",)
@@ -218,7 +186,7 @@ class Implementation:
                 names = ", ".join(known) or "none"
                 raise UsageError(f"{source}: {self.name} has no parameter '{key}' "
                                  f"(its parameters: {names})")
-            values[key] = known[key].validate(value, source)
+            values[key] = validate(known[key], value, source)
         if self.check_params is not None:
             message = self.check_params(values)
             if message:
@@ -241,7 +209,7 @@ class Implementation:
 
     def unsupported_dtype(self, dtype, target: str = "cpu") -> Optional[str]:
         """None if this implementation builds for the precision ``dtype`` (a
-        :class:`~convbench.precision.DType`), else why not."""
+        :class:`~convbench.build.precision.DType`), else why not."""
         if dtype.label in self.precisions:
             return None
         what = (f"{dtype.math} math in {dtype.name}" if dtype.name in self.precisions
@@ -250,17 +218,16 @@ class Implementation:
 
     def source_files(self) -> Sequence[str]:
         """Files whose text defines this implementation (for cache keys): the registering
-        module, the modules of its algorithm and schedules, and every shared helper module
-        (``_*.py``) of the package it lives in, since helpers import each other, and the
-        C++ headers of its ``include`` folder that helpers paste into generated code."""
+        module, the modules of its algorithm and schedules, and every file of the kernel
+        library (:mod:`convkernels`), since its modules import each other and its C++
+        headers go into the generated code or onto the compiler's command line."""
+        import convkernels
         files = {self.module_file, inspect.getsourcefile(self.algorithm)}
         files.update(inspect.getsourcefile(s) for s in self.schedules.values())
         files.discard(None)
         files.discard("")
-        for folder in {os.path.dirname(f) for f in files}:
-            if os.path.isfile(os.path.join(folder, "__init__.py")):
-                files.update(str(p) for p in Path(folder).glob("_*.py"))
-                files.update(str(p) for p in Path(folder, "include").glob("*.h"))
+        library = Path(convkernels.__file__).resolve().parent
+        files.update(str(p) for p in library.rglob("*") if p.suffix in (".py", ".h"))
         return sorted(os.path.abspath(f) for f in files)
 
 
@@ -288,8 +255,7 @@ def load_implementations(package: str = "impls") -> None:
         return
     pkg = importlib.import_module(package)
     for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
-        if not info.name.startswith("_"):
-            importlib.import_module(f"{package}.{info.name}")
+        importlib.import_module(f"{package}.{info.name}")
     _LOADED = True
 
 

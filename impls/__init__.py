@@ -1,7 +1,7 @@
-"""Convolution implementations, one module each.
+"""The implementations, one registration each, named after the implementation users type.
 
-Every module registers its implementation(s) with
-:func:`convbench.registry.register` when imported; the harness imports them all
-(:func:`convbench.registry.load_implementations`).  Modules whose names start
-with an underscore hold shared building blocks and register nothing.
+Every module registers its implementation with :func:`convbench.registry.register` when
+imported, from its kernel in the kernel library :mod:`convkernels`; the harness imports them
+all by name (:func:`convbench.registry.load_implementations`).  A module holds a docstring,
+imports and its ``register(...)`` call, nothing else (``tests/test_architecture.py``).
 """

@@ -2,14 +2,14 @@
 into one pixel index.  A thread block covers CTAtileDHW pixels of one output channel of
 one image; each thread computes ``outputsPerThread`` of them, looping over every input
 channel and tap itself with its accumulators in registers.  Nothing is staged in shared
-memory.  See ``impls/_direct.py``.
+memory.  See ``impls/direct.py``.
 """
 
-from convbench.registry import register
-from impls import _direct
+from convbench.registry import Implementation, register
+from convkernels.gpu import direct
 
-register(_direct.per_thread_variant(
+register(Implementation(**direct.per_thread_fields(
     name="directConvNCDHWnobuffer",
     summary="direct convolution on NCDHW, merged D*H*W pixel tiles, several outputs per "
             "thread in registers, no staging",
-    channel_loop_outside=False))
+    channel_loop_outside=False)))

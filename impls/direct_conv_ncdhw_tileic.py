@@ -1,14 +1,14 @@
 """``directConvNCDHWtileIC``: the merged-DHW direct convolution with the input-channel
 loop outside the thread-block map.  All threads of a block step through the input
 channels together; per channel each thread applies every tap to its
-``outputsPerThread`` pixels, accumulating in registers.  See ``impls/_direct.py``.
+``outputsPerThread`` pixels, accumulating in registers.  See ``impls/direct.py``.
 """
 
-from convbench.registry import register
-from impls import _direct
+from convbench.registry import Implementation, register
+from convkernels.gpu import direct
 
-register(_direct.per_thread_variant(
+register(Implementation(**direct.per_thread_fields(
     name="directConvNCDHWtileIC",
     summary="direct convolution on NCDHW, merged D*H*W pixel tiles, input-channel loop "
             "outside the thread-block map",
-    channel_loop_outside=True))
+    channel_loop_outside=True)))

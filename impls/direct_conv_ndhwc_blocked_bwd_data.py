@@ -1,73 +1,19 @@
 """``directConvNDHWCblockedBwdData``: dL/dx on NDHWC with the register-blocked forward
 kernel of ``directConvNDHWCblocked``.
 
-For stride 1, dL/dx is a forward convolution of dL/dy (``K`` channels) with the filter
-flipped in space and its channels swapped (``C`` outputs), padded by ``k - 1 - p`` per
-dimension: ``dx[b, d, h, w, c] = sum dy[b, d + p - t, ..., k] * w[k, t, ..., c]``; with
-``t' = k - 1 - t`` that is the forward form on dL/dy padded by ``k - 1 - p``.  The
-forward generator (:func:`impls._blocked.blocked_source`) runs on that transposed layer
-and packs the filter flipped while it packs it anyway, so the flip costs nothing.  Its
-micro-tiles vectorise over the input channels ``c`` (contiguous in dL/dx).  Stride > 1
-is not supported here (``implicitGemmBwdData`` splits it by stride phase).
-
-The original filter ``w[k, taps, c]`` already has the vector dimension ``c`` innermost,
-so packing is optional (``PACK``): with ``PACK`` = 0 the kernel reads its filter vectors
-in place, flipped where read, one cache line per vector at a constant stride.  For the
-many-channel, few-pixel layers the copy costs more than the convolution; for large
-layers the contiguous packed stream is faster.  The tuner picks per layer.
+The kernel: :mod:`convkernels.cpu.direct.data_gradient`.
 """
 
-import math
-
-from convbench.registry import ALL_PRECISIONS, Implementation, Layout, Pass, Param, register
-from impls._rules import DIRECT
-from impls._blocked import (auto_switch, blocked_source, channel_tiles_outer, cpu_schedule,
-                            generated_program, kouter_param, micro_tile, nv_param,
-                            channel_block, cblk_param, group_param, edge_param,
-                            inplace_param, input_modes, lanes_param, registers_of)
-from impls import _dpbf16
-from impls._common import layer_constants
-from impls._transposed import supports, swap_roles, transposed_layer
-from convbench.isa import fit_pixels
-
-
-def tile_sizes(layer, params):
-    """The :class:`~impls._blocked.MicroTile` of the transposed layer: ``nv`` vectors of
-    ``nb`` input channels of ``layer`` (its output channels)."""
-    t = transposed_layer(layer)
-    return micro_tile(t, params, t.out_channels)
-
-
-def algorithm(layer, dtype, params):
-    t = transposed_layer(layer)
-    L = layer_constants(t, Layout.NDHWC)
-    if params["DOT"] and not _dpbf16.refusal(t, dtype.name):
-        (db, hb, wb), nv = _dpbf16.tile_of(t, params)
-        return swap_roles(_dpbf16.dpbf16_sdfg(
-            t, L, dtype, (db, hb, wb), nv, f"bwdd_dpbf16_{t.key()}_{db}x{hb}x{wb}x{nv}",
-            flip=True))
-    db, hb, wb, nb, nv = tile_sizes(layer, params)
-    k_outer = channel_tiles_outer(t, params["KOUTER"])
-    pack = packed(layer, params["PACK"])
-    cblk = channel_block(t.in_channels, params["CBLK"])
-    edge, in_place = input_modes(L, (db, hb, wb), params, dtype.name)
-    sdfg = generated_program(t, blocked_source(L, dtype.name, db, hb, wb, nb, k_outer, flip=True,
-                                               nv=nv, pack=pack, cblk=cblk,
-                                               group=params["GROUP"], edge=edge,
-                                               in_place=in_place),
-                             "direct_blocked", f"bwdd_{db}x{hb}x{wb}x{nb}x{nv}_{int(k_outer)}_"
-                             f"{int(pack)}_{cblk}_{params['GROUP']}_{params['EDGE']}_"
-                             f"{int(in_place)}", in_place, dtype)
-    return swap_roles(sdfg)
-
-
-def packed(layer, pack: int) -> bool:
-    """``PACK``: 1 copy the filter first, 0 read it in place, 2 (auto) copy it when it
-    has fewer elements than dL/dy (a copy that the convolution then amortises)."""
-    if pack != 2:
-        return bool(pack)
-    return math.prod(layer.filter_shape) < math.prod(layer.output_shape)
-
+from convbench.registry import ALL_PRECISIONS, Implementation, Layout, Param, Pass, register
+from convkernels.cpu.direct import data_gradient
+from convkernels.cpu.direct import bf16_dot
+from convkernels.cpu.direct.blocking import (auto_switch, cblk_param, cpu_schedule,
+                                             edge_param, group_param, inplace_param,
+                                             kouter_param, lanes_param, nv_param,
+                                             registers_of)
+from convkernels.cpu.isa import fit_pixels
+from convkernels.cpu.rules import DIRECT
+from convkernels.transposed import supports
 
 register(Implementation(
     name="directConvNDHWCblockedBwdData",
@@ -77,7 +23,7 @@ register(Implementation(
             "kernel on dL/dy with the filter flipped and transposed while packed",
     layout=Layout.NDHWC,
     pass_=Pass.BWD_DATA,
-    algorithm=algorithm,
+    algorithm=data_gradient.algorithm,
     schedules={"cpu": cpu_schedule},
     params=(Param("PIX", fit_pixels(8, 2), "input pixels per micro-tile: accumulator vectors"),
             Param("WB", 16, "at most this many of them along the width"),
@@ -93,11 +39,11 @@ register(Implementation(
             group_param(),
             edge_param(),
             inplace_param(),
-            _dpbf16.dot_param()),
+            bf16_dot.dot_param()),
     supports=supports,
     constraints="stride 1, padding at most kernel - 1",
     anisotropic_pad=True,
-    registers=registers_of(tile_sizes),
+    registers=registers_of(data_gradient.tile_sizes),
     precisions=ALL_PRECISIONS,
     wins=(DIRECT,),
 ))

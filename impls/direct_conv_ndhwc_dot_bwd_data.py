@@ -8,26 +8,14 @@ of over the channels it writes.  That suits layers with few input channels, wher
 vector of ``C`` channels would be mostly empty: CosmoFlow's first layers (C = 1 or 4)
 reduce over K = 16 or 32 channels, one or two full vectors.  The filter is first copied
 into the transposed layer's KTRSC order, so the kernel reads it as the forward one does.
+
+The kernel: :mod:`convkernels.cpu.direct.dot`.
 """
 
 from convbench.registry import Implementation, Layout, Pass, register
-from impls._blocked import channel_tiles_outer, cpu_schedule, generated_program
-from impls._common import layer_constants
-from impls._transposed import supports, swap_roles, transposed_layer
-from impls.direct_conv_ndhwc_dot import check_params_dot, dot_source, registers, tile_sizes
-from impls.direct_conv_ndhwc_dot import PARAMS
-
-
-def algorithm(layer, dtype, params):
-    t = transposed_layer(layer)
-    L = layer_constants(t, Layout.NDHWC)
-    db, hb, wb, kt, cv = tile_sizes(t, params)
-    k_outer = channel_tiles_outer(t, params["KOUTER"])
-    source = dot_source(L, dtype.name, db, hb, wb, kt, cv, k_outer, flip=True)
-    sdfg = generated_program(t, source,
-                             "direct_dot", f"bwdd_{db}x{hb}x{wb}x{kt}x{cv}_{int(k_outer)}")
-    return swap_roles(sdfg)
-
+from convkernels.cpu.direct import dot
+from convkernels.cpu.direct.blocking import cpu_schedule
+from convkernels.transposed import supports
 
 register(Implementation(
     name="directConvNDHWCdotBwdData",
@@ -37,12 +25,12 @@ register(Implementation(
             "transposed first; for layers with few input channels",
     layout=Layout.NDHWC,
     pass_=Pass.BWD_DATA,
-    algorithm=algorithm,
+    algorithm=dot.data_gradient,
     schedules={"cpu": cpu_schedule},
-    params=PARAMS,
-    check_params=check_params_dot,
+    params=dot.PARAMS,
+    check_params=dot.check_params_dot,
     supports=supports,
     constraints="stride 1, padding at most kernel - 1",
     anisotropic_pad=True,
-    registers=lambda layer, params: registers(transposed_layer(layer), params),
+    registers=dot.data_gradient_registers,
 ))

@@ -1,10 +1,12 @@
-"""``implicitGemmBwdData``: dL/dx as an implicit GEMM on NDHWC (see ``_backward.py``):
-per input pixel, only the taps of its stride phase, from tap tables; DaCe auto-optimize."""
+"""``implicitGemmBwdData``: dL/dx as an implicit GEMM on NDHWC: per input pixel, only the
+taps of its stride phase, from tap tables; DaCe auto-optimize.
 
-from convbench.registry import ALL_PRECISIONS, FEATURES, Layout, Pass
-from convbench.registry import Implementation, register
-from impls._backward import bwd_data_algorithm
-from impls._common import auto_cpu, auto_gpu
+The kernel: :mod:`convkernels.auto.implicit_gemm`.
+"""
+
+from convbench.registry import ALL_PRECISIONS, FEATURES, Implementation, Layout, Pass, register
+from convkernels.auto import implicit_gemm
+from convkernels.auto.schedules import auto_cpu, auto_gpu
 
 register(Implementation(
     name="implicitGemmBwdData",
@@ -13,7 +15,7 @@ register(Implementation(
             "per-stride-phase taps from tables (no zero insertion), NDHWC, DaCe auto-optimize",
     layout=Layout.NDHWC,
     pass_=Pass.BWD_DATA,
-    algorithm=bwd_data_algorithm,
+    algorithm=implicit_gemm.data_gradient,
     schedules={"cpu": auto_cpu, "gpu": auto_gpu},
     handles=FEATURES,
     precisions=ALL_PRECISIONS,

@@ -1,10 +1,12 @@
-"""``implicitGemmBwdFilter``: dL/dw as an implicit GEMM on NDHWC (see ``_backward.py``):
-one output per filter element, the whole N*Do*Ho*Wo reduction in it; DaCe auto-optimize."""
+"""``implicitGemmBwdFilter``: dL/dw as an implicit GEMM on NDHWC: one output per filter
+element, the whole N*Do*Ho*Wo reduction in it; DaCe auto-optimize.
 
-from convbench.registry import ALL_PRECISIONS, FEATURES, Layout, Pass
-from convbench.registry import Implementation, register
-from impls._backward import bwd_filter_algorithm
-from impls._common import auto_cpu, auto_gpu
+The kernel: :mod:`convkernels.auto.implicit_gemm`.
+"""
+
+from convbench.registry import ALL_PRECISIONS, FEATURES, Implementation, Layout, Pass, register
+from convkernels.auto import implicit_gemm
+from convkernels.auto.schedules import auto_cpu, auto_gpu
 
 register(Implementation(
     name="implicitGemmBwdFilter",
@@ -13,7 +15,7 @@ register(Implementation(
             "over N*Do*Ho*Wo, NDHWC, DaCe auto-optimize",
     layout=Layout.NDHWC,
     pass_=Pass.BWD_FILTER,
-    algorithm=bwd_filter_algorithm,
+    algorithm=implicit_gemm.filter_gradient,
     schedules={"cpu": auto_cpu, "gpu": auto_gpu},
     handles=FEATURES,
     precisions=ALL_PRECISIONS,

@@ -2,29 +2,17 @@
 
 dL/dx of a stride-1 layer is the forward convolution of dL/dy with the filter flipped in
 space and its channel dimensions swapped (``transposed_layer``).  This is
-``implicitGemmMMA``'s program (``impls/_mma.py``) on that layer; the filter's gather reads
+``implicitGemmMMA``'s program (``impls/mma.py``) on that layer; the filter's gather reads
 the forward filter where it is.  Its output channels are the contiguous ones: it is
 staged N-major in 16-byte chunks by ``cp.async``, and read with ``ldmatrix.trans`` in 16
-bits and with 32-bit shared loads from ``_mma.blocked``'s layout in TF32.
+bits and with 32-bit shared loads from ``mma.blocked``'s layout in TF32.
 """
 
-from convbench.registry import Layout, Pass, register, stored_shape
-from impls import _mma
-from impls._transposed import supports as flipped_supports
-from impls._transposed import swap_roles, transposed_layer
+from convbench.registry import Implementation, Pass, register
+from convkernels.gpu.mma import program as mma
+from convkernels.transposed import transposed_layer
 
-
-def algorithm(layer, dtype, params):
-    sdfg = _mma.program(transposed_layer(layer), dtype, params, flip=True,
-                        w_shape=stored_shape(Layout.NDHWC, "w", layer.filter_shape))
-    return swap_roles(sdfg)
-
-
-def supports(layer, params=None):
-    return flipped_supports(layer, params) or _mma.supports(transposed_layer(layer), params)
-
-
-register(_mma.implementation(
+register(Implementation(**mma.fields(
     default_for=("network-tensor-cores",),
     name="implicitGemmMMABwdData",
     summary="backward data on tensor cores (stride 1): implicitGemmMMA on dL/dy with the "
@@ -32,9 +20,9 @@ register(_mma.implementation(
             "in 16 bits, 32-bit loads in TF32) (CPU: ldmatrix and the MMA emulated lane by "
             "lane)",
     pass_=Pass.BWD_DATA,
-    algorithm=algorithm,
-    schedules={t: _mma.schedule(t, flip=True, layer_of=transposed_layer)
+    algorithm=mma.data_gradient,
+    schedules={t: mma.schedule(t, flip=True, layer_of=transposed_layer)
                for t in ("cpu", "gpu")},
-    supports=supports,
+    supports=mma.data_gradient_supports,
     constraints="stride 1, padding at most kernel - 1; one image of dL/dy below 2^31 elements",
-))
+)))

@@ -5,12 +5,12 @@ pixels, which are neighbouring input elements in NCDHW.  Default implementation 
 ``profile_conv3d.py``.
 """
 
-from convbench.registry import Layout
+from convbench.registry import Implementation, Layout
 from convbench.registry import register
-from impls import _igemm
+from convkernels.gpu import igemm
 
-register(_igemm.warp_variant(
+register(Implementation(**igemm.warp_fields(
     name="implicitGemmNCDHW",
     summary="warp-tiled implicit GEMM (register tiles, shared-memory staging) on NCDHW",
     layout=Layout.NCDHW,
-    default_for=("cli",)))
+    default_for=("cli",))))

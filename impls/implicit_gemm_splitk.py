@@ -10,12 +10,12 @@ work's split-K skipped or double-counted terms at K tails).  Splitting raises th
 number of blocks for layers with few output pixels (the deep CosmoFlow layers).
 """
 
-from convbench.registry import Layout
+from convbench.registry import Implementation, Layout
 from convbench.registry import register
-from impls import _igemm
+from convkernels.gpu import igemm
 
-register(_igemm.warp_variant(
+register(Implementation(**igemm.warp_fields(
     name="implicitGemmsplitK",
     summary="warp-tiled implicit GEMM on NCDHW, K split over nsplitK blocks into partial "
             "sums, then a reduction kernel",
-    layout=Layout.NCDHW, split_k=True))
+    layout=Layout.NCDHW, split_k=True)))

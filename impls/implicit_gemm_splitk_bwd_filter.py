@@ -1,16 +1,12 @@
 """``implicitGemmsplitKBwdFilter``: backward filter with the long N*Do*Ho*Wo reduction
 split over ``nsplitK`` chunks of output depth planes into partial sums, then reduced
-(see ``_backward.py``).  More independent work for the layers with few filter
-elements and many pixels (the first CosmoFlow layers), where split-K pays most."""
+(:mod:`convkernels.auto.implicit_gemm`).  More independent work for the layers with few
+filter elements and many pixels (the first CosmoFlow layers), where split-K pays most."""
 
-from convbench.registry import ALL_PRECISIONS, FEATURES, Layout, Pass
-from convbench.registry import Implementation, Param, register
-from impls._backward import bwd_filter_algorithm
-from impls._common import auto_cpu, auto_gpu
-
-
-def algorithm(layer, dtype, params):
-    return bwd_filter_algorithm(layer, dtype, params, nsplit=params["nsplitK"])
+from convbench.registry import (ALL_PRECISIONS, FEATURES, Implementation, Layout, Param, Pass,
+                                register)
+from convkernels.auto import implicit_gemm
+from convkernels.auto.schedules import auto_cpu, auto_gpu
 
 
 register(Implementation(
@@ -19,7 +15,8 @@ register(Implementation(
             "depth planes into partials, then a reduction map, NDHWC, DaCe auto-optimize",
     layout=Layout.NDHWC,
     pass_=Pass.BWD_FILTER,
-    algorithm=algorithm,
+    algorithm=lambda layer, dtype, params: implicit_gemm.filter_gradient(
+        layer, dtype, params, nsplit=params["nsplitK"]),
     schedules={"cpu": auto_cpu, "gpu": auto_gpu},
     handles=FEATURES,
     precisions=ALL_PRECISIONS,

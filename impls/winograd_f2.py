@@ -1,13 +1,14 @@
 """``winogradF2``: 3D Winograd F(2^3, 3^3) on NDHWC for the CPU (the kernel:
-``_winograd.py``): 64 element-wise products per 2 x 2 x 2 output tile instead of 216, at
+``forward.py``): 64 element-wise products per 2 x 2 x 2 output tile instead of 216, at
 the price of a larger rounding error, which its check bounds with
-:func:`convbench.winograd.error_bound` instead of the direct sums' tolerance
+:func:`convkernels.winograd.algebra.error_bound` instead of the direct sums' tolerance
 (docs/winograd.md)."""
 
 from convbench.registry import Implementation, Layout, Pass, register
-from impls._rules import WINOGRAD
-from impls import _winograd, _winograd_fields
-from impls._blocked import cpu_schedule
+from convkernels.cpu.winograd import forward
+from convkernels.winograd import fields
+from convkernels.cpu.rules import WINOGRAD
+from convkernels.cpu.direct.blocking import cpu_schedule
 
 register(Implementation(
     name="winogradF2",
@@ -18,9 +19,9 @@ register(Implementation(
     layout=Layout.NDHWC,
     pass_=Pass.FWD,
     schedules={"cpu": cpu_schedule},
-    params=_winograd_fields.params(),
-    search_space=_winograd_fields.SEARCH_SPACE,
-    registers=_winograd_fields.registers_of(Pass.FWD),
-    **_winograd_fields.pass_fields(Pass.FWD, _winograd.program),
+    params=forward.params(),
+    search_space=forward.SEARCH_SPACE,
+    registers=forward.registers_of(Pass.FWD),
+    **fields.pass_fields(Pass.FWD, forward.program),
     wins=(WINOGRAD,),
 ))

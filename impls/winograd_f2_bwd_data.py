@@ -1,15 +1,16 @@
 """``winogradF2BwdData``: dL/dx of a stride-1 3x3x3 layer with Winograd F(2^3, 3^3).
 
 dL/dx of a stride-1 layer is the forward convolution of dL/dy with the filter flipped in
-space and its channels swapped (:mod:`impls._transposed`), a 3x3x3 stride-1 convolution
+space and its channels swapped (:mod:`convkernels.transposed`), a 3x3x3 stride-1 convolution
 again, so ``winogradF2``'s kernel computes it.  The flip and the swap happen while the
 filter is transformed, which the kernel does anyway: the original filter's output
 channels are already its innermost dimension, the vector dimension of the transform."""
 
 from convbench.registry import Implementation, Layout, Pass, register
-from impls._rules import WINOGRAD_DATA
-from impls import _winograd, _winograd_fields
-from impls._blocked import cpu_schedule
+from convkernels.cpu.winograd import forward
+from convkernels.winograd import fields
+from convkernels.cpu.rules import WINOGRAD_DATA
+from convkernels.cpu.direct.blocking import cpu_schedule
 
 register(Implementation(
     name="winogradF2BwdData",
@@ -18,9 +19,9 @@ register(Implementation(
     layout=Layout.NDHWC,
     pass_=Pass.BWD_DATA,
     schedules={"cpu": cpu_schedule},
-    params=_winograd_fields.params(),
-    search_space=_winograd_fields.SEARCH_SPACE,
-    registers=_winograd_fields.registers_of(Pass.BWD_DATA),
-    **_winograd_fields.pass_fields(Pass.BWD_DATA, _winograd.program),
+    params=forward.params(),
+    search_space=forward.SEARCH_SPACE,
+    registers=forward.registers_of(Pass.BWD_DATA),
+    **fields.pass_fields(Pass.BWD_DATA, forward.program),
     wins=(WINOGRAD_DATA,),
 ))

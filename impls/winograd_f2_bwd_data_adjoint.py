@@ -1,18 +1,14 @@
 """``winogradF2BwdDataAdjoint``: dL/dx of a stride-1 3x3x3 layer as the adjoint of the
 forward Winograd F(2^3, 3^3): per forward tile, dL/dy's 2^3 values through ``A``, one GEMM
 per transform point with the transformed filter, and ``B`` into a 4^3 patch added into
-dL/dx where the patches overlap (:mod:`impls._winograd_adjoint`).  It does the forward's
+dL/dx where the patches overlap (:mod:`convkernels.cpu.winograd.adjoint`).  It does the forward's
 products where ``winogradF2BwdData`` tiles the larger dL/dx of an unpadded layer."""
 
 from convbench.registry import Implementation, Layout, Pass, register
-from impls import _winograd, _winograd_adjoint, _winograd_fields
-from impls._blocked import cpu_schedule
-from impls._common import layer_constants
-
-
-def _algorithm(layer, dtype, params):
-    return _winograd_adjoint.program(layer, layer_constants(layer, Layout.NDHWC), params)
-
+from convkernels.cpu.winograd import adjoint
+from convkernels.winograd import fields
+from convkernels.winograd.tiles import refusal
+from convkernels.cpu.direct.blocking import cpu_schedule
 
 register(Implementation(
     name="winogradF2BwdDataAdjoint",
@@ -20,15 +16,15 @@ register(Implementation(
             "per forward tile A on dL/dy, one GEMM per point, B into overlapping 4^3 patches",
     layout=Layout.NDHWC,
     pass_=Pass.BWD_DATA,
-    algorithm=_algorithm,
+    algorithm=fields.ndhwc_algorithm(adjoint.program),
     schedules={"cpu": cpu_schedule},
-    params=_winograd_adjoint.params(),
-    search_space=_winograd_adjoint.SEARCH_SPACE,
-    registers=_winograd_adjoint.registers,
-    supports=lambda layer, params=None: _winograd.refusal(layer) or None,
-    error_bound=lambda layer, inputs, tol_factor=None, random_inputs=False: _winograd_adjoint.bound(
+    params=adjoint.params(),
+    search_space=adjoint.SEARCH_SPACE,
+    registers=adjoint.registers,
+    supports=lambda layer, params=None: refusal(layer) or None,
+    error_bound=lambda layer, inputs, tol_factor=None, random_inputs=False: adjoint.bound(
         layer, inputs["y"], inputs["w"], tol_factor, random_inputs),
-    constraints=_winograd_fields.CONSTRAINTS,
+    constraints=fields.CONSTRAINTS,
     anisotropic_pad=True,
     handles=("asymmetric padding",),  # only the output size depends on it
 ))

@@ -1,11 +1,12 @@
-"""``winogradF2Tiled``: 3D Winograd F(2^3, 3^3) as a tiled GPU program (``_winograd_tiled.py``):
+"""``winogradF2Tiled``: 3D Winograd F(2^3, 3^3) as a tiled GPU program (``winograd.py``):
 the input transform of a block's tiles in shared memory, each thread's 64 products per
 tile and output channel summed in registers, its output transform.  Its CPU schedule
 runs the same blocks and threads (slowly), so the CPU check verifies what the GPU runs;
 ``winogradF2`` is the CPU kernel."""
 
 from convbench.registry import Implementation, Layout, Pass, register
-from impls import _winograd_fields, _winograd_tiled
+from convkernels.winograd import fields
+from convkernels.gpu import winograd
 
 register(Implementation(
     name="winogradF2Tiled",
@@ -14,8 +15,8 @@ register(Implementation(
             "registers, its output transform (CPU: the same blocks, threads in sequence)",
     layout=Layout.NDHWC,
     pass_=Pass.FWD,
-    schedules={"cpu": _winograd_tiled.schedule("cpu"), "gpu": _winograd_tiled.schedule("gpu")},
-    params=_winograd_tiled.params(),
-    check_params=_winograd_tiled.check_params,
-    **_winograd_fields.pass_fields(Pass.FWD, _winograd_tiled.program),
+    schedules={"cpu": winograd.schedule("cpu"), "gpu": winograd.schedule("gpu")},
+    params=winograd.params(),
+    check_params=winograd.check_params,
+    **fields.pass_fields(Pass.FWD, winograd.program),
 ))

@@ -1,9 +1,10 @@
 """``winogradF2TiledBwdData``: dL/dx of a stride-1 3x3x3 layer with ``winogradF2Tiled``'s
-program on the transposed layer (:mod:`impls._transposed`), the filter flipped and its
+program on the transposed layer (:mod:`convkernels.transposed`), the filter flipped and its
 channels swapped where the filter transform reads it."""
 
 from convbench.registry import Implementation, Layout, Pass, register
-from impls import _winograd_fields, _winograd_tiled
+from convkernels.winograd import fields
+from convkernels.gpu import winograd
 
 register(Implementation(
     name="winogradF2TiledBwdData",
@@ -11,9 +12,9 @@ register(Implementation(
             "filter flipped and its channels swapped in the filter transform",
     layout=Layout.NDHWC,
     pass_=Pass.BWD_DATA,
-    schedules={"cpu": _winograd_tiled.schedule("cpu", transposed=True),
-               "gpu": _winograd_tiled.schedule("gpu", transposed=True)},
-    params=_winograd_tiled.params(),
-    check_params=_winograd_tiled.check_params,
-    **_winograd_fields.pass_fields(Pass.BWD_DATA, _winograd_tiled.program),
+    schedules={"cpu": winograd.schedule("cpu", transposed=True),
+               "gpu": winograd.schedule("gpu", transposed=True)},
+    params=winograd.params(),
+    check_params=winograd.check_params,
+    **fields.pass_fields(Pass.BWD_DATA, winograd.program),
 ))

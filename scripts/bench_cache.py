@@ -31,8 +31,9 @@ _WARM = r"""
 import json, sys, time, warnings
 warnings.simplefilter("ignore")
 t0 = time.perf_counter()
-from convbench import registry, toolchain
-from convbench.cache import BuildCache
+from convbench import registry
+from convbench.build import toolchain
+from convbench.build.cache import BuildCache
 from convbench.layersets import load_layers
 layer = [l for l in load_layers({set!r}) if l.name == {layer!r}][0].with_batch({batch})
 spec = toolchain.make_spec(registry.get({impl!r}), layer, "float32", {target!r})
@@ -44,7 +45,7 @@ print(json.dumps({{"origin": build.origin, "imports_s": t1 - t0, "load_s": t2 - 
 
 
 def main(argv=None) -> int:
-    from convbench.errors import run_main
+    from convbench.base.errors import run_main
     return run_main(PROG, _main, argv)
 
 
@@ -60,10 +61,11 @@ def _main(argv) -> int:
     p.add_argument("--out", default=None, help="JSON file for the raw numbers")
     args = p.parse_args(argv)
     warnings.simplefilter("ignore")
-    from convbench import registry, toolchain
-    from convbench.cache import BuildCache
-    from convbench.errors import UsageError
-    from convbench.layersets import load_layers
+    from convbench import registry
+    from convbench.build import toolchain
+    from convbench.build.cache import BuildCache
+    from convbench.base.errors import UsageError
+    from convbench.layersets.sets import load_layers
     impl = registry.get(args.implementation)
     layers = [x for x in load_layers(args.paramscsv) if x.name == args.layer]
     if not layers:
@@ -114,7 +116,7 @@ def _main(argv) -> int:
                 "method": "cold: build into an empty cache folder in-process; warm: "
                           "policy=require load in a fresh process (lookup + checksums + "
                           "SDFG read + dlopen), and that process's wall time"}
-        from convbench.results import save_records
+        from convbench.results.writer import save_records
         save_records(args.out, meta, records)
     return 0
 

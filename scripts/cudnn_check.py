@@ -24,7 +24,7 @@ TOL = {"float32": 1e-4, "float16": 1e-2}
 
 
 def main(argv=None) -> int:
-    from convbench.errors import run_main
+    from convbench.base.errors import run_main
     return run_main(PROG, _main, argv)
 
 
@@ -36,10 +36,10 @@ def _main(argv) -> int:
     p.add_argument("--algo", default="find")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    from convbench import devices
-    from convbench.errors import UsageError
-    from convbench.layersets import load_layers
-    from convbench.references import torch_pass
+    from convbench.timing import devices
+    from convbench.base.errors import UsageError
+    from convbench.layersets.sets import load_layers
+    from convbench.check.references import torch_pass
     problem = devices.gpu_problem()
     if problem:
         raise UsageError(f"no usable GPU: {problem}")
@@ -93,7 +93,7 @@ def _main(argv) -> int:
                           f"{'ok' if ok else 'FAIL'}", flush=True)
                 cb.clear_plans()
     if args.out:
-        from convbench.results import save_records
+        from convbench.results.writer import save_records
         smi = subprocess.run(["nvidia-smi"], capture_output=True, text=True).stdout
         meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": platform.node(),
                 "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,

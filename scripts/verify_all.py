@@ -21,7 +21,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from convbench import devices, registry  # noqa: E402
+from convbench import registry
+from convbench.timing import devices  # noqa: E402
 
 
 def main(argv=None):

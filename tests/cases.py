@@ -23,11 +23,12 @@ from typing import Dict, Iterable, List, Sequence, Tuple
 
 import pytest
 
-from convbench import registry, verify
-from convbench.layercase import LayerCase
-from convbench.layers import Layer
-from convbench.layersets import load_layers
-from convbench.layouts import Pass
+from convbench import registry
+from convbench.check import verify
+from convbench.experiment.case import LayerCase
+from convbench.layersets.layer import Layer
+from convbench.layersets.sets import load_layers
+from convkernels.layouts import Pass
 
 
 #: The full tier's CPU budget, in GFLOP of one pass of a layer at its batch: the

@@ -37,10 +37,10 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ and "OMP_NUM_THREADS" not in os.env
                                             // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 from cases import Case  # noqa: E402
-from convbench import devices  # noqa: E402
-from convbench.cache import BuildCache, fill  # noqa: E402
-from convbench.isa import widest_isa  # noqa: E402
-from convbench.verify import make_truth  # noqa: E402
+from convbench.timing import devices  # noqa: E402
+from convbench.build.cache import BuildCache, fill  # noqa: E402
+from convkernels.cpu.isa import widest_isa  # noqa: E402
+from convbench.check.verify import make_truth  # noqa: E402
 
 PYTHON = sys.executable
 ENV = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -392,7 +392,7 @@ def _set_order(name):
 
 
 def _git_state():
-    from convbench.results import git_commit
+    from convbench.results.writer import git_commit
     state = git_commit(ROOT)
     return dict(state, commit=state.get("commit") or "unknown")
 

@@ -34,7 +34,7 @@ SWITCHES = {"EDGE": (0, 1, 2), "INPLACE": (0, 1), "CBLK": (0, 16), "GROUP": (0, 
 
 
 def layers():
-    from convbench.layersets import load_layers
+    from convbench.layersets.sets import load_layers
     import cases  # the tests' shapes
     seen = {}
     found = [layer for s in SETS for layer in load_layers(s)]
@@ -60,7 +60,7 @@ def _space(impl) -> Iterator[Dict[str, int]]:
 
 
 def _tuned(impl, layer) -> Iterator[Dict[str, int]]:
-    from convbench import tuning
+    from convbench.build import tuned as tuning
     known = {p.name: p.default for p in impl.params}
     for section in tuning.load("cpu").get("machines", {}).values():
         entry = section.get("entries", {}).get(impl.name, {}).get(layer.key())
@@ -73,7 +73,7 @@ def texts() -> Iterator[Tuple[str, str]]:
     implementation refuses is left out."""
     import importlib
 
-    from convbench.toolchain import get_dtype
+    from convbench.build.toolchain import get_dtype
     dtype = get_dtype("float32")
     captured = {}
 

@@ -202,8 +202,8 @@ ENDS = {"cancel": ("CANCELLED by 0", STOPPED + " ***"),  # state, slurmstepd's l
 
 def _planted_run(part, folder, phase):
     """The part's work as the plan says: two layers' results, a kill, a failure, a hold."""
-    from convbench import schema
-    from convbench.results import csv_text
+    from convbench.results import schema
+    from convbench.results.writer import csv_text
     plan = STATE / "plan.json"
     what = json.loads(plan.read_text()).get(part.id, "run") if plan.exists() else "run"
     key = os.environ["FAKE_SLURM_KEY"]
@@ -244,8 +244,8 @@ def _planted_run(part, folder, phase):
 
 def submit(args):
     """submitit's job module (-m submitit.core._submit FOLDER), the part's work planted."""
-    import convbench.sweep
-    convbench.sweep._run_experiment = _planted_run
+    import convbench.sweep.parts
+    convbench.sweep.parts._run_experiment = _planted_run
     from submitit.core.submission import submitit_main
     sys.argv = ["submitit", *args]
     submitit_main()

@@ -1,16 +1,20 @@
 """Fast on a machine never seen: the choice by rule, the nearest machine's parameters, the
-quick autotune (convbench.autotune) and its store-then-reuse, the ISA cap, and the
-toolchain's chatter kept off the terminal (convbench.chatter)."""
+quick autotune (convbench.tuning.autotune) and its store-then-reuse, the ISA cap, and the
+toolchain's chatter kept off the terminal (convbench.build.chatter)."""
 
 import json
 import warnings
 
 import pytest
 
-from convbench import autotune, chatter, end2end, isa, network, registry, toolchain, tuning
+from convbench import registry
+from convbench.tuning import autotune
+from convbench.build import chatter, toolchain, tuned as tuning
+from convbench.network import end2end, cosmoflow as network
+from convkernels.cpu import isa
 from convbench.commands import tune as tune_command
-from convbench.layers import Layer
-from convbench.layouts import Pass
+from convbench.layersets.layer import Layer
+from convkernels.layouts import Pass
 
 BLOCKED = "directConvNDHWCblocked"
 MLPERF64 = network.conv_layers(network.MODELS["mlperf"], 64, 2)
@@ -156,7 +160,7 @@ def test_quick_autotune_stores_the_verified_winner_and_a_second_run_reuses_it(
     its parameters; the choice then says "measured here".  A candidate made 1% wrong (and
     made the fastest) is never stored."""
     path = machine("autotune test CPU | avx512f")
-    from convbench.experiment import Experiment
+    from convbench.experiment.pipeline import Experiment
     original = Experiment.run_case
 
     def planted(self, impl, layer, *args, **kwargs):

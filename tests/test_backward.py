@@ -10,12 +10,15 @@ import sys
 import pytest
 
 from cases import ANISO, ANISO_IMPLS, IMPLS, case_params, cases, verify_case
-from convbench import cli, references, registry, toolchain, verify
-from convbench.layers import Layer
-from convbench.layouts import Pass
+from convbench import registry
+from convbench.commands import profile_conv3d as cli
+from convbench.check import references, verify
+from convbench.build import toolchain
+from convbench.layersets.layer import Layer
+from convkernels.layouts import Pass
 from convbench.registry import Implementation
-from impls import _backward
-from impls._common import auto_cpu
+from convkernels.auto import implicit_gemm
+from convkernels.auto.schedules import auto_cpu
 
 BACKWARD = sorted(n for n, i in registry.all_implementations().items() if i.pass_ != Pass.FWD)
 
@@ -46,9 +49,9 @@ def test_reference_is_autograd():
 
 
 def _planted(tmp_path, name, replacements):
-    """A copy of ``impls/_backward.py`` with ``replacements`` (old, new, count) applied, as
+    """A copy of ``convkernels/auto/implicit_gemm.py`` with ``replacements`` (old, new, count) applied, as
     a fresh module (DaCe parses programs from their source file)."""
-    source = inspect.getsource(_backward)
+    source = inspect.getsource(implicit_gemm)
     for old, new, count in replacements:
         assert source.count(old) >= count, old
         source = source.replace(old, new, count)
@@ -75,7 +78,7 @@ def test_unplanted_copy_passes(tmp_path, builds, reference):
     """The copying machinery itself leaves a correct program (so the failures below come
     from the planted bugs alone)."""
     module = _planted(tmp_path, "bwd_copy", [])
-    check = _verify(module.bwd_data_algorithm, Pass.BWD_DATA, LAYER, builds, reference, "copy")
+    check = _verify(module.data_gradient, Pass.BWD_DATA, LAYER, builds, reference, "copy")
     assert check.ok, check.summary()
 
 
@@ -83,7 +86,7 @@ def test_flipped_kernel_is_caught(tmp_path, builds, reference):
     # The filter taps read mirrored: w[k, KD-1-kd, KH-1-kh, KW-1-kw, c].
     module = _planted(tmp_path, "bwd_flip", [('"\\nt = tap if ok else 0"',
                                               'f"\\nt = ({KX} - 1 - tap) if ok else 0"', 1)])
-    check = _verify(module.bwd_data_algorithm, Pass.BWD_DATA, LAYER, builds, reference, "flip")
+    check = _verify(module.data_gradient, Pass.BWD_DATA, LAYER, builds, reference, "flip")
     assert not check.ok, check.summary()
 
 
@@ -93,7 +96,7 @@ def test_wrong_stride_phase_is_caught(tmp_path, builds, reference):
                                                'f"tap = i % {S} + {S} * j\\n"', 1),
                                               ('f"pos = (i + {P}) // {S} - j\\n"',
                                                'f"pos = i // {S} - j\\n"', 1)])
-    check = _verify(module.bwd_data_algorithm, Pass.BWD_DATA, LAYER, builds, reference, "phase")
+    check = _verify(module.data_gradient, Pass.BWD_DATA, LAYER, builds, reference, "phase")
     assert not check.ok, check.summary()
 
 
@@ -105,7 +108,7 @@ def test_split_k_dropping_planes_is_caught(tmp_path, builds, reference):
     layer = Layer("split", 1, 3, 4, 6, 5, 5, 3, 3, 3)  # Do = 4
 
     def algorithm(layer, dtype, params):
-        return module.bwd_filter_algorithm(layer, dtype, params, nsplit=3)
+        return module.filter_gradient(layer, dtype, params, nsplit=3)
     check = _verify(algorithm, Pass.BWD_FILTER, layer, builds, reference, "split")
     assert not check.ok, check.summary()
 
@@ -113,8 +116,9 @@ def test_split_k_dropping_planes_is_caught(tmp_path, builds, reference):
 def _verify_source(name, function, source, pad_layer, pass_, layer, builds, reference, fix=None):
     """Verify a register-blocked kernel generated from (planted) ``source`` text; its
     input padded as for ``pad_layer`` (None: the program reads it unpadded)."""
-    from impls._blocked import cpu_schedule
-    from impls._common import pad_input, program_from_source
+    from convkernels.cpu.direct.blocking import cpu_schedule
+    from convkernels.padding import pad_input
+    from convkernels.programs import program_from_source
 
     def algorithm(layer, dtype, params):
         program = program_from_source(source, function, name)
@@ -138,9 +142,9 @@ BLOCKED_LAYER = Layer("blocked_odd", 2, 3, 5, 6, 5, 7, 3, 3, 3, pad=1, pad_w=0)
 def test_blocked_bwd_data_catches_an_unflipped_filter(pack, plant, builds, reference):
     """With the filter packed (flipped while copied) and read in place (flipped where
     read), the flip is planted away in either and must be caught."""
-    from impls import direct_conv_ndhwc_blocked_bwd_data as bd
-    from impls._blocked import blocked_source, channel_tiles_outer
-    from impls._common import layer_constants
+    from convkernels.cpu.direct import data_gradient as bd
+    from convkernels.cpu.direct.blocking import blocked_source, channel_tiles_outer
+    from convkernels.layer import layer_constants
     params = registry.get("directConvNDHWCblockedBwdData").resolve_params()
     t = bd.transposed_layer(BLOCKED_LAYER)
     L = layer_constants(t, "NDHWC")
@@ -162,9 +166,9 @@ def test_pixel_groups_catch_a_stale_filter_vector(plant, builds, reference):
     """With the micro-tile's pixels in several vector loops (``GROUP``), each loop loads
     the filter vectors again; a planted loop that reuses the previous loop's (the last
     lane's value, in the program's semantics) must be caught."""
-    from impls import direct_conv_ndhwc_blocked as fw
-    from impls._blocked import blocked_source, channel_tiles_outer
-    from impls._common import layer_constants
+    from convkernels.cpu.direct import forward as fw
+    from convkernels.cpu.direct.blocking import blocked_source, channel_tiles_outer
+    from convkernels.layer import layer_constants
     layer = Layer("groups", 2, 5, 16, 5, 6, 7, 3, 3, 3, pad=1)
     params = dict(registry.get("directConvNDHWCblocked").resolve_params(), PIX=7, NB=8,
                   NV=2, GROUP=3)
@@ -191,9 +195,9 @@ def test_pixel_groups_catch_a_stale_filter_vector(plant, builds, reference):
 def test_channel_blocks_catch_an_overwritten_output(pass_, plant, builds, reference):
     """With the reduction over input channels in blocks, each block adds to the output;
     a planted store that overwrites it keeps the last block only and must be caught."""
-    from impls import direct_conv_ndhwc_blocked as fw, direct_conv_ndhwc_blocked_bwd_data as bd
-    from impls._blocked import blocked_source, channel_tiles_outer
-    from impls._common import layer_constants
+    from convkernels.cpu.direct import data_gradient as bd, forward as fw
+    from convkernels.cpu.direct.blocking import blocked_source, channel_tiles_outer
+    from convkernels.layer import layer_constants
     layer = Layer("cblk", 2, 12, 12, 5, 6, 7, 3, 3, 3, pad=1)
     module = fw if pass_ == Pass.FWD else bd
     params = dict(registry.get("directConvNDHWCblocked" if pass_ == Pass.FWD
@@ -234,8 +238,8 @@ _REPEATS = [pytest.param(*p, marks=pytest.mark.full) for p in (
 def test_blocked_bwd_filter_catches_planted_bugs(form, rows, plant, split, builds, reference):
     """``rows`` None: no slices (``SLICES=0``), the batch loops inside each tile.
     ``split``: one vector loop per width tap (``SPLIT=1``)."""
-    from impls import direct_conv_ndhwc_blocked_bwd_filter as bf
-    from impls._common import layer_constants
+    from convkernels.cpu.direct import filter_gradient as bf
+    from convkernels.layer import layer_constants
     params = dict(registry.get("directConvNDHWCblockedBwdFilter").resolve_params(),
                   SLICES=2 if rows is not None else 0, FORM=form, ROWS=rows or 0,
                   SPLIT=split)
@@ -283,8 +287,8 @@ def test_blocked_bwd_filter_catches_planted_bugs(form, rows, plant, split, build
 def test_blocked_bwd_filter_row_blocks_of_several_planes(plant, builds, reference):
     """``PLANES``: a row block spans 2 rows of each of 2 depth planes (one slice of 6
     planes per batch element); planted: only the first plane of each block is reduced."""
-    from impls import direct_conv_ndhwc_blocked_bwd_filter as bf
-    from impls._common import layer_constants
+    from convkernels.cpu.direct import filter_gradient as bf
+    from convkernels.layer import layer_constants
     params = dict(registry.get("directConvNDHWCblockedBwdFilter").resolve_params(),
                   SLICES=1, ROWS=2, PLANES=2, CB=2)
     layer = BLOCKED_LAYER
@@ -313,8 +317,8 @@ def test_blocked_bwd_filter_reads_only_the_input(rows, plant, builds, reference)
     between NaN guards when verified.  Planted: a row or a plane that reads the input
     skipped, a border pixel's first tap dropped, a row of the border read (in place:
     the row before, or NaN before the input)."""
-    from impls import direct_conv_ndhwc_blocked_bwd_filter as bf
-    from impls._common import layer_constants
+    from convkernels.cpu.direct import filter_gradient as bf
+    from convkernels.layer import layer_constants
     params = dict(registry.get("directConvNDHWCblockedBwdFilter").resolve_params(),
                   SLICES=1, ROWS=rows, CB=2, NB=8)
     source = bf._source(layer_constants(BORDER_LAYER, "NDHWC"), "float32",
@@ -407,7 +411,7 @@ def test_halo_slabs_cover_the_border_exactly_once(layout, pads):
     padded input once: a missed element would be read as whatever the buffer (allocated
     once per loaded program) held."""
     import numpy as np
-    from impls._common import halo_slabs
+    from convkernels.padding import halo_slabs
     from convbench.registry import stored_shape
     layer = Layer("h", 2, 3, 4, 5, 6, 7, 3, 3, 3, pad=pads[0], pad_d=pads[0], pad_h=pads[1],
                   pad_w=pads[2])
@@ -425,8 +429,8 @@ def test_halo_slabs_cover_the_border_exactly_once(layout, pads):
 
 
 def test_csv_optional_pad_columns(write_csv):
-    from convbench.errors import LayerFileError
-    from convbench.layersets import load_layers
+    from convbench.base.errors import LayerFileError
+    from convbench.layersets.sets import load_layers
     head = "layer,batch,in_channels,out_channels,in_d,in_h,in_w,k_d,k_h,k_w,stride,pad,pad_d\n"
     layers = load_layers(str(write_csv(head + "a,1,2,3,1,5,5,1,3,3,1,1,0\nb,1,2,3,4,5,5,3,3,3,1,1,\n")))
     assert [x.pads for x in layers] == [(0, 1, 1), (1, 1, 1)]
@@ -435,7 +439,7 @@ def test_csv_optional_pad_columns(write_csv):
 
 
 def test_alcf_layer_set_counts_2d_flops():
-    from convbench.layersets import load_layers
+    from convbench.layersets.sets import load_layers
     layers = {x.name: x for x in load_layers("alcf_conv2d")}
     assert len(layers) == 4
     for layer in layers.values():

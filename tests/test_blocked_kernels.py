@@ -8,10 +8,12 @@ import sys
 import pytest
 
 from cases import Case, case_params, params_of, verify_case
-from convbench import registry, toolchain, verify
-from convbench.errors import UsageError
-from convbench.layers import Layer
-from convbench.layersets import load_layers
+from convbench import registry
+from convbench.build import toolchain
+from convbench.check import verify
+from convbench.base.errors import UsageError
+from convbench.layersets.layer import Layer
+from convbench.layersets.sets import load_layers
 from test_tuning import BLOCKED, DOT, LAYER
 
 
@@ -19,7 +21,8 @@ from test_tuning import BLOCKED, DOT, LAYER
 
 def test_blocked_tiles_and_parallel_map():
     import dace
-    from impls.direct_conv_ndhwc_blocked import largest_divisor, tile_sizes
+    from convkernels.cpu.direct.blocking import largest_divisor
+    from convkernels.cpu.direct.forward import tile_sizes
     assert largest_divisor(12, 8) == 6 and largest_divisor(7, 16) == 7 and largest_divisor(17, 16) == 1
     params = registry.get(BLOCKED).resolve_params({"PIX": 8, "NB": 16, "NV": 2})
     layer = load_layers("cosmoflow_mlperf")[4].with_batch(2)  # 8^3 out, K = 512
@@ -33,9 +36,9 @@ def test_blocked_tiles_and_parallel_map():
 
 
 def test_blocked_statement_count_follows_the_tile():
-    from convbench.layouts import Layout
-    from impls._common import layer_constants
-    from impls._blocked import blocked_source as _source
+    from convkernels.layouts import Layout
+    from convkernels.layer import layer_constants
+    from convkernels.cpu.direct.blocking import blocked_source as _source
     text = _source(layer_constants(LAYER, Layout.NDHWC), "float32", 1, 2, 8, 16, False)
     assert text.count("] * wv0") == 16 and text.count("acc[15, j] +=") == 1
     # two vectors of 16 channels: one input load feeds two FMAs, 2 x 8 accumulators
@@ -49,9 +52,9 @@ def test_blocked_statement_count_follows_the_tile():
 
 
 def test_dot_tile_and_statements():
-    from convbench.layouts import Layout
-    from impls._common import layer_constants
-    from impls.direct_conv_ndhwc_dot import dot_source as _source, tile_sizes
+    from convkernels.layouts import Layout
+    from convkernels.layer import layer_constants
+    from convkernels.cpu.direct.dot import dot_source as _source, tile_sizes
     impl = registry.get(DOT)
     layer = load_layers("cosmoflow_mlperf")[4].with_batch(2)  # 8^3 out, C = 256, K = 512
     assert tile_sizes(layer, impl.resolve_params({"KT": 4, "CV": 16})) == (1, 1, 4, 4, 16)
@@ -69,9 +72,9 @@ def _tap_ranges(layer, tile):
     """{(dim, tile index): the taps the generated loops run}, by evaluating their bounds."""
     import re
 
-    from convbench.layouts import Layout
-    from impls._blocked import tap_loops
-    from impls._common import layer_constants
+    from convkernels.layouts import Layout
+    from convkernels.cpu.direct.blocking import tap_loops
+    from convkernels.layer import layer_constants
     L = layer_constants(layer, Layout.NDHWC)
     lines, _ = tap_loops(L, tile, {"odb": "odb", "ohb": "ohb", "owb": "owb"}, "")
     out = {}
@@ -125,13 +128,13 @@ def test_blocked_kernels_at_padded_borders(case, builds, reference, coverage):
 def test_a_skipped_border_tap_is_caught(name, monkeypatch, builds, reference):
     """Plant a bound one tap too tight (the first tap of each padded dimension's range
     skipped): the verification must fail."""
-    from impls import _blocked
-    real = _blocked.tap_loops
+    from convkernels.cpu.direct import blocking
+    real = blocking.tap_loops
 
     def too_tight(L, tile, index, indent):
         lines, depth = real(L, tile, index, indent)
         return [line.replace("range(max(0, ", "range(1 + max(0, ") for line in lines], depth
-    monkeypatch.setattr(_blocked, "tap_loops", too_tight)
+    monkeypatch.setattr(blocking, "tap_loops", too_tight)
     layer = Layer("bug", 1, 16, 16, 4, 4, 8, 3, 3, 3, pad=1)
     impl = registry.get(name)
     build = builds(toolchain.make_spec(impl, layer, planted="tap_bound_too_tight"))
@@ -183,9 +186,9 @@ def test_width_cases_run_exactly_the_taps_that_read_the_input(layer, wb):
     """Each width tile goes to one body; a body with written-out taps runs, per pixel of
     the tile, exactly the taps that read the input (checked against counting them out),
     and only the tiles in the middle go to the loop bounded per tile."""
-    from convbench.layouts import Layout
-    from impls._kernel import width_cases
-    from impls._common import layer_constants
+    from convkernels.layouts import Layout
+    from convkernels.cpu.direct.microkernel import width_cases
+    from convkernels.layer import layer_constants
     L = layer_constants(layer, Layout.NDHWC)
     cases = width_cases(L, (1, 1, wb))
     tiles = -(-L.OW // wb)
@@ -212,15 +215,15 @@ def test_width_cases_run_exactly_the_taps_that_read_the_input(layer, wb):
 def test_a_dropped_edge_tap_is_caught(monkeypatch, builds, reference):
     """Plant a written-out width tap that skips its last pixel: the verification of the
     data gradient (whose tiles are all edge tiles here) must fail."""
-    from impls import _blocked
-    real = _blocked.width_cases
+    from convkernels.cpu.direct import blocking
+    real = blocking.width_cases
 
     def dropping(L, tile):
         cases = real(L, tile)
         first = cases[0]
         taps = tuple(dataclasses.replace(tap, columns=tap.columns[:-1]) for tap in first.taps)
         return [dataclasses.replace(first, taps=taps)] + cases[1:]
-    monkeypatch.setattr(_blocked, "width_cases", dropping)
+    monkeypatch.setattr(blocking, "width_cases", dropping)
     layer = Layer("bug_edge", 1, 16, 8, 4, 4, 6, 3, 3, 3)
     impl = registry.get(BLOCKED_BWD_DATA)
     spec = toolchain.make_spec(impl, layer, params={"PIX": 4, "NB": 8, "NV": 1, "EDGE": 2},
@@ -244,9 +247,9 @@ def test_reads_in_place_only_where_every_tap_reads_the_input(layer, tile, edge, 
     """Padded dimensions need tiles one pixel thick (their tap bounds are then exact:
     also along the width, without edge bodies), or, along the width, edge bodies and a
     border that ends inside the first and the last tile."""
-    from convbench.layouts import Layout
-    from impls._kernel import reads_in_place
-    from impls._common import layer_constants
+    from convkernels.layouts import Layout
+    from convkernels.cpu.direct.microkernel import reads_in_place
+    from convkernels.layer import layer_constants
     assert reads_in_place(layer_constants(layer, Layout.NDHWC), tile, edge) is expected
 
 
@@ -261,10 +264,10 @@ IN_PLACE = [Case(name, layer, "inplace", params=params_of(params)) for name, lay
 
 
 def _reads_in_place(case) -> bool:
-    from convbench.layouts import Layout
-    from impls._blocked import input_modes
-    from impls._common import layer_constants
-    from impls._transposed import transposed_layer
+    from convkernels.layouts import Layout
+    from convkernels.cpu.direct.blocking import input_modes
+    from convkernels.layer import layer_constants
+    from convkernels.transposed import transposed_layer
     impl = case.implementation
     params = case.resolved_params()
     layer = transposed_layer(case.layer) if impl.name == BLOCKED_BWD_DATA else case.layer
@@ -290,8 +293,8 @@ def test_a_border_read_in_place_is_caught(monkeypatch, builds, reference):
     """Plant in-place reads for tiles four pixels high at a zero border (some of their
     pixels' taps then read outside the input: a neighbouring row's values, or NaN past
     the ends of the guarded input): the verification must fail."""
-    from impls import _blocked
-    monkeypatch.setattr(_blocked, "reads_in_place", lambda *args: True)
+    from convkernels.cpu.direct import blocking
+    monkeypatch.setattr(blocking, "reads_in_place", lambda *args: True)
     layer = Layer("bug_inplace", 1, 8, 16, 4, 4, 4, 3, 3, 3, pad=1)
     impl = registry.get(BLOCKED)
     spec = toolchain.make_spec(impl, layer, params={"PIX": 16, "NB": 8, "NV": 1, "EDGE": 1},

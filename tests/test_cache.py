@@ -12,9 +12,11 @@ import dace
 import pytest
 
 from conftest import ENV, PYTHON, ROOT
-from convbench import cache, cli, registry, toolchain
-from convbench.cache import BuildCache, CacheMiss
-from convbench.layers import Layer
+from convbench import registry
+from convbench.build import cache, toolchain
+from convbench.commands import profile_conv3d as cli
+from convbench.build.cache import BuildCache, CacheMiss
+from convbench.layersets.layer import Layer
 
 IMPL = "implicitGemm"
 LAYER = Layer("tiny", 1, 3, 4, 6, 5, 7, 3, 3, 3, 1, 1)
@@ -137,9 +139,9 @@ def test_source_change_makes_entry_stale(built, monkeypatch, tmp_path):
     assert built.inspect(spec()).valid
     # A copy of the implementation's sources, one of them edited, stands in for an edit.
     copies = []
-    for f in impl.source_files():
-        copy = tmp_path / "src" / os.path.basename(f)
-        copy.parent.mkdir(exist_ok=True)
+    for n, f in enumerate(impl.source_files()):  # one folder each: names repeat in packages
+        copy = tmp_path / "src" / f"{n:04d}" / os.path.basename(f)
+        copy.parent.mkdir(parents=True)
         shutil.copy(f, copy)
         copies.append(str(copy))
     monkeypatch.setattr(type(impl), "source_files", lambda self: copies)
@@ -222,9 +224,10 @@ def test_gpu_host_code_is_portable():
 _BUILDER = textwrap.dedent("""
     import json, sys, time, warnings
     warnings.simplefilter("ignore")
-    from convbench import registry, toolchain
-    from convbench.cache import BuildCache
-    from convbench.layers import Layer
+    from convbench import registry
+    from convbench.build import toolchain
+    from convbench.build.cache import BuildCache
+    from convbench.layersets.layer import Layer
     layer = Layer("tiny", 1, 3, 4, 6, 5, 7, 3, 3, 3, 1, 1)
     spec = toolchain.make_spec(registry.get("implicitGemm"), layer, "float32", "cpu")
     print("ready", flush=True)

@@ -11,8 +11,10 @@ import pytest
 
 from conftest import assert_usage_error as _assert_usage_error
 from conftest import in_process, load_script
-from convbench import campaign, campaign_cli, ncu, registry
-from convbench.campaign import worker as campaign_worker
+from convbench import registry
+from convbench import campaign
+from convbench.campaign import cli, ncu
+from convbench.campaign import worker
 
 script = load_script("gpu_campaign.py")
 
@@ -113,7 +115,7 @@ def test_bad_input_is_one_line(main, tmp_path):
 
 
 def test_gpu_target_without_a_gpu_is_a_usage_error(main, tmp_path):
-    from convbench import devices
+    from convbench.timing import devices
     if devices.gpu_usable():
         pytest.skip("a GPU is usable here")
     assert_usage_error(main("run", "--tier", "smoke", "--out", tmp_path / "g"),
@@ -139,7 +141,7 @@ def rehearsed_only():
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(registry, "all_implementations",
                    lambda: {n: i for n, i in every().items() if n in REHEARSED})
-        mp.setattr(campaign_worker, "PLANTED_HANG_TIMEOUT_S", 2.0)
+        mp.setattr(worker, "PLANTED_HANG_TIMEOUT_S", 2.0)
         yield
 
 
@@ -248,7 +250,7 @@ def repo(tmp_path, monkeypatch):
     subprocess.run(["git", "init", "-q", str(root)], check=True)
     (root / ".gitignore").write_text("/.carry/\n")
     (root / "code.py").write_text("x = 1\n")
-    from convbench import toolchain
+    from convbench.build import toolchain
     monkeypatch.setattr(toolchain, "PROJECT_ROOT", root)
     wheels = tmp_path / "wheels"
     wheels.mkdir()
@@ -317,7 +319,7 @@ def test_ncu_segments_and_roofline_numbers():
 
 
 def test_campaign_cli_names_every_phase_in_its_help():
-    text = campaign_cli.build_parser().format_help()
+    text = cli.build_parser().format_help()
     assert "--dry-run" in text and "pack|run|unpack" in text
 
 

@@ -7,8 +7,10 @@ import pytest
 
 from cases import FIRST_SMALL, Case, fast_layers
 from conftest import ENV, PYTHON, ROOT
-from convbench import cli, devices, registry
-from convbench.layers import Layer, format_csv
+from convbench import registry
+from convbench.commands import profile_conv3d as cli
+from convbench.timing import devices
+from convbench.layersets.layer import Layer, format_csv
 
 HEADER = "layer,batch,in_channels,out_channels,in_d,in_h,in_w,k_d,k_h,k_w,stride,pad\n"
 TINY = HEADER + "t1,1,2,3,4,5,6,3,3,3,1,0\nt2,2,3,4,5,5,5,3,3,3,2,1\n"

@@ -9,8 +9,9 @@ import pytest
 
 import cudnn_bindings as cb
 from conftest import ENV, PYTHON, ROOT
-from convbench import cli, devices
-from convbench.layers import Layer
+from convbench.commands import profile_conv3d as cli
+from convbench.timing import devices
+from convbench.layersets.layer import Layer
 from cudnn_bindings import conv, enums, library
 
 NO_GPU = pytest.mark.skipif(devices.gpu_usable(), reason="a GPU is usable here")
@@ -186,7 +187,7 @@ GPU_LAYERS = [Layer("g1", 2, 3, 5, 6, 7, 8, 3, 3, 3, pad=1),
 
 
 def _torch_passes(layer, x, w, dy):
-    from convbench.references import torch_pass
+    from convbench.check.references import torch_pass
     exact = {"x": x.double().cpu(), "w": w.double().cpu(), "y": dy.double().cpu()}
     return {p: torch_pass(layer, p, exact) for p in ("fwd", "bwd_data", "bwd_filter")}
 

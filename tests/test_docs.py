@@ -36,7 +36,8 @@ def test_the_status_table_is_the_results():
 def test_the_status_shows_every_gpu_implementations_main_loop():
     """The committed readings (``convbench sass --all``) cover every implementation with
     a GPU schedule on each reading layer: a new one without a reading fails here."""
-    from convbench import gpubuild, registry
+    from convbench import registry
+    from convbench.build import gpubuild
     from convbench.commands import status
     readings = gpubuild.load_readings(ROOT / "results" / "gpu" / "sass")
     header, rows, _ = status.table(ROOT / "results")
@@ -55,7 +56,7 @@ def test_the_status_shows_every_gpu_implementations_main_loop():
 
 
 def test_spearman_ranks_with_ties():
-    from convbench import results as status
+    from convbench.results import writer as status
     assert status.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert status.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
     assert status.spearman([1, 1, 2], [3, 3, 5]) == pytest.approx(1.0)
@@ -148,7 +149,8 @@ def _readme_commands():
 def test_the_readme_commands_parse():
     """Each command of the README's shell blocks names a make target or a script whose
     parser accepts its flags as written."""
-    from convbench import cli, end2end
+    from convbench.commands import profile_conv3d as cli
+    from convbench.network import end2end
     parsers = {"profile_conv3d.py": cli.build_parser, "scripts/cosmoflow_end2end.py":
                end2end.build_parser}
     makefile = (ROOT / "Makefile").read_text()

@@ -9,10 +9,12 @@ import torch
 
 from cases import Case
 from conftest import ENV, PYTHON, ROOT
-from convbench import end2end, netcheck, network, precision, registry, toolchain
-from convbench.errors import UsageError
-from convbench.layersets import load_layers
-from convbench.layouts import Pass
+from convbench import registry
+from convbench.network import end2end, check as netcheck, cosmoflow as network
+from convbench.build import precision, toolchain
+from convbench.base.errors import UsageError
+from convbench.layersets.sets import load_layers
+from convkernels.layouts import Pass
 from convbench.plots import plot_breakdown, read_breakdown
 
 SCRIPT = str(ROOT / "scripts" / "cosmoflow_end2end.py")
@@ -302,7 +304,7 @@ def test_breakdown_plot_needs_an_end2end_summary(tmp_path):
 
 
 def test_torch_gpu_math_turns_tf32_off():
-    from convbench.references import torch_gpu_math
+    from convbench.check.references import torch_gpu_math
     before = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
               torch.backends.cudnn.benchmark)
     try:
@@ -318,7 +320,7 @@ def test_torch_gpu_math_turns_tf32_off():
 def test_gpu_run_sets_fp32_math_before_the_models(monkeypatch):
     """An H200 run found torch's half of the GPU comparison in TF32 (torch's default for
     cuDNN convolutions): the run sets FP32 before it builds the models, and records it."""
-    from convbench import references
+    from convbench.check import references
     calls = []
     monkeypatch.setattr(references, "torch_gpu_math",
                         lambda allow_tf32=False: calls.append(allow_tf32) or {"allow_tf32": allow_tf32})
@@ -407,7 +409,7 @@ def test_the_mixed_precision_step_runs_its_convolutions_in_16_bits(dtype):
 def test_a_layer_the_network_kernels_refuse_takes_the_general_ones():
     """Groups (which the pipelined kernels, the GPU's network defaults, refuse) fall back
     to the implementations that handle every layer, not to a kernel that refuses it."""
-    from convbench.layers import Layer
+    from convbench.layersets.layer import Layer
     grouped = Layer("g", 1, 4, 4, 6, 6, 6, 3, 3, 3, pad=1, groups=2)
     plain = Layer("p", 1, 4, 4, 6, 6, 6, 3, 3, 3, pad=1)
     for pass_ in network.PASSES:
@@ -420,8 +422,8 @@ def test_the_gpu_network_takes_tensor_cores_in_16_bits_and_tf32():
     """On the GPU in float16, bfloat16 and TF32 the network's convolutions are the
     tensor-core kernels; in IEEE float32 the pipelined ones; a layer the tensor-core data
     gradient refuses (stride 2) falls back to the next role."""
-    from convbench import precision
-    from convbench.layers import Layer
+    from convbench.build import precision
+    from convbench.layersets.layer import Layer
     plain = Layer("p", 1, 8, 8, 6, 6, 6, 3, 3, 3, pad=1)
     strided = Layer("s", 1, 8, 8, 6, 6, 6, 3, 3, 3, stride=2, pad=1)
     for label in ("float16", "bfloat16", "float32-tf32"):

@@ -1,4 +1,4 @@
-"""The folding of generated programs' index expressions (impls/_fold.py): exact, and
+"""The folding of generated programs' index expressions (convkernels/fold.py): exact, and
 only where it is integer-linear."""
 
 import ast
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from impls._fold import fold_indices
+from convkernels.fold import fold_indices
 
 
 @pytest.mark.parametrize("before, after", [
@@ -49,10 +49,10 @@ def test_folded_indices_have_the_same_values():
 
 def test_a_generated_kernel_keeps_its_lines_and_folds_once():
     """DaCe names tasklets after line numbers: folding keeps every line where it was."""
-    from convbench.layouts import Layout
+    from convkernels.layouts import Layout
     from convbench.registry import Layer
-    from impls._blocked import blocked_source
-    from impls._common import layer_constants
+    from convkernels.cpu.direct.blocking import blocked_source
+    from convkernels.layer import layer_constants
     layer = Layer("fold", 2, 5, 16, 5, 6, 7, 3, 3, 3, stride=2, pad=2)
     source = blocked_source(layer_constants(layer, Layout.NDHWC), "float32", 1, 1, 5, 8, False,
                             nv=2)

@@ -17,12 +17,16 @@ import pytest
 
 from cases import IMPLS, Case, case_params, cases, verify_case
 from conftest import assert_usage_error, in_process
-from convbench import cli, registry, toolchain, verify
-from convbench.benchdnn import descriptor_layer, parse_descriptor, parse_descriptors
-from convbench.errors import LayerFileError
-from convbench.layers import FEATURES, Layer, format_csv, parse_layers
-from convbench.layersets import load_layers
-from convbench.layouts import Pass
+from convbench import registry
+from convbench.commands import profile_conv3d as cli
+from convbench.build import toolchain
+from convbench.check import verify
+from convbench.layersets.benchdnn import (descriptor_layer, parse_descriptor,
+                                          parse_descriptors)
+from convbench.base.errors import LayerFileError
+from convbench.layersets.layer import FEATURES, Layer, format_csv, parse_layers
+from convbench.layersets.sets import load_layers
+from convkernels.layouts import Pass
 
 #: Small layers that need the features (``all`` needs every one of them at once).
 GENERAL = [
@@ -117,9 +121,9 @@ def _one_group(L):  # every filter reads the first group's channels
     return dataclasses.replace(L, G=1, KG=L.K)
 
 
-PLANTED = [("implicitGemm", "impls.implicit_gemm", _drop_dilation, GENERAL[0]),
-           ("directConvNCDHWBwdData", "impls.direct_conv_ncdhw_bwd_data", _one_group, GENERAL[4]),
-           ("implicitGemmBwdFilter", "impls._backward", _drop_dilation, GENERAL[3])]
+PLANTED = [("implicitGemm", "convkernels.auto.implicit_gemm", _drop_dilation, GENERAL[0]),
+           ("directConvNCDHWBwdData", "convkernels.auto.direct", _one_group, GENERAL[4]),
+           ("implicitGemmBwdFilter", "convkernels.auto.implicit_gemm", _drop_dilation, GENERAL[3])]
 
 
 @pytest.mark.parametrize("impl, module, change, layer", PLANTED, ids=[p[0] for p in PLANTED])
@@ -243,7 +247,7 @@ def test_the_benchdnn_suite_reads_as_it_is():
 
 
 def cli_sets():
-    from convbench.layersets import available_layer_sets
+    from convbench.layersets.sets import available_layer_sets
     return available_layer_sets()
 
 
@@ -348,7 +352,7 @@ def test_run_metadata_counts_untracked_sources_as_dirty(tmp_path):
     yet; results and outputs are not sources; the hash tells two dirty trees apart."""
     import subprocess
 
-    from convbench.results import git_commit
+    from convbench.results.writer import git_commit
 
     def git(*args):
         subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)

@@ -3,9 +3,9 @@
 import pytest
 
 from cases import GPU_IMPLS, case_params, cases
-from convbench import verify
-from convbench.layers import Layer
-from convbench.layersets import load_layers
+from convbench.check import verify
+from convbench.layersets.layer import Layer
+from convbench.layersets.sets import load_layers
 
 pytestmark = pytest.mark.gpu
 
@@ -35,7 +35,7 @@ def _verify_on_gpu(case, builds, reference, coverage):
         f"{c.reference}: {c.summary()}" for c in bad)
 
 
-#: GPU builds DaCe 1.0.2 cannot schedule (impls._common.DACE_NESTED_PROPAGATION_BUG); the
+#: GPU builds DaCe 1.0.2 cannot schedule (convkernels.auto.schedules.DACE_NESTED_PROPAGATION_BUG); the
 #: build stops with that reason.  Strict: a DaCe that builds them turns these into failures.
 KNOWN_GPU_BUILD_FAILURES = {("directConvNCDHW", "gpu_stride2"), ("implicitGemm", "gpu_stride2")}
 

@@ -1,4 +1,4 @@
-"""The GPU tune space (``convbench.gpuspace``): what ptxas says, occupancy, the verdict
+"""The GPU tune space (``convbench.tuning.gpuspace``): what ptxas says, occupancy, the verdict
 that keeps a configuration off the GPU, the ranking, and the tune tier's plan, winners
 and tuning file."""
 
@@ -10,9 +10,13 @@ import shutil
 import pytest
 
 from conftest import in_process, load_script
-from convbench import campaign, campaign_cli, gpubuild, gpuspace, registry, tuning
+from convbench import registry
+from convbench import campaign
+from convbench.campaign import cli as campaign_cli
+from convbench.build import gpubuild, tuned as tuning
+from convbench.tuning import gpuspace
 from convbench.campaign import report
-from convbench.layersets import load_layers
+from convbench.layersets.sets import load_layers
 
 script = load_script("gpu_campaign.py")
 
@@ -179,7 +183,7 @@ def test_a_configuration_that_issues_more_fma_ranks_first():
 def test_the_sass_columns_reach_the_table_the_summary_and_the_ranking(tmp_path):
     """A kernel's reading goes into its row (resources.csv), the configuration's lowest
     FMA share into space.json, and from there into what the tune tier ranks."""
-    from convbench import sass
+    from convbench.build import sass
     listing = (__import__("pathlib").Path(__file__).parent / "data" / "sass" /
                "lds128.sass").read_text().replace("_Z6lds128", "_Z33impls__igemm_igemm_warp_142_0_0_0")
     clean = PTXAS.replace("24 bytes stack frame, 20 bytes spill stores, 16 bytes spill loads",

@@ -8,8 +8,10 @@ import pytest
 
 from cases import (DEGENERATE, IMPLS, ODD, ODD_SHAPES, Case, case_params, cases, cosmoflow,
                    fast_cases, fast_layers, verify_case)
-from convbench import registry, toolchain, verify
-from convbench.layers import Layer
+from convbench import registry
+from convbench.build import toolchain
+from convbench.check import verify
+from convbench.layersets.layer import Layer
 
 FAST = fast_cases(IMPLS)
 FULL = cases(IMPLS, cosmoflow((1, 2)) + [("odd", layer) for layer in ODD_SHAPES])
@@ -110,8 +112,8 @@ SPLIT_TAIL = Case("implicitGemmsplitK", Layer("tail", 1, 5, 8, 6, 6, 6, 3, 3, 3)
 def test_split_k_tail_bug_is_caught(monkeypatch, builds, reference):
     """The original split-K dropped reduction terms at K tails.  Planting that bug (chunk
     length rounded down instead of up) must fail the verification."""
-    from impls import _igemm
-    real = _igemm.geometry
+    from convkernels.gpu import igemm
+    real = igemm.geometry
 
     def dropping_tail(layer, layout, tm, tn, tk, nsplit=1):
         g = real(layer, layout, tm, tn, tk, nsplit)
@@ -120,7 +122,7 @@ def test_split_k_tail_bug_is_caught(monkeypatch, builds, reference):
 
     layer, spec = SPLIT_TAIL.layer, SPLIT_TAIL.spec()
     assert verify.verify_build(builds(spec), reference(layer))[0].ok
-    monkeypatch.setattr(_igemm, "geometry", dropping_tail)
+    monkeypatch.setattr(igemm, "geometry", dropping_tail)
     planted = toolchain.make_spec(spec.impl, layer, params=spec.params, planted="ks_rounded_down")
     check = verify.verify_build(builds(planted), reference(layer))[0]
     assert not check.ok, check.summary()
@@ -135,10 +137,10 @@ def test_inplace_border_predicate_bug_is_caught(monkeypatch, builds, reference):
     """implicitGemmNCDHWinplace pads nothing: its loads test each input coordinate.
     Planting a bound one plane too deep (the padding taps past the last plane read the
     next channel's first plane instead of 0) must fail the verification."""
-    from impls import implicit_gemm_ncdhw_inplace as inplace
+    from convkernels.gpu import igemm_inplace
     layer, spec = INPLACE_BORDER.layer, INPLACE_BORDER.spec()
     assert verify.verify_build(builds(spec), reference(layer))[0].ok
-    monkeypatch.setattr(inplace, "bounds", lambda la: (la.in_d + 1, la.in_h, la.in_w))
+    monkeypatch.setattr(igemm_inplace, "bounds", lambda la: (la.in_d + 1, la.in_h, la.in_w))
     planted = toolchain.make_spec(spec.impl, layer, params=spec.params, planted="bound_past_border")
     check = verify.verify_build(builds(planted), reference(layer))[0]
     assert not check.ok, check.summary()

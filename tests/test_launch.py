@@ -1,4 +1,4 @@
-"""CUDA launch limits, checked on the CPU (convbench.launch), and the GPU build failures the
+"""CUDA launch limits, checked on the CPU (convbench.build.launch), and the GPU build failures the
 first H100 campaign found (2026-11-24), reproduced without a GPU."""
 
 import dataclasses
@@ -6,9 +6,10 @@ import dataclasses
 import dace
 import pytest
 
-from convbench import launch, registry, toolchain
-from convbench.layers import Layer
-from convbench.layersets import load_layers
+from convbench import registry
+from convbench.build import launch, toolchain
+from convbench.layersets.layer import Layer
+from convbench.layersets.sets import load_layers
 
 
 def _kernel(sizes, block=(256, 1, 1)):

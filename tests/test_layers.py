@@ -3,9 +3,9 @@
 import pytest
 
 from cases import FIRST_SMALL, Case, fast_layers
-from convbench.errors import LayerFileError, UsageError
-from convbench.layers import Layer, parse_layers
-from convbench.layersets import load_layers, select_layers
+from convbench.base.errors import LayerFileError, UsageError
+from convbench.layersets.layer import Layer, parse_layers
+from convbench.layersets.sets import load_layers, select_layers
 
 HEADER = "layer,batch,in_channels,out_channels,in_d,in_h,in_w,k_d,k_h,k_w,stride,pad\n"
 LEGACY = ("InChannel,InputDepth,InputHeight,InputWidth,KernelDepth,KernelHeight,KernelWidth,"
@@ -139,7 +139,7 @@ def test_same_valid_and_end_padding_columns():
     """``same`` pads to ceil(input / stride) outputs with an odd total's extra one at the
     back; ``valid`` pads nothing; ``pad_*_end`` sets the back alone.  A layer padded alike at
     both ends keeps its key; the file round-trips."""
-    from convbench.layers import format_csv
+    from convbench.layersets.layer import format_csv
     layers = {x.name: x for x in parse_layers(ASYM_CSV)}
     assert (layers["same_even"].pads, layers["same_even"].pads_end) == ((0, 0, 1), (1, 1, 2))
     assert layers["same_even"].output_shape[2:] == (6, 5, 7)
@@ -170,8 +170,8 @@ def test_asymmetric_references_agree():
     passes of every asymmetric layer are adjoint to each other (<fwd(x), dy> = <x,
     bwd_data(dy)> = <w, bwd_filter(x, dy)>), so the explicit padding and the crop agree."""
     import torch
-    from convbench.layouts import Pass
-    from convbench.references import CudnnReference, torch_pass
+    from convkernels.layouts import Pass
+    from convbench.check.references import CudnnReference, torch_pass
     g = torch.Generator().manual_seed(0)
     for layer in parse_layers(ASYM_CSV):
         x = torch.rand(layer.input_shape, generator=g, dtype=torch.float64) - 0.5
@@ -200,7 +200,9 @@ def test_general_implementations_verify_asymmetric_padding(name, builds, referen
     """The direct and implicit-GEMM implementations, all three passes, on a layer padded
     differently at the ends, strided per dimension and grouped (their padded copy of the
     input is larger at the back); the full tier runs every row of the set above."""
-    from convbench import registry, toolchain, verify
+    from convbench import registry
+    from convbench.build import toolchain
+    from convbench.check import verify
     impl = registry.get(name)
     layers = parse_layers(ASYM_CSV)
     for layer in (layers if request.config.getoption("--full") else [layers[0]]):
@@ -225,8 +227,8 @@ def test_a_torch_same_padding_with_an_even_kernel_is_taken():
     torch reference computes what the module does."""
     import torch
     from convbench.commands.layers import module_layer
-    from convbench.layouts import Pass
-    from convbench.references import torch_pass
+    from convkernels.layouts import Pass
+    from convbench.check.references import torch_pass
     module = torch.nn.Conv3d(2, 3, (2, 3, 4), padding="same", dilation=(3, 1, 1)).double()
     layer = module_layer("m", module, (1, 2, 7, 6, 6))
     assert (layer.pads, layer.pads_end) == ((1, 1, 1), (2, 1, 2))
@@ -277,7 +279,7 @@ def _onnx_model(path, batch="N", with_2d=True, convs=True):
 
 
 def test_onnx_layers_take_every_3d_convolution(tmp_path):
-    from convbench.onnx_layers import onnx_layers
+    from convbench.layersets.onnx_layers import onnx_layers
     path = _onnx_model(tmp_path / "m.onnx", batch=2)
     layers, skipped = onnx_layers(path)
     by = {x.name: x for x in layers}
@@ -292,7 +294,7 @@ def test_onnx_layers_take_every_3d_convolution(tmp_path):
 def test_onnx_layers_need_a_shape_where_the_model_has_none(tmp_path, capsys):
     """A dynamic batch: every node is skipped with the reason, until --input-shape fixes
     it; then the written file verifies with profile_conv3d.py."""
-    from convbench import cli
+    from convbench.commands import profile_conv3d as cli
     from convbench.commands import layers as layers_cmd
     path = _onnx_model(tmp_path / "m.onnx", with_2d=False)
     with pytest.raises(UsageError, match="no convolution node is a 3D layer .*dynamic"):
@@ -331,7 +333,7 @@ def test_a_torch_exported_3d_unet_verifies(tmp_path, capsys):
     one with an even kernel, a transposed one) come out of --from-onnx, and profile_conv3d
     verifies them."""
     import torch
-    from convbench import cli
+    from convbench.commands import profile_conv3d as cli
     from convbench.commands import layers as layers_cmd
     nn = torch.nn
 
@@ -380,8 +382,8 @@ TORCH_SAMPLES = {"same_k1": {"padding": "same"}, "stride2": {"stride": 2},
 
 def test_torch_conv3d_samples_are_what_torch_computes():
     import torch
-    from convbench.layouts import Pass
-    from convbench.references import torch_pass
+    from convkernels.layouts import Pass
+    from convbench.check.references import torch_pass
     layers = load_layers("torch_conv3d_samples")
     assert sorted(x.name for x in layers) == sorted(TORCH_SAMPLES)
     assert any(x.asymmetric for x in layers)
@@ -405,7 +407,9 @@ SAMPLE_IMPLS = ("directConvNCDHW", "implicitGemmBwdData", "implicitGemmBwdFilter
 def test_torch_conv3d_samples_verify(name, builds, reference, request):
     """The fast tier: one general implementation per pass, on a third of the samples each
     (all of them between the three); the full tier: every implementation on every sample."""
-    from convbench import registry, toolchain, verify
+    from convbench import registry
+    from convbench.build import toolchain
+    from convbench.check import verify
     samples = load_layers("torch_conv3d_samples")
     if not request.config.getoption("--full"):
         if name not in SAMPLE_IMPLS:
@@ -434,8 +438,8 @@ MIXED_RUN = [FIRST_SMALL, None, fast_layers("implicitGemm")[-1][1], None]
 @pytest.mark.prebuild(*[Case("implicitGemm", x, "mixed") for x in MIXED_RUN if x])
 def test_skip_invalid_runs_the_valid_lines_and_lists_the_others(tmp_path, capsys, builds,
                                                                 cachedir):
-    from convbench import cli
-    from convbench.benchdnn import parse_descriptors
+    from convbench.commands import profile_conv3d as cli
+    from convbench.layersets.benchdnn import parse_descriptors
     with pytest.raises(LayerFileError, match=":3: field 'k_d'"):
         parse_layers(MIXED_CSV, path="m.csv")
     skipped = []

@@ -1,4 +1,4 @@
-"""Loading compiled programs in one process, again and again (convbench/loader.py).
+"""Loading compiled programs in one process, again and again (convbench/build/loader.py).
 
 DaCe 1.0.2's own loader crashed the process when one build was loaded three times with
 the first program dropped in between (issue 39): these patterns run in a subprocess,
@@ -21,9 +21,11 @@ CASES = [Case("implicitGemm", FIRST_SMALL, "small")]
 _PATTERN = """
 import gc, json, sys
 from pathlib import Path
-from convbench import loader, registry, toolchain, verify
-from convbench.cache import BuildCache
-from convbench.layers import Layer
+from convbench import registry
+from convbench.build import loader, toolchain
+from convbench.build.cache import BuildCache
+from convbench.check import verify
+from convbench.layersets.layer import Layer
 
 cache = BuildCache(sys.argv[1])
 layer = Layer(**json.loads(sys.argv[2]))
@@ -72,7 +74,7 @@ def test_loading_one_build_again_and_again(builds, tmp_path):
     """Load, run, drop and load again under every cache policy, with earlier program
     objects of the same build alive: every call verifies, callers share one program
     object, and no renamed library copy appears in the cache.  (DaCe's loader crashed on
-    the third load: see convbench/loader.py.)"""
+    the third load: see convbench/build/loader.py.)"""
     cache = tmp_path / "cache"
     for case in CASES:  # a copy of the session's builds: "rebuild" recompiles them
         builds(case.spec(), load=False)  # built here where the session built nothing up front
@@ -100,7 +102,7 @@ from pathlib import Path
 import numpy as np
 import dace
 from dace.codegen import compiler
-from convbench import loader
+from convbench.build import loader
 
 folder = Path(sys.argv[1])
 
@@ -142,7 +144,7 @@ def test_a_library_rebuilt_in_place_is_loaded_anew(tmp_path):
 
 
 def test_a_library_that_cannot_load_is_one_clear_error(tmp_path):
-    from convbench import loader
+    from convbench.build import loader
 
     class FakeSDFG:
         name = "not_a_library"
@@ -155,7 +157,7 @@ def test_a_library_that_cannot_load_is_one_clear_error(tmp_path):
 
 def test_only_the_loader_calls_daces_loader():
     """DaCe's ``get_program_handle``/``ReloadableDLL`` take the renaming path that
-    crashed; every load goes through convbench.loader."""
+    crashed; every load goes through convbench.build.loader."""
     offenders = []
     for folder in ("convbench", "scripts", "impls", "tests"):
         for path in (ROOT / folder).rglob("*.py"):

@@ -1,4 +1,4 @@
-"""The tensor-core kernels (``impls/_mma.py``, ``impls/_mma_wgrad.py``): their sm_90 main loop is what issue "Tensor
+"""The tensor-core kernels (``convkernels/gpu/mma/``, ``convkernels/gpu/mma/filter_gradient.py``): their sm_90 main loop is what issue "Tensor
 cores at the vendor's speed" asked for (``ldmatrix`` and ``cp.async``, no 16-bit scalar
 shared loads, at least one ``HMMA`` per 4 instructions, no spills), on a fresh build and
 in the committed table of every CosmoFlow layer with 32 channels or more; bad tiles are
@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from convbench import gpubuild, registry, sass
-from convbench.layersets import load_layers
-from impls import _mma
+from convbench import registry
+from convbench.build import gpubuild, sass
+from convbench.layersets.sets import load_layers
+from convkernels.gpu.mma import tiles as mma_tiles
 from tests.test_pipelined import check_committed_table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -108,5 +109,5 @@ def test_the_bar_refuses_scalar_loads_beyond_the_tf32_operands():
 ])
 def test_tiles_that_do_not_fit_are_refused(params, words):
     values = dict(registry.get("implicitGemmMMA").resolve_params({}), **params)
-    reason = _mma.check_params(values)
+    reason = mma_tiles.check_params(values)
     assert reason and words in reason, reason

@@ -1,4 +1,4 @@
-"""The pipelined implicit GEMM (``impls/_pipelined.py``): planted bugs in its staging and
+"""The pipelined implicit GEMM (:mod:`convkernels.gpu.simt`): planted bugs in its staging and
 its stages fail the check on the CPU, and its sm_90 main loop is what the issue asked
 for: at least 80% FFMA, at most one shared load per 8 FFMA (128-bit ones), cp.async
 copies, no 64-bit integer multiply."""
@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from convbench import gpubuild, registry, sass, toolchain, verify
-from convbench.errors import UsageError
-from convbench.layers import Layer
-from convbench.layersets import load_layers
-from impls import _pipelined
+from convbench import registry
+from convbench.build import gpubuild, sass, toolchain
+from convbench.check import verify
+from convbench.base.errors import UsageError
+from convbench.layersets.layer import Layer
+from convbench.layersets.sets import load_layers
+from convkernels.gpu.simt import epilogue, gather, mainloop
 
 ROOT = Path(__file__).resolve().parent.parent
 IMPLS = ("implicitGemmPipelined", "implicitGemmPipelinedNCDHW")
@@ -22,7 +24,7 @@ IMPLS = ("implicitGemmPipelined", "implicitGemmPipelinedNCDHW")
 LAYER = Layer("c36_k70", 2, 36, 70, 5, 6, 7, 3, 3, 3, pad=1)
 
 
-def plant(monkeypatch, function, old, new, module=_pipelined):
+def plant(monkeypatch, module, function, old, new):
     """Replace ``old`` by ``new`` in the C++ that ``module.<function>`` returns."""
     real = getattr(module, function)
 
@@ -33,19 +35,19 @@ def plant(monkeypatch, function, old, new, module=_pipelined):
     monkeypatch.setattr(module, function, planted)
 
 
-#: (name, function, old, new): each a bug the CPU check must catch.
+#: (name, module, function, old, new): each a bug the CPU check must catch.
 BUGS = [
     # reads A from the stage after the one it computes (an off-by-one in the stages)
-    ("reads_a_from_the_next_stage", "step_code", "As_ + cslot", "As_ + (cslot + 1) % 3"),
+    ("reads_a_from_the_next_stage", mainloop, "step_code", "As_ + cslot", "As_ + (cslot + 1) % 3"),
     # wraps the stage it computes from one stage early
-    ("wraps_the_stages_early", "step_code", "cslot = cslot + 1 == 3", "cslot = cslot + 1 == 2"),
+    ("wraps_the_stages_early", mainloop, "step_code", "cslot = cslot + 1 == 3", "cslot = cslot + 1 == 2"),
     # reads across the w border instead of zero-filling it
-    ("ignores_the_w_border", "_stage_code", "\n                        && (unsigned)ww < 7u",
+    ("ignores_the_w_border", gather, "stage_code", "\n                        && (unsigned)ww < 7u",
      ""),
     # steps over a channel block
-    ("skips_channel_blocks", "_stage_code", "c0 += 8;", "c0 += 16;"),
+    ("skips_channel_blocks", gather, "stage_code", "c0 += 8;", "c0 += 16;"),
     # stores each thread's columns one column off
-    ("shifts_the_output_columns", "epilogue_code", "tj + c *", "tj + 1 + c *"),
+    ("shifts_the_output_columns", epilogue, "epilogue_code", "tj + c *", "tj + 1 + c *"),
 ]
 
 
@@ -59,8 +61,8 @@ def test_the_unplanted_kernel_passes(impl, builds, reference):
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("bug", BUGS, ids=[b[0] for b in BUGS])
 def test_planted_bugs_fail_the_check(monkeypatch, builds, reference, impl, bug):
-    name, function, old, new = bug
-    plant(monkeypatch, function, old, new)
+    name, module, function, old, new = bug
+    plant(monkeypatch, module, function, old, new)
     spec = toolchain.make_spec(registry.get(impl), LAYER, planted=name)
     check = verify.verify_build(builds(spec), reference(LAYER))[0]
     assert not check.ok, f"{impl} with {name} passed: {check.summary()}"

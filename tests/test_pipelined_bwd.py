@@ -1,4 +1,4 @@
-"""The backward passes on the pipelined main loop (``impls/_pipelined_bwd.py``): a wrong
+"""The backward passes on the pipelined main loop (:mod:`convkernels.gpu.simt.data_gradient`, :mod:`convkernels.gpu.simt.filter_gradient`): a wrong
 flip in the data gradient and a dropped slice in the filter gradient fail the check on
 the CPU; the filter gradient's split-K sum is bit-identical from run to run; the sm_90
 main loops meet the forward's bar (issue "GPU backward at the forward's speed")."""
@@ -6,11 +6,13 @@ main loops meet the forward's bar (issue "GPU backward at the forward's speed").
 import pytest
 import torch
 
-from convbench import gpubuild, registry, toolchain, verify
-from convbench.layers import Layer
-from convbench.layersets import load_layers
-from convbench.layouts import Pass
-from impls import _pipelined, _pipelined_bwd
+from convbench import registry
+from convbench.build import gpubuild, toolchain
+from convbench.check import verify
+from convbench.layersets.layer import Layer
+from convbench.layersets.sets import load_layers
+from convkernels.layouts import Pass
+from convkernels.gpu.simt import filter_gradient, gather
 from tests.test_pipelined import check_committed_table, meets, needs_tools, plant
 
 DATA = ("implicitGemmPipelinedBwdData", "implicitGemmPipelinedNCDHWBwdData")
@@ -24,11 +26,11 @@ PASS = {name: Pass.BWD_DATA for name in DATA} | {name: Pass.BWD_FILTER for name 
 #: (name, implementations, module, function, old, new): each a bug the check must catch.
 BUGS = [
     # stages the filter unflipped: tap t where the data gradient needs taps - 1 - t
-    ("unflipped_filter", DATA, _pipelined, "_stage_code", "(26 - ((kd", "(0 + ((kd"),
+    ("unflipped_filter", DATA, gather, "stage_code", "(26 - ((kd", "(0 + ((kd"),
     # the reduction kernel drops the first slice's partial
-    ("dropped_slice", FILTER, _pipelined_bwd, "wgrad_reduce", "int z = 0;", "int z = 1;"),
+    ("dropped_slice", FILTER, filter_gradient, "wgrad_reduce", "int z = 0;", "int z = 1;"),
     # the K tile steps over the last pixels of each output row
-    ("short_rows", FILTER, _pipelined_bwd, "_wstage_code", "ya += (7 - ow0)",
+    ("short_rows", FILTER, filter_gradient, "_wstage_code", "ya += (7 - ow0)",
      "ya += (8 - ow0)"),
 ]
 
@@ -47,7 +49,7 @@ def test_the_unplanted_kernel_passes(name, builds, reference):
 @pytest.mark.parametrize("bug", BUGS, ids=[b[0] for b in BUGS])
 def test_planted_bugs_fail_the_check(monkeypatch, builds, reference, bug):
     bug_name, names, module, function, old, new = bug
-    plant(monkeypatch, function, old, new, module)
+    plant(monkeypatch, module, function, old, new)
     for name in names:
         check = _check(builds, reference, name, planted=bug_name)
         assert not check.ok, f"{name} with {bug_name} passed: {check.summary()}"
@@ -57,7 +59,7 @@ def test_planted_bugs_fail_the_check(monkeypatch, builds, reference, bug):
 def test_the_filter_gradient_is_bit_identical_from_run_to_run(name, builds, reference):
     build = builds(toolchain.make_spec(registry.get(name), LAYER))
     truth = reference(LAYER, pass_=Pass.BWD_FILTER)
-    assert _pipelined_bwd.wshape(LAYER, registry.get(name).layout,
+    assert filter_gradient.wshape(LAYER, registry.get(name).layout,
                                  registry.get(name).resolve_params({})).Z > 1
     first, second = (verify.run_build(build, truth, "cpu") for _ in range(2))
     assert torch.equal(first, second)
@@ -68,7 +70,7 @@ def test_the_split_covers_the_reduction_once():
     for layer in (LAYER, next(x for x in load_layers("cosmoflow") if x.name == "conv1")):
         for split in (0, 1, 3, 7, 10_000):
             params = dict(registry.get(FILTER[0]).resolve_params({"splitK": split}))
-            s = _pipelined_bwd.wshape(layer, registry.get(FILTER[0]).layout, params)
+            s = filter_gradient.wshape(layer, registry.get(FILTER[0]).layout, params)
             assert (s.Z - 1) * s.TPS < s.KT <= s.Z * s.TPS
             assert split == 0 or s.Z <= split
 

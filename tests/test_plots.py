@@ -10,7 +10,8 @@ import pytest
 
 from conftest import ENV, PYTHON, ROOT
 
-from convbench import plots, results, schema
+from convbench import plots
+from convbench.results import writer as results, schema
 
 SCRIPT = ROOT / "scripts" / "plot_results.py"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -129,7 +130,7 @@ def test_load_run_errors(tmp_path, damage, words):
 
 def write_with_run_writer(path):
     """The LAYERS written by the profiler's own writer, three samples each."""
-    from convbench.timing import Timing
+    from convbench.timing.timers import Timing
     writer = results.RunWriter(path, {"implementation": IMPL, "references": ["torch"]}, ["torch"])
     for index, (layer, geometry, gflop, mbytes, times) in enumerate(LAYERS):
         ms = [results.Measurement(b, Timing([t, 1.1 * t, 0.9 * t], 1, "test"))
@@ -171,9 +172,10 @@ def test_a_name_changed_in_the_schema_changes_writer_and_reader(tmp_path, monkey
 
 def test_reading_needs_no_matplotlib():
     code = ("import sys\n"
-            "import convbench.schema\n"
+            "import convbench.results.schema\n"
             "assert sorted(m for m in sys.modules if m.startswith('convbench')) == "
-            "['convbench', 'convbench.schema'], 'schema imports convbench modules'\n"
+            "['convbench', 'convbench.results', 'convbench.results.schema'], "
+            "'schema imports convbench modules'\n"
             "from convbench.plots import load_run, read_breakdown, RunData, SAMPLE_COLUMNS\n"
             "assert 'matplotlib' not in sys.modules, 'reading imported matplotlib'\n"
             "from convbench.plots import plot_breakdown\n"

@@ -1,4 +1,4 @@
-"""Precisions (convbench.precision): the 16-bit storage types convert exactly as IEEE and
+"""Precisions (convbench.build.precision): the 16-bit storage types convert exactly as IEEE and
 torch do, the tolerance follows the precision, a kernel that sums in 16 bits fails, and
 the flags refuse what does not exist with one line.
 
@@ -16,16 +16,19 @@ import pytest
 import torch
 
 from cases import Case, case_params, cosmoflow, verify_case
-from convbench import precision, toolchain, verify
-from convbench.errors import UsageError
-from convbench.layers import Layer
-from convbench.layersets import load_layers
-from convbench.layouts import Layout
+from convbench.build import precision, toolchain
+from convbench.check import verify
+from convbench.base.errors import UsageError
+from convbench.layersets.layer import Layer
+from convbench.layersets.sets import load_layers
+from convkernels.layouts import Layout
 from convbench.registry import ALL_PRECISIONS, Implementation
-from convbench.isa import has_feature
-from impls import _dpbf16
-from impls import _mma as _mma_module
-from impls._common import auto_cpu, layer_constants, pad_input
+from convkernels.cpu.isa import has_feature
+from convkernels.cpu.direct import bf16_dot
+from convkernels.gpu.mma import layout as mma_layout
+from convkernels.auto.schedules import auto_cpu
+from convkernels.layer import layer_constants
+from convkernels.padding import pad_input
 
 HALF = ("float16", "bfloat16")
 #: A reduction of 16 * 27 = 432 terms: summing it in 16 bits loses about sqrt(L / 3)
@@ -265,7 +268,7 @@ def test_mma_sweep(case, builds, reference, coverage):
 
 # -- the tensor-core kernels' emulation ------------------------------------------------------------
 
-#: 6 input channels: taps packed into K tiles (``_mma.Shape.packed``; 4-byte copies,
+#: 6 input channels: taps packed into K tiles (``convkernels.gpu.mma.tiles.Shape.packed``; 4-byte copies,
 #: each its own tap, the flat reduction's tail zero-filled), 40 output channels (a column
 #: tail), stride 2 and padding 2.
 MMA_LAYER = Layer("mma", 2, 6, 40, 6, 7, 5, 3, 3, 3, stride=2, pad=2)
@@ -294,7 +297,7 @@ MMA_FULL = [("implicitGemmMMA", "bfloat16", "fwd"),
             ("implicitGemmMMABwdData", "float32-tf32", "bwd_data"),
             ("implicitGemmMMABwdFilter", "bfloat16", "bwd_filter")]
 
-_ORIGINAL = {f: getattr(_mma_module, f) for f in ("a_address", "b_address")}
+_ORIGINAL = {f: getattr(mma_layout, f) for f in ("a_address", "b_address")}
 
 
 def _unswizzle(right):
@@ -352,7 +355,7 @@ def test_mma_emulation_checks_layout_and_fragments(name, dtype, key, builds, ref
     assert good.ok, good.summary()
     for plant, functions in MMA_PLANTS.items():
         for function, planted in functions.items():
-            monkeypatch.setattr(_mma_module, function, planted)
+            monkeypatch.setattr(mma_layout, function, planted)
         spec = toolchain.make_spec(impl, layer, dtype, planted=f"mma_{plant}")
         bad = verify.verify_build(builds(spec), truth)[0]
         assert not bad.ok, f"{plant}: {bad.summary()}"
@@ -377,7 +380,7 @@ def test_swizzle_spreads_each_ldmatrix_phase_over_the_banks():
     reads (eight consecutive rows, one chunk) land in eight different 16-byte bank groups,
     and the swizzle permutes the chunks of each 128-byte line (nothing written twice)."""
     for cpr in (2, 4, 8, 16, 32):
-        index = lambda r, c: eval(_mma_module.swizzle(cpr, str(r), str(c)).replace("/", "//"))
+        index = lambda r, c: eval(mma_layout.swizzle(cpr, str(r), str(c)).replace("/", "//"))
         rows = 64
         stored = [index(r, c) for r in range(rows) for c in range(cpr)]
         assert sorted(stored) == list(range(rows * cpr)), cpr
@@ -393,7 +396,7 @@ def test_blocked_layout_spreads_each_32bit_load_over_the_banks():
     multiple of 4) land in 32 different banks; the threads of a round stage every chunk
     of its rows once, each 8 consecutive threads 128 consecutive bytes."""
     for cpr in (4, 8, 16, 32):
-        index = lambda r, c: eval(_mma_module.blocked(cpr, str(r), str(c)))
+        index = lambda r, c: eval(mma_layout.blocked(cpr, str(r), str(c)))
         rows = 16
         stored = [index(r, c) for r in range(rows) for c in range(cpr)]
         assert sorted(stored) == list(range(rows * cpr)), cpr
@@ -403,7 +406,7 @@ def test_blocked_layout_spreads_each_32bit_load_over_the_banks():
                          for t in range(4) for g in range(8)}
                 assert len(banks) == 32, (cpr, r0, c0)
         for nt in (cpr * 4, cpr * 8):
-            row, chunk = _mma_module.blocked_thread(cpr)
+            row, chunk = mma_layout.blocked_thread(cpr)
             at = [tuple(eval(e.replace("(int)t", str(t)).replace("/", "//")) for e in (row, chunk))
                   for t in range(nt)]
             assert sorted(at) == [(r, c) for r in range(nt // cpr) for c in range(cpr)]
@@ -417,8 +420,8 @@ def test_blocked_layout_spreads_each_32bit_load_over_the_banks():
 
 # -- the vdpbf16ps kernel (CPUs with AVX512_BF16) --------------------------------------------------
 
-needs_dpbf16 = pytest.mark.skipif(not has_feature(_dpbf16.FEATURE),
-                                  reason=f"this CPU has no {_dpbf16.FEATURE}")
+needs_dpbf16 = pytest.mark.skipif(not has_feature(bf16_dot.FEATURE),
+                                  reason=f"this CPU has no {bf16_dot.FEATURE}")
 
 #: Reduction runs (KW x C) of odd and even length, padded and not, strided, 1 and 2
 #: vectors of 16 channels per tile.
@@ -440,9 +443,9 @@ DP_BWD_LAYERS = [
 def _dp_verify(layer, builds, reference, planted="", impl="directConvNDHWCblocked",
                pass_="fwd"):
     from convbench import registry
-    from impls._transposed import transposed_layer
+    from convkernels.transposed import transposed_layer
     kernel = registry.get(impl)
-    assert _dpbf16.refusal(layer if pass_ == "fwd" else transposed_layer(layer), "bfloat16") == ""
+    assert bf16_dot.refusal(layer if pass_ == "fwd" else transposed_layer(layer), "bfloat16") == ""
     spec = toolchain.make_spec(kernel, layer, "bfloat16", planted=planted)
     return verify.verify_build(builds(spec), reference(layer, pass_=pass_, dtype="bfloat16"))[0]
 
@@ -468,16 +471,16 @@ def test_dpbf16_kernel_verifies(layer, impl, pass_, builds, reference):
 def test_dpbf16_plants_fail(plant, case, builds, reference, monkeypatch):
     """The input pair broadcast with its halves swapped (so it meets the wrong filter
     value), or the odd run's last value left out: both fail."""
-    original = _dpbf16.tile_code
+    original = bf16_dot.tile_code
     if plant == "pair_swapped":
-        monkeypatch.setattr(_dpbf16, "_u32", lambda e: f"(int)(((unsigned)cb_u32({e}) << 16) "
+        monkeypatch.setattr(bf16_dot, "_u32", lambda e: f"(int)(((unsigned)cb_u32({e}) << 16) "
                                                        f"| ((unsigned)cb_u32({e}) >> 16))")
     else:
         def no_tail(L, tile, nv, Q):
             code = original(L, tile, nv, Q)
             head, _, rest = code.partition("    {\n")  # the lone value's block
             return head + rest[rest.index("\n    }\n") + len("\n    }\n"):]
-        monkeypatch.setattr(_dpbf16, "tile_code", no_tail)
+        monkeypatch.setattr(bf16_dot, "tile_code", no_tail)
     layer, impl, pass_ = case
     result = _dp_verify(layer, builds, reference, planted=f"dpbf16_{plant}", impl=impl,
                         pass_=pass_)
@@ -504,7 +507,7 @@ def test_blocked_kernels_widen_once(case, builds, reference, coverage):
 
 
 def test_dpbf16_refusals():
-    assert _dpbf16.refusal(LAYER, "float16") == "bfloat16 only"
-    assert "multiple of 16" in _dpbf16.refusal(LAYER, "bfloat16")  # K = 5
+    assert bf16_dot.refusal(LAYER, "float16") == "bfloat16 only"
+    assert "multiple of 16" in bf16_dot.refusal(LAYER, "bfloat16")  # K = 5
     grouped = Layer("g", 1, 16, 16, 5, 5, 5, 3, 3, 3, pad=1, groups=2)
-    assert "groups" in _dpbf16.refusal(grouped, "bfloat16")
+    assert "groups" in bf16_dot.refusal(grouped, "bfloat16")

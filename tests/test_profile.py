@@ -8,9 +8,10 @@ import time
 import pytest
 
 from cases import Case
-from convbench import ceilings, cli, timing
-from convbench.layers import Layer
-from convbench.results import SAMPLE_COLUMNS
+from convbench.timing import ceilings, timers as timing
+from convbench.commands import profile_conv3d as cli
+from convbench.layersets.layer import Layer
+from convbench.results.writer import SAMPLE_COLUMNS
 
 IMPL = "implicitGemm"
 #: A build of the session's (tests/conftest.py), for the tests that only run one.
@@ -179,7 +180,7 @@ def test_compareprof_writes_results_and_plots(tmp_path, layer_csv, capsys, cache
 @pytest.mark.prebuild(*PROFILED)
 def test_interrupted_run_keeps_finished_layers(tmp_path, layer_csv, monkeypatch, capsys,
                                                cachedir, builds, stand_in_ceilings):
-    from convbench.experiment import Experiment
+    from convbench.experiment.pipeline import Experiment
     original = Experiment.run_case
 
     def layer_then_interrupt(self, impl, layer, i=0, **kwargs):
@@ -235,8 +236,9 @@ def _prepared(builds, seed):
     """The tiny layer's build, its ground truth, and its program arrays with a NaN output."""
     import torch
 
-    from convbench import registry, verify
-    from convbench.layouts import stored_shape, to_layout
+    from convbench import registry
+    from convbench.check import verify
+    from convkernels.layouts import stored_shape, to_layout
     impl = registry.get(IMPL)
     ref = verify.make_truth(PREPARED.layer, seed=seed)
     arrays = {r: to_layout(ref.inputs[r], impl.layout, r) for r in ("x", "w")}
@@ -246,8 +248,9 @@ def _prepared(builds, seed):
 
 
 def _output_ok(out, ref):
-    from convbench import registry, verify
-    from convbench.layouts import from_layout
+    from convbench import registry
+    from convbench.check import verify
+    from convkernels.layouts import from_layout
     check = verify.compare(from_layout(out, registry.get(IMPL).layout, "y"), ref, 2.0 ** -24)
     assert check.ok, check.summary()
 
@@ -281,7 +284,7 @@ def test_fresh_output_call_allocates_like_torch(builds):
 def test_warm_heap_policy():
     """The warm heap is glibc's mmap off and no trimming; its settings say so, and an
     unknown policy is refused."""
-    from convbench import heap
+    from convbench.timing import heap
     import ctypes
 
     settings = heap.apply(heap.WARM)
@@ -340,7 +343,7 @@ def test_warm_heap_policy():
 def test_progress_bar_text_and_log_lines():
     import io
 
-    from convbench.progress import Progress
+    from convbench.base.progress import Progress
     live = io.StringIO()
     with Progress(4, label="build", stream=live, enabled=True) as bar:
         bar.update(note="a")
@@ -376,8 +379,8 @@ def test_one_case_runner_records_what_fails_and_times_what_holds(cachedir):
     are timed; with ``time_wrong`` False a build whose check fails (here: a tampered
     output) is not timed; ``layouts`` times the references in each memory format."""
     from convbench import registry
-    from convbench.experiment import Experiment, TimingOptions
-    from convbench.layouts import Layout
+    from convbench.experiment.pipeline import Experiment, TimingOptions
+    from convkernels.layouts import Layout
 
     class Broken:
         name = "broken"

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from convbench import registry
-from convbench.errors import UsageError
-from convbench.layouts import Layout, Pass
+from convbench.base.errors import UsageError
+from convkernels.layouts import Layout, Pass
 from convbench.registry import Implementation, Param
 
 
@@ -55,7 +55,7 @@ def test_default_implementations(pass_, write_csv, cachedir, capsys):
     """Per pass, the CLI runs its default when no implementation is named: a registered
     implementation of that pass, for both targets, and the one that declares the role "cli"."""
     from cases import ODD
-    from convbench import cli
+    from convbench.commands import profile_conv3d as cli
     name = registry.default("cli", pass_)
     impl = registry.get(name)
     assert impl.pass_ == pass_ and impl.targets == ("cpu", "gpu")
@@ -96,7 +96,7 @@ def test_each_role_has_one_default_per_pass():
 
 
 def test_table_based_variants_refuse_int32_overflow():
-    from convbench.layers import Layer
+    from convbench.layersets.layer import Layer
     huge = Layer("huge", 64, 64, 8, 130, 130, 130, 3, 3, 3)  # 9.1e9 input elements
     for name in VARIANTS:
         impl = registry.get(name)
@@ -107,7 +107,7 @@ def test_table_based_variants_refuse_int32_overflow():
 
 
 def test_merged_refuses_kernels_whose_taps_overflow_shared_memory():
-    from convbench.layers import Layer
+    from convbench.layersets.layer import Layer
     impl = registry.get("directConvNCDHWmerged")
     params = impl.resolve_params()
     assert impl.unsupported_reason(Layer("k5", 1, 2, 2, 9, 9, 9, 5, 5, 5), params) is None

@@ -1,4 +1,4 @@
-"""CPU builds by replayed CMake lines (convbench/replay.py): in a subprocess, so that
+"""CPU builds by replayed CMake lines (convbench/build/replay.py): in a subprocess, so that
 the process starts with nothing kept."""
 
 import dataclasses
@@ -10,9 +10,11 @@ from conftest import ENV, PYTHON, ROOT
 
 _SCRIPT = """
 import json, os, sys
-from convbench import registry, replay, toolchain, verify
-from convbench.cache import BuildCache
-from convbench.layers import Layer
+from convbench import registry
+from convbench.build import replay, toolchain
+from convbench.build.cache import BuildCache
+from convbench.check import verify
+from convbench.layersets.layer import Layer
 
 cache = BuildCache(sys.argv[1])
 layer = Layer(**json.loads(sys.argv[2]))

@@ -1,4 +1,4 @@
-"""Reading SASS (``convbench.sass``): the listing's parser, loops and the main loop, what a
+"""Reading SASS (``convbench.build.sass``): the listing's parser, loops and the main loop, what a
 loop's instructions count as, on committed listings of small kernels (tests/data/sass/,
 made by its make_listings.sh); ``convbench sass`` on a real build; its usage errors."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_usage_error, in_process
-from convbench import sass
+from convbench.build import sass
 from convbench.commands import sass as sass_cmd
 
 DATA = Path(__file__).parent / "data" / "sass"
@@ -213,13 +213,14 @@ def test_missing_nvcc_is_one_line_and_exit_2(capsys, monkeypatch):
 def test_the_include_folders_of_daces_own_environments_and_the_projects():
     """DaCe's environments list their include folders, the project's compute them: both
     are taken, and an unknown name is passed over."""
-    from convbench import environments, gpubuild
+    from convbench.build import gpubuild
+    from convkernels import blas
     codes = [type("Code", (), {"environments": {
         "dace.libraries.blas.environments.cublas.cuBLAS",
-        environments.ConvbenchCuBLAS.full_class_path(), "no.such.Environment"}})(),
+        blas.ConvbenchCuBLAS.full_class_path(), "no.such.Environment"}})(),
              type("Code", (), {"environments": frozenset()})()]
     found = gpubuild.include_folders(codes)
-    assert found == environments.ConvbenchCuBLAS.cmake_includes()
+    assert found == blas.ConvbenchCuBLAS.cmake_includes()
 
 
 def test_the_tools_are_found_in_the_pypi_packages_folder(tmp_path, monkeypatch):
@@ -278,7 +279,7 @@ def test_a_campaign_build_is_read_from_its_library(tmp_path, monkeypatch):
     """The builds phase disassembles each GPU build it made: here a cache entry whose
     library is the FFMA kernel's object file."""
     import json as _json
-    from convbench import cache
+    from convbench.build import cache
     from convbench.campaign import phases
     obj = tmp_path / "lib.o"
     subprocess.run(["nvcc", "-O3", "-arch=sm_90", "-rdc=true", "-c", "-o", str(obj),
@@ -311,7 +312,7 @@ def test_the_main_kernel_is_the_one_whose_loop_holds_the_most_fma():
     assert sass.main_reading({"t": loop_free, "g": gemm, "c": copy}) is gemm
     assert sass.main_reading({"t": loop_free, "c": copy}) is loop_free
     assert sass.main_reading({"c": copy}) is None
-    from convbench import gpubuild
+    from convbench.build import gpubuild
     kernels = [gpubuild.Kernel("transform", shared=0, sass=loop_free),
                gpubuild.Kernel("gemm", shared=17408, sass=gemm)]
     assert gpubuild.Probe("winogradF2Tiled", "s", "l", 1, {}, kernels=kernels).main.name == "gemm"
@@ -320,7 +321,7 @@ def test_the_main_kernel_is_the_one_whose_loop_holds_the_most_fma():
 def test_a_build_reused_by_a_later_call_keeps_its_earlier_cases(monkeypatch):
     """builds.json maps each build to every case that ran it, over calls, so that the
     report finds the reading of a case recorded by an earlier call."""
-    from convbench import cache
+    from convbench.build import cache
     from convbench.campaign import phases
 
     class Job:

@@ -12,9 +12,9 @@ import torch.nn.functional as F
 
 from conftest import ENV, PYTHON, ROOT, in_process
 from conftest import assert_usage_error as _assert_usage_error
-from convbench import memory
+from convbench.timing import memory
 from convbench.commands import stress
-from convbench.layers import Layer
+from convbench.layersets.layer import Layer
 
 SCRIPT = ROOT / "scripts" / "stress_test.py"
 PREFIX = "stress_test.py: error: "
@@ -85,8 +85,8 @@ def test_check_fails_on_a_planted_error_in_the_dace_output(tmp_path, stress_cach
                                                            monkeypatch, capsys):
     """End to end, in-process: every DaCe call leaves one wrong element at the far end of
     the stored output; the run must report the check as failed and exit 1."""
-    from convbench import timing
-    real = timing.prepared_call
+    from convbench.timing import timers
+    real = timers.prepared_call
 
     def corrupting(build, arrays, fresh=None):
         assert fresh is None, "stress times DaCe in place"
@@ -100,7 +100,7 @@ def test_check_fails_on_a_planted_error_in_the_dace_output(tmp_path, stress_cach
         bad.keepalive = arrays
         bad.first_ms = call.first_ms
         return bad
-    monkeypatch.setattr(timing, "prepared_call", corrupting)
+    monkeypatch.setattr(timers, "prepared_call", corrupting)
     out = tmp_path / "bad.json"
     status = stress.main([*SMALL, "--iters", "1", "--warmup", "0", "--check", "--skip-torch",
                           "--cachedir", str(stress_cache), "--out", str(out)])
@@ -132,10 +132,10 @@ def test_refuses_a_layer_that_does_not_fit_without_building(tmp_path, main):
 
 
 def test_refusal_suggests_a_size_that_fits(tmp_path, main):
-    from convbench import timing
+    from convbench.timing import timers
     # a limit 1.25 GiB above what the timer's flush buffer takes (4x the L3: 2 GB on a VM
     # that reports a 480 MiB L3), so that sizes between 100 and 256 are what fits
-    flush = timing.cpu_flush_bytes()
+    flush = timers.cpu_flush_bytes()
     limit = round((flush / stress.MEMORY_MARGIN + 1.25 * 2 ** 30) / 2 ** 30, 1)
     result = main("--device", "cpu", "--memory-limit", limit, "--cachedir", tmp_path / "cache",
                   "--out", tmp_path / "never.json")
@@ -224,7 +224,7 @@ def test_unwritable_out_is_refused_before_building(tmp_path, main):
 
 
 def test_gpu_without_a_gpu_is_a_usage_error(tmp_path, main):
-    from convbench import devices
+    from convbench.timing import devices
     if devices.gpu_usable():
         pytest.skip("a GPU is usable here")
     assert_usage_error(main("--device", "gpu", "--cachedir", tmp_path / "cache", "--out",
@@ -296,7 +296,7 @@ def test_check_subvolume_catches_an_unwritten_element_and_ignores_the_middle():
 
 def test_check_subvolume_on_a_stored_layout_view():
     """The script hands the check ``from_layout`` of the NDHWC output: a permuted view."""
-    from convbench.layouts import Layout, from_layout, to_layout
+    from convkernels.layouts import Layout, from_layout, to_layout
     layer = LAYERS[1]
     x, w, y = _inputs(layer)
     stored = to_layout(y, Layout.NDHWC, "y")

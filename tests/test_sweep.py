@@ -17,10 +17,12 @@ import pytest
 
 from cases import FAST_LAYERS, Case
 from conftest import ENV, PYTHON, ROOT, assert_usage_error, in_process
-from convbench import ceilings, experiment, sweep
-from convbench.commands import sweep as sweep_cmd
-from convbench.experiment import Experiment, TimingOptions
-from convbench.layers import format_csv
+from convbench.timing import ceilings
+from convbench.experiment import pipeline as experiment
+from convbench.sweep import parts as sweep
+from convbench.sweep import command as sweep_cmd
+from convbench.experiment.pipeline import Experiment, TimingOptions
+from convbench.layersets.layer import format_csv
 
 FWD = ["directConvNCDHW", "implicitGemmNCDHW", "implicitGemm"]
 BWD_DATA = ["directConvNCDHWBwdData", "implicitGemmBwdData", "directConvNDHWCdotBwdData"]

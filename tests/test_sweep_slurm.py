@@ -16,9 +16,9 @@ from submitit.slurm import slurm as submitit_slurm
 
 from cases import FAST_LAYERS
 from conftest import in_process
-from convbench import sweep, sweep_jobs
-from convbench.commands import sweep as sweep_cmd
-from convbench.layers import format_csv
+from convbench.sweep import parts as sweep, jobs
+from convbench.sweep import command
+from convbench.layersets.layer import format_csv
 from slurm_standin import BWD_DATA, FWD, install
 from slurm_standin import part_id as _part
 
@@ -37,8 +37,8 @@ def slurm(tmp_path, monkeypatch):
 
 
 def _poll(monkeypatch, sleep):
-    """What :func:`convbench.sweep_jobs.wait` does between its looks at the jobs."""
-    monkeypatch.setattr(sweep_jobs, "time", types.SimpleNamespace(time=time.time, sleep=sleep))
+    """What :func:`convbench.sweep.jobs.wait` does between its looks at the jobs."""
+    monkeypatch.setattr(jobs, "time", types.SimpleNamespace(time=time.time, sleep=sleep))
 
 
 def _interrupt(seconds):
@@ -53,7 +53,7 @@ def layer_csv(tmp_path_factory):
 
 
 def _sweep(capsys, layer_csv, run, names, *extra):
-    return in_process(sweep_cmd, capsys)(
+    return in_process(command, capsys)(
         "profile", "--verify", "--implementation", ",".join(names), "--paramscsv", layer_csv,
         "--device", "cpu", "--outdir", run, "--executor", "slurm", "--time", "5", *extra)
 
@@ -226,7 +226,7 @@ def test_ctrl_c_leaves_the_slurm_jobs_running_and_merge_takes_them_later(
     assert not slurm.calls("scancel") and slurm.jobs()[f"{array}_1"]["state"] == "RUNNING"
     assert _status(run, FWD[1])["state"] == "running"
 
-    merge = in_process(sweep_cmd, capsys)
+    merge = in_process(command, capsys)
     result = merge("--merge", run)
     assert result.returncode == 1 and f"running: {_part(FWD[1])}" in result.stdout
     slurm.release(FWD[1])
@@ -279,7 +279,7 @@ def test_a_rerun_keeps_the_parts_whose_jobs_still_run(slurm, layer_csv, tmp_path
         str(merge): "COMPLETED", str(again): "COMPLETED", str(merge2): "COMPLETED"}
     assert [p for _, p in slurm.ran()] == [_part(FWD[0]), _part(FWD[1]), _part(FWD[0])]
     assert [r["state"] for r in _read(run / "parts.csv")] == ["complete"] * 2  # the merge job's
-    result = in_process(sweep_cmd, capsys)("--merge", run)
+    result = in_process(command, capsys)("--merge", run)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -326,7 +326,7 @@ def test_a_rerun_submits_nothing_while_the_jobs_are_queued(slurm, layer_csv, tmp
     assert [p for _, p in slurm.ran()] == [_part(FWD[1]), _part(FWD[0])]  # once each
     assert [root.queued(p) for p in parts] == [None, None]
     assert [_status(run, n)["job_id"] for n in FWD[:2]] == [str(again), f"{array}_1"]
-    result = in_process(sweep_cmd, capsys)("--merge", run)
+    result = in_process(command, capsys)("--merge", run)
     assert result.returncode == 0 and "2 of 2 part(s) complete" in result.stdout
 
 
@@ -378,10 +378,10 @@ def test_ctrl_c_stops_the_local_jobs(tmp_path, monkeypatch):
                                      cancelled.append(part["implementation"]))
     executor = types.SimpleNamespace(submit=submit)
     parts = [sweep.Part(_part(n), "verify", n, "fwd", "fast", "float32", ()) for n in FWD]
-    slots = [sweep_jobs.LocalSlot(executor, p, "run", str(tmp_path)) for p in parts]
+    slots = [jobs.LocalSlot(executor, p, "run", str(tmp_path)) for p in parts]
     _poll(monkeypatch, _interrupt)
     with pytest.raises(KeyboardInterrupt):
-        sweep_jobs.wait(sweep.Sweep(tmp_path), slots, sweep_jobs.ExecutorOptions(
+        jobs.wait(sweep.Sweep(tmp_path), slots, jobs.ExecutorOptions(
             "local", array_parallelism=2), report=lambda line: None)
     assert started == FWD[:2] and cancelled == FWD[:2]
     records = [sweep.Sweep(tmp_path).queued(p) for p in parts]

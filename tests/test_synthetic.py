@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from convbench import synthetic
-from convbench.synthetic import (NUM_TARGETS, field_from_params, gaussian_field, make_dataset,
-                                 physical_params, power_spectrum)
+from convbench.network import synthetic
+from convbench.network.synthetic import (NUM_TARGETS, field_from_params, gaussian_field,
+                                         make_dataset, physical_params, power_spectrum)
 
 
 def _one(theta, size=48, seed=7, channels=1):

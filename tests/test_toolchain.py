@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from cases import FIRST_SMALL, GPU_IMPLS, Case, case_params
-from convbench import cache, registry, toolchain
-from convbench.errors import UsageError
-from convbench.layers import Layer
+from convbench import registry
+from convbench.build import cache, toolchain
+from convbench.base.errors import UsageError
+from convbench.layersets.layer import Layer
 
 LAYER = Layer("tc", 1, 3, 4, 6, 5, 4, 3, 3, 3, pad=1)
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
@@ -159,7 +160,7 @@ def test_gemm_uses_the_project_blas_environment(tmp_path, target, environment, i
     import dace
     from dace.codegen import compiler
 
-    from convbench import environments
+    from convkernels import blas as environments
     env = getattr(environments, environment)
     spec = toolchain.make_spec(registry.get("im2colGemm"), LAYER, target=target)
     with toolchain.dace_config(target, tmp_path):
@@ -168,7 +169,7 @@ def test_gemm_uses_the_project_blas_environment(tmp_path, target, environment, i
         assert gemms and {n.implementation for n in gemms} == {getattr(environments, implementation)}
         code = sdfg.generate_code()
     used = set().union(*(c.environments for c in code))
-    assert used == {f"convbench.environments.{environment}"}
+    assert used == {f"convkernels.blas.{environment}"}
     text = "\n".join(c.clean_code for c in code)
     assert call in text and f'#include "{header}"' in text
     flags, _ = compiler.get_environment_flags(dace.library.get_environments_and_dependencies(used))
@@ -189,8 +190,8 @@ def _fake_mkl(root, versions):
 
 
 def test_mkl_environment_follows_mklroot_then_the_prefix(tmp_path, monkeypatch):
-    from convbench import environments
-    from convbench.environments import ConvbenchMKL
+    from convkernels import blas as environments
+    from convkernels.blas import ConvbenchMKL
     monkeypatch.delenv("MKLROOT", raising=False)
     if environments.mkl_problem() is None:  # the pip wheels: the newest versioned runtime
         assert ConvbenchMKL.cmake_includes()[0] == os.path.join(sys.prefix, "include")
@@ -214,8 +215,8 @@ def test_mkl_environment_follows_mklroot_then_the_prefix(tmp_path, monkeypatch):
 
 
 def test_cublas_environment_takes_the_wheel_without_toolkit_cublas(monkeypatch):
-    from convbench import environments
-    from convbench.environments import ConvbenchCuBLAS
+    from convkernels import blas as environments
+    from convkernels.blas import ConvbenchCuBLAS
     wheel = environments.cublas_wheel()
     if wheel is not None and not environments.toolkit_has_cublas():
         assert ConvbenchCuBLAS.cmake_includes()[0] == str(wheel[0])
@@ -228,10 +229,10 @@ def test_cublas_environment_takes_the_wheel_without_toolkit_cublas(monkeypatch):
 
 @pytest.mark.parametrize("target", ["cpu", "gpu"], ids=["mkl", "cublas"])
 def test_cache_key_records_the_blas_portably(target):
-    from convbench import environments
+    from convkernels import blas as environments
     env = environments.ConvbenchMKL if target == "cpu" else environments.ConvbenchCuBLAS
     blas = toolchain.toolchain_flags(target)["blas"]
-    assert blas["environment"] == f"convbench.environments.{env.__name__}"
+    assert blas["environment"] == f"convkernels.blas.{env.__name__}"
     assert len(blas["libraries"]) == len(env.cmake_libraries()) >= 1
     text = json.dumps(blas)
     assert str(toolchain.PROJECT_ROOT) not in text and sys.prefix not in text
@@ -264,7 +265,7 @@ MKL_CASE = Case("im2colGemm", FIRST_SMALL, "small")  # a build of the fast tier'
 
 @pytest.mark.prebuild(MKL_CASE)
 def test_cpu_gemm_links_mkl_from_its_environment(builds):
-    from convbench.environments import ConvbenchMKL, mkl_problem
+    from convkernels.blas import ConvbenchMKL, mkl_problem
     if mkl_problem():
         pytest.skip(mkl_problem())
     build = builds(MKL_CASE.spec(), load=False)
@@ -322,7 +323,7 @@ def test_gpu_sdfg_compiles_with_nvcc(case, builds, coverage):
                           if line.startswith("CMAKE_CUDA_FLAGS:"))
         assert f"-include {toolchain.COMPAT_DIR / 'cub3_compat.cuh'}" in cuda_flags
         if case.impl == "im2colGemm":
-            from convbench.environments import ConvbenchCuBLAS
+            from convkernels.blas import ConvbenchCuBLAS
             _check_linked(build, ConvbenchCuBLAS)
             assert "libcublas.so" in _dynamic_section(build.library)
         _check_tiled_kernel(case.impl, text)
@@ -366,7 +367,7 @@ def test_gpu_schedules_have_no_kernel_faults(name, tmp_path):
     a grid-wide barrier that deadlocks on a large grid: winogradF2Tiled hung an H200 so)
     or leaves a kernel's own buffer in global memory, shared by every block.  Code
     generation without nvcc, so the fast tier sees every GPU program."""
-    from impls._tiling import kernel_faults
+    from convkernels.gpu.tiling import kernel_faults
     impl = registry.get(name)
     spec = toolchain.make_spec(impl, LAYER, target="gpu", dtype=impl.precisions[0])
     with toolchain.dace_config("gpu", tmp_path):
@@ -379,7 +380,7 @@ def test_kernel_faults_are_found(tmp_path):
     schedule cannot find by name (simplify renames temporaries) is an error, not a
     buffer silently left in global memory."""
     import dace
-    from impls import _tiling
+    from convkernels.gpu import tiling
     spec = toolchain.make_spec(registry.get("winogradF2Tiled"), LAYER, target="gpu")
     with toolchain.dace_config("gpu", tmp_path):
         sdfg = toolchain.make_sdfg(spec)
@@ -387,14 +388,14 @@ def test_kernel_faults_are_found(tmp_path):
         if isinstance(node, dace.nodes.MapEntry) and node.map.params == ["c0"]:
             node.map.schedule = dace.ScheduleType.GPU_Device
     sdfg.arrays["Vs"].storage = dace.StorageType.GPU_Global
-    faults = _tiling.kernel_faults(sdfg)
+    faults = tiling.kernel_faults(sdfg)
     assert len(faults) == 2, faults
     assert "map c0 is a GPU_Device map inside kernel blk_" in faults[0]
     assert "transient Vs is in global memory" in faults[1]
     with pytest.raises(ValueError, match="GPU schedule of .*: map c0"):
-        _tiling.check_kernels(sdfg)
+        tiling.check_kernels(sdfg)
     with pytest.raises(ValueError, match="no staging buffer Ws"):
-        _tiling.tiled_schedule("gpu", shared=("Ws",))(sdfg, LAYER, {})
+        tiling.tiled_schedule("gpu", shared=("Ws",))(sdfg, LAYER, {})
 
 
 @pytest.mark.parametrize("target, added", [

@@ -8,11 +8,14 @@ import pytest
 
 from cases import FIRST_SMALL, Case, case_params, params_of, verify_case
 from conftest import ROOT
-from convbench import ceilings, cli, registry, tuning
+from convbench import registry
+from convbench.timing import ceilings
+from convbench.commands import profile_conv3d as cli
+from convbench.build import tuned as tuning
 from convbench.commands import bench, tune
-from convbench.errors import UsageError
-from convbench.layers import Layer
-from convbench.layersets import load_layers
+from convbench.base.errors import UsageError
+from convbench.layersets.layer import Layer
+from convbench.layersets.sets import load_layers
 
 BLOCKED = "directConvNDHWCblocked"
 DOT = "directConvNDHWCdot"
@@ -118,7 +121,7 @@ def test_cli_builds_with_the_tuned_entry(tuning_file, tmp_path, builds, cachedir
 def _committed():
     path = ROOT / "tuning" / "cpu.json"
     data = json.loads(path.read_text()) if path.is_file() else {"machines": {}}
-    from convbench import network
+    from convbench.network import cosmoflow as network
     layers = [layer for s in ("cosmoflow", "cosmoflow_mlperf") for layer in load_layers(s)]
     layers += [layer for spec in network.MODELS.values() for size in (64, 128)
                for layer in network.conv_layers(spec, size, 1)]  # the end-to-end networks'
@@ -189,8 +192,8 @@ def test_bench_cpu_backward_passes(tmp_path, builds, cachedir, capsys, tuning_fi
     gradients (verified kernels only); --store records each layer's winner, which the
     end-to-end network then takes by default.  (The ceilings, measured once per pass, are
     checked by test_bench_cpu_small_set: a stand-in here.)"""
-    from convbench import network
-    from convbench.layouts import Pass
+    from convbench.network import cosmoflow as network
+    from convkernels.layouts import Pass
     monkeypatch.setattr(ceilings, "measure", lambda device: dict(CEILINGS))
     csv = tmp_path / "small.csv"
     csv.write_text(ONE_LAYER)
@@ -223,7 +226,7 @@ def test_bench_cpu_backward_passes(tmp_path, builds, cachedir, capsys, tuning_fi
 
 
 def test_fma_peak_probe(monkeypatch):
-    from convbench import ceilings
+    from convbench.timing import ceilings
     assert ceilings.cpu_fma_peak(1) > 0
     monkeypatch.setenv("PATH", "/nonexistent")  # no compiler: no number, and no error
     assert ceilings.cpu_fma_peak(1) is None
@@ -248,8 +251,8 @@ def test_bench_info_says_why_a_build_is_not_timed():
     not timed, with the reason."""
     from types import SimpleNamespace
 
-    from convbench.experiment import Record
-    from convbench.layers import Layer
+    from convbench.experiment.pipeline import Record
+    from convbench.layersets.layer import Layer
     info = bench.Bench._info
     layer = Layer("l", 1, 2, 2, 4, 4, 4, 3, 3, 3, pad=1)
 
@@ -297,7 +300,7 @@ def test_tune_cpu_stores_the_winner(tmp_path, builds, cachedir, monkeypatch, cap
 # -- the host's vector ISA sizes the micro-tiles ------------------------------------------------
 
 def test_isa_widths_and_budgets():
-    from convbench import isa
+    from convkernels.cpu import isa
     assert isa.widest_of("fpu sse4_2 avx avx2 fma".split()) == "avx2"
     assert isa.widest_of("avx2 avx512f avx512bw".split()) == "avx512f"
     assert isa.widest_of(["fpu"]) == "scalar"
@@ -315,7 +318,7 @@ def test_blocked_default_tiles_keep_two_vectors_per_broadcast():
     """Two filter vectors per broadcast input, the pixels cut to fit this CPU's registers
     (8 x 2 with AVX-512, 4 x 2 with AVX2: on the AVX2 EPYC 4 x 2 beat 8 x 1 by 1.2-1.8x on
     the CosmoFlow forward layers, once the filter vectors stayed in registers)."""
-    from convbench import isa
+    from convkernels.cpu import isa
     layer = load_layers("cosmoflow_mlperf")[2].with_batch(2)
     for name in (BLOCKED, "directConvNDHWCblockedBwdData"):
         impl = registry.get(name)
@@ -325,7 +328,7 @@ def test_blocked_default_tiles_keep_two_vectors_per_broadcast():
 
 
 def test_channel_vectors_default_to_this_cpu():
-    from convbench import isa
+    from convkernels.cpu import isa
     lanes = isa.vector_floats()
     for name, param in ((BLOCKED, "NB"), ("directConvNDHWCblockedBwdData", "NB"),
                         ("directConvNDHWCblockedBwdFilter", "NB"), (DOT, "CV"),
@@ -339,7 +342,7 @@ def test_channel_vectors_default_to_this_cpu():
 
 @pytest.mark.parametrize("host,registers", [("avx512f", 16), ("avx2", 32)])
 def test_tile_registers_count_vectors_wider_than_the_cpu(host, registers, monkeypatch):
-    from convbench import isa
+    from convkernels.cpu import isa
     monkeypatch.setattr(isa, "widest_isa", lambda: host)
     impl = registry.get(BLOCKED)
     layer = load_layers("cosmoflow_mlperf")[2].with_batch(2)
@@ -348,7 +351,7 @@ def test_tile_registers_count_vectors_wider_than_the_cpu(host, registers, monkey
 
 
 def test_tuner_leaves_out_tiles_that_spill(monkeypatch):
-    from convbench import isa
+    from convkernels.cpu import isa
     monkeypatch.setattr(isa, "widest_isa", lambda: "avx2")
     impl = registry.get(BLOCKED)
     layer = load_layers("cosmoflow_mlperf")[2].with_batch(2)
@@ -362,7 +365,8 @@ def test_tuner_leaves_out_tiles_that_spill(monkeypatch):
 
 
 def test_fma_probe_fits_the_registers(monkeypatch):
-    from convbench import ceilings, isa
+    from convbench.timing import ceilings
+    from convkernels.cpu import isa
     for host, lanes, chains in (("avx512f", 16, 12), ("avx2", 8, 12), ("sse4_2", 4, 12)):
         monkeypatch.setattr(isa, "widest_isa", lambda host=host: host)
         text = ceilings.fma_source()

@@ -14,11 +14,15 @@ import pytest
 import torch
 
 from cases import Case
-from convbench import registry, toolchain, verify
-from convbench.layers import Layer
-from convbench.layouts import Layout
+from convbench import registry
+from convbench.build import toolchain
+from convbench.check import verify
+from convbench.layersets.layer import Layer
+from convkernels.layouts import Layout
 from convbench.registry import Implementation
-from impls._common import auto_cpu, layer_constants, pad_input
+from convkernels.auto.schedules import auto_cpu
+from convkernels.layer import layer_constants
+from convkernels.padding import pad_input
 
 LAYER = Layer("odd", 2, 3, 5, 6, 5, 7, 3, 3, 3, stride=1, pad=1)  # K = 81 = 5*16 + 1
 
@@ -228,7 +232,7 @@ POWER_LAYERS = [Layer("first32", 1, 4, 32, 32, 32, 32, 3, 3, 3, pad=1),
 def _power_verdicts(layer, pass_):
     """The check-power rows by result; the Winograd bounds' verdicts asserted here: the
     correct result passes every bound that applies, the planted ones fail each."""
-    from convbench import checkpower
+    from convbench.check import power as checkpower
     rows = {r["result"]: r for r in checkpower.measure(layer, pass_, seed=5)}
     kernels = [k[6:-3] for k in rows["torch-fp32"] if k.startswith("bound_") and k.endswith("_ok")]
     assert sorted(kernels) == sorted(checkpower.WINOGRAD_BOUNDS[pass_])  # all 3x3x3, stride 1
@@ -261,7 +265,7 @@ def test_check_passes_torch_and_fails_a_one_percent_loss(layer, pass_):
 def test_check_power_on_the_first_cosmoflow_layers(layer_set, pass_):
     """The 2.1M-term filter gradients (and both other passes) of CosmoFlow's first layers
     at batch 1: torch passes, a 1% loss and a 1% error fail."""
-    from convbench.layersets import load_layers
+    from convbench.layersets.sets import load_layers
     layer = load_layers(layer_set)[0].with_batch(1)
     rows = _power_verdicts(layer, pass_)
     assert rows["torch-fp32"]["l2_ok"], rows["torch-fp32"]
@@ -322,7 +326,7 @@ def test_coverage_journal_keeps_a_dead_workers_records(tmp_path, monkeypatch):
     table says where the time went."""
     from cases import Case
     from conftest import Coverage
-    from convbench.layers import Layer
+    from convbench.layersets.layer import Layer
     journal = tmp_path / "coverage.journal.jsonl"
     layer = Layer("l", 1, 2, 2, 4, 4, 4, 3, 3, 3, pad=1)
     for worker, impl, seconds in (("gw0", "implicitGemm", 2.0), ("gw1", "im2colGemm", 40.0),
@@ -349,7 +353,7 @@ def test_a_case_over_the_cpu_budget_is_deferred_and_counted(monkeypatch):
     import cases
     from cases import Case, verify_case
     from conftest import Coverage
-    from convbench.layers import Layer
+    from convbench.layersets.layer import Layer
     big = Layer("big", 1, 16, 16, 16, 16, 16, 3, 3, 3, pad=1)  # 0.11 GFLOP
     small = Layer("small", 1, 2, 2, 4, 4, 4, 3, 3, 3, pad=1)
     monkeypatch.setattr(cases, "CPU_CHECK_GFLOP", {"implicitGemm": 0.05})
@@ -375,7 +379,7 @@ def test_compare_to_bound_chunks_and_catches_one_element():
 
     import torch
 
-    from convbench.verify import compare_to_bound
+    from convbench.check.verify import compare_to_bound
     ref = torch.linspace(-1, 1, 1000, dtype=torch.float64)
     truth = SimpleNamespace(ref=ref)
     bound = torch.full_like(ref, 1e-6)

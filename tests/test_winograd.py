@@ -1,55 +1,55 @@
-"""The Winograd transforms and the 3D reference (convbench.winograd): exact where they must
+"""The Winograd transforms and the 3D reference (convkernels.winograd.algebra): exact where they must
 be, and a wrong transform entry caught."""
 
 import numpy as np
 import pytest
 import torch
 
-from convbench import winograd
+from convkernels.winograd import algebra
 from convbench.main import main as convbench_main
 
 
-@pytest.mark.parametrize("m", sorted(winograd.POINTS))
+@pytest.mark.parametrize("m", sorted(algebra.POINTS))
 def test_transforms_compute_the_correlation(m):
-    at, g, bt = winograd.transforms(m)
+    at, g, bt = algebra.transforms(m)
     assert at.shape == (m, m + 2) and g.shape == (m + 2, 3) and bt.shape == (m + 2, m + 2)
-    assert winograd.exactness(at, g, bt) < 1e-14
+    assert algebra.exactness(at, g, bt) < 1e-14
 
 
 def test_f2_is_the_classic_transform_up_to_signs():
     """With points 0, 1, -1 the construction gives the well-known F(2, 3) matrices but for
     signs that cancel (rows of B^T with rows of G, and the point at infinity's row of B^T
     with its column of A^T)."""
-    at, g, bt = winograd.transforms(2)
+    at, g, bt = algebra.transforms(2)
     classic = ([[1, 1, 1, 0], [0, 1, -1, -1]], [[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]],
                [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]])
     for ours, theirs in zip((at, g, bt), classic):
         assert np.array_equal(np.abs(ours), np.abs(theirs))
-    assert winograd.exactness(*(np.array(c, dtype=float) for c in classic)) < 1e-15
+    assert algebra.exactness(*(np.array(c, dtype=float) for c in classic)) < 1e-15
 
 
 @pytest.mark.parametrize("matrix, entry", [(0, (1, 2)), (1, (1, 1)), (2, (2, 1))])
 def test_a_wrong_transform_entry_is_caught(matrix, entry):
-    mats = [a.copy() for a in winograd.transforms(2)]
+    mats = [a.copy() for a in algebra.transforms(2)]
     mats[matrix][entry] += 0.5
-    assert winograd.exactness(*mats) > 1e-3
+    assert algebra.exactness(*mats) > 1e-3
 
 
-@pytest.mark.parametrize("m", sorted(winograd.POINTS))
+@pytest.mark.parametrize("m", sorted(algebra.POINTS))
 def test_3d_reference_is_the_convolution(m):
     rng = np.random.default_rng(3)
     x = rng.standard_normal((2, 3, 2 * m + 2, m + 2, 3 * m + 2))
     w = rng.standard_normal((4, 3, 3, 3, 3))
     want = torch.nn.functional.conv3d(torch.from_numpy(x), torch.from_numpy(w)).numpy()
-    got = winograd.conv3d(x, w, m, dtype=np.float64)
+    got = algebra.conv3d(x, w, m, dtype=np.float64)
     assert np.max(np.abs(got - want)) < 1e-10 * np.max(np.abs(want))
 
 
 def test_bad_points_and_sizes_are_refused(capsys):
     with pytest.raises(ValueError, match="distinct"):
-        winograd.transforms(2, 3, (0, 1, 1))
+        algebra.transforms(2, 3, (0, 1, 1))
     with pytest.raises(ValueError, match="multiple of the tile"):
-        winograd.conv3d(np.zeros((1, 1, 5, 6, 6)), np.zeros((1, 1, 3, 3, 3)), 2)
+        algebra.conv3d(np.zeros((1, 1, 5, 6, 6)), np.zeros((1, 1, 3, 3, 3)), 2)
     assert convbench_main(["winograd-error", "--m", "3"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--m: no points chosen for [3]" in err[0], err
@@ -66,49 +66,51 @@ def _exact(x, w):
                                       torch.from_numpy(w).double()).numpy()
 
 
-@pytest.mark.parametrize("m", sorted(winograd.POINTS))
+@pytest.mark.parametrize("m", sorted(algebra.POINTS))
 def test_bound_as_one_convolution_is_the_algorithm_on_absolute_values(m):
     """error_bound computes Y_abs as one strided convolution; it equals the algorithm run
     on |x|, |w| and the transforms' absolute values."""
     rng = np.random.default_rng(5)
     x, w = rng.standard_normal((2, 5, 2 * m + 2, m + 2, 3 * m + 2)), rng.standard_normal((3, 5, 3, 3, 3))
-    n, u = winograd.path_roundings(m, 5), 2.0 ** -24
-    absolute = tuple(np.abs(a) for a in winograd.transforms(m))
-    want = n * u / (1 - n * u) * winograd.conv3d(np.abs(x), np.abs(w), m, dtype=np.float64,
+    n, u = algebra.path_roundings(m, 5), 2.0 ** -24
+    absolute = tuple(np.abs(a) for a in algebra.transforms(m))
+    want = n * u / (1 - n * u) * algebra.conv3d(np.abs(x), np.abs(w), m, dtype=np.float64,
                                                  matrices=absolute)
-    assert np.max(np.abs(winograd.error_bound(x, w, m) - want) / want) < 1e-12
+    assert np.max(np.abs(algebra.error_bound(x, w, m) - want) / want) < 1e-12
 
 
 def test_path_roundings_of_f2():
     """F(2, 3): G's entries are powers of two (two additions per row), B^T one addition,
     A^T two: 3 (2 + 1 + 2) + the product + C - 1 channel additions."""
-    assert winograd.path_roundings(2, 16) == 15 + 16
+    assert algebra.path_roundings(2, 16) == 15 + 16
 
 
-@pytest.mark.parametrize("m", sorted(winograd.POINTS))
+@pytest.mark.parametrize("m", sorted(algebra.POINTS))
 def test_float32_winograd_within_its_bound_and_a_dropped_channel_outside(m):
     x, w = _layer(16)
-    bound = winograd.error_bound(x, w, m)
+    bound = algebra.error_bound(x, w, m)
     exact = _exact(x, w)
-    assert np.max(np.abs(winograd.conv3d(x, w, m) - exact) / bound) <= 1
-    dropped = winograd.conv3d(x[:, 1:], w[:, 1:], m)  # one channel of 16 left out
+    assert np.max(np.abs(algebra.conv3d(x, w, m) - exact) / bound) <= 1
+    dropped = algebra.conv3d(x[:, 1:], w[:, 1:], m)  # one channel of 16 left out
     assert np.max(np.abs(dropped - exact) / bound) > 1
 
 
 def test_a_wrong_transform_entry_fails_the_bound():
     x, w = _layer(16)
-    at, g, bt = (a.copy() for a in winograd.transforms(2))
+    at, g, bt = (a.copy() for a in algebra.transforms(2))
     g[1, 1] *= 1.01  # one filter-transform coefficient 1% off
-    wrong = winograd.conv3d(x, w, 2, matrices=(at, g, bt))
-    assert np.max(np.abs(wrong - _exact(x, w)) / winograd.error_bound(x, w, 2)) > 1
+    wrong = algebra.conv3d(x, w, 2, matrices=(at, g, bt))
+    assert np.max(np.abs(wrong - _exact(x, w)) / algebra.error_bound(x, w, 2)) > 1
 
 
 # -- the kernel (winogradF2) ------------------------------------------------------------------
 
-from convbench import registry, toolchain, verify  # noqa: E402
-from convbench.errors import UsageError  # noqa: E402
-from convbench.layers import Layer  # noqa: E402
-from impls import _winograd  # noqa: E402
+from convbench import registry
+from convbench.build import toolchain
+from convbench.check import verify  # noqa: E402
+from convbench.base.errors import UsageError  # noqa: E402
+from convbench.layersets.layer import Layer  # noqa: E402
+from convkernels.cpu.winograd import forward as _winograd  # noqa: E402
 
 #: Padded and not, odd channel counts, a tile block that does not fill 4 tiles.
 WINO_LAYERS = [Layer("wg_pad", 2, 5, 12, 6, 4, 10, 3, 3, 3, pad=1),
@@ -137,7 +139,7 @@ def test_winograd_kernel_verifies_against_its_bound(name, layer, builds, referen
 @pytest.mark.parametrize("name", WINO_IMPLS)
 def test_winograd_kernel_with_a_wrong_transform_fails(name, builds, reference, monkeypatch):
     """A filter-transform coefficient 1% off in the generated code fails the check."""
-    original = winograd.transforms
+    original = algebra.transforms
 
     def wrong(m, r=3, points=()):
         at, g, bt = (a.copy() for a in original(m, r, points))
@@ -147,9 +149,9 @@ def test_winograd_kernel_with_a_wrong_transform_fails(name, builds, reference, m
     impl = registry.get(name)
     layer = WINO_LAYERS[0]
     spec = toolchain.make_spec(impl, layer, planted="wrong_transform")
-    monkeypatch.setattr(winograd, "transforms", wrong)
+    monkeypatch.setattr(algebra, "transforms", wrong)
     build = builds(spec)
-    monkeypatch.setattr(winograd, "transforms", original)
+    monkeypatch.setattr(algebra, "transforms", original)
     result = verify.verify_build(build, reference(layer, pass_=impl.pass_))[0]
     assert not result.ok, result.summary()
 
@@ -168,7 +170,7 @@ def test_winograd_blocking_follows_the_layer():
     work items and the input once for all of them; many tiles: blocks that fit a
     thread's cache and the filter transformed once before them."""
     from convbench.registry import Layout
-    from impls._common import layer_constants
+    from convkernels.layer import layer_constants
     params = registry.get("winogradF2").resolve_params()
     deep = layer_constants(Layer("deep", 2, 256, 512, 8, 8, 8, 3, 3, 3, pad=1), Layout.NDHWC)
     b = _winograd.blocking(deep, params, threads=2)
@@ -183,7 +185,7 @@ def test_winograd_blocking_follows_the_layer():
     assert (b.T, b.fuse, b.NV) == (12, True, 2), b
 
 
-_LANES = __import__("convbench.isa", fromlist=["vector_floats"]).vector_floats()
+_LANES = __import__("convkernels.cpu.isa", fromlist=["vector_floats"]).vector_floats()
 
 
 @pytest.mark.parametrize("name", ("winogradF2", "winogradF2BwdData"))
@@ -249,7 +251,7 @@ def test_adjoint_bound_is_the_algorithm_on_absolute_values():
     N, K, C, (D, H, W), pads = 1, 3, 2, (5, 6, 4), (1, 0, 2)
     out = [s + 2 * p - 2 for s, p in zip((D, H, W), pads)]
     dy, w = rng.standard_normal((N, K, *out)), rng.standard_normal((K, C, 3, 3, 3))
-    at, g, bt = (np.abs(a) for a in winograd.transforms(2))
+    at, g, bt = (np.abs(a) for a in algebra.transforms(2))
     u = np.einsum("ad,be,cf,kxdef->kxabc", g, g, g, np.abs(w))
     want = np.zeros((N, C, D + 16, H + 16, W + 16))
     for td in range(-(-out[0] // 2)):
@@ -264,7 +266,7 @@ def test_adjoint_bound_is_the_algorithm_on_absolute_values():
                 want[:, :, 2 * td + 4:2 * td + 8, 2 * th + 4:2 * th + 8, 2 * tw + 4:2 * tw + 8] += patch
     want = want[:, :, 4 + pads[0]:4 + pads[0] + D, 4 + pads[1]:4 + pads[1] + H,
                 4 + pads[2]:4 + pads[2] + W]
-    got = winograd.adjoint_error_bound(torch.from_numpy(dy), torch.from_numpy(w), (D, H, W), pads)
+    got = algebra.adjoint_error_bound(torch.from_numpy(dy), torch.from_numpy(w), (D, H, W), pads)
     n = 3 * (2 + 1 + 2) + 1 + (K - 1) + 7
     gamma = n * 2.0 ** -24 / (1 - n * 2.0 ** -24)
     assert np.max(np.abs(got / gamma - want) / want) < 1e-12
@@ -280,15 +282,15 @@ def test_filter_gradient_bound_has_power_on_long_sums():
     x = torch.rand((1, 4, 34, 34, 34), generator=g, dtype=torch.float64) * 2 - 1
     dy = torch.rand((1, 8, 32, 32, 32), generator=g, dtype=torch.float64) * 2 - 1
     exact = torch.nn.grad.conv3d_weight(x, (8, 4, 3, 3, 3), dy)
-    from convbench.verify import TOL_FACTOR
-    bound = torch.from_numpy(winograd.filter_gradient_bound(x, dy, TOL_FACTOR, random_inputs=True))
+    from convbench.check.verify import TOL_FACTOR
+    bound = torch.from_numpy(algebra.filter_gradient_bound(x, dy, TOL_FACTOR, random_inputs=True))
     assert torch.all((exact - exact.float().double()).abs() < bound)  # one rounding passes
     keep = torch.ones(16, 16, 16, dtype=torch.float64)
     keep.view(-1)[torch.randperm(4096, generator=g)[:41]] = 0  # 1% of the tiles dropped
     mask = keep.repeat_interleave(2, 0).repeat_interleave(2, 1).repeat_interleave(2, 2)
     missing = torch.nn.grad.conv3d_weight(x, (8, 4, 3, 3, 3), dy * mask)
     assert ((missing - exact).abs() / bound).max() > 50
-    loose = torch.from_numpy(winograd.filter_gradient_bound(x, dy, TOL_FACTOR))
+    loose = torch.from_numpy(algebra.filter_gradient_bound(x, dy, TOL_FACTOR))
     assert torch.all(loose >= bound) and ((missing - exact).abs() / loose).max() > 2
 
 

@@ -1,5 +1,5 @@
 """The Winograd checks' power at many channels (issue 62): on random inputs the bound is
-statistical in the channel sum (convbench.winograd.statistical_bound), so a result that
+statistical in the channel sum (convkernels.winograd.algebra.statistical_bound), so a result that
 drops one channel of 256 (or of 512 in the data gradient), or has one transform
 coefficient 1% off, fails it, where the rigorous bound (gamma_n Y_abs, n = C + 15) let a
 result 1% off pass at K = 512.  The bound tests run without a build; the kernels' own
@@ -12,9 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from convbench import registry, toolchain, verify, winograd
-from convbench.layers import Layer
-from convbench.verify import TOL_FACTOR
+from convbench import registry
+from convbench.build import toolchain
+from convbench.check import verify
+from convkernels.winograd import algebra
+from convbench.layersets.layer import Layer
+from convbench.check.verify import TOL_FACTOR
 
 
 def _rand(shape, gen):
@@ -32,15 +35,15 @@ def test_forward_bound_has_power_at_256_channels():
     gen = torch.Generator().manual_seed(11)
     x, w = _rand((1, 256, 6, 6, 6), gen), _rand((4, 256, 3, 3, 3), gen)
     exact = torch.nn.functional.conv3d(x.double(), w.double())
-    bound = winograd.error_bound(x, w, 2, tol_factor=TOL_FACTOR, random_inputs=True)
-    rigorous = winograd.error_bound(x, w, 2)
+    bound = algebra.error_bound(x, w, 2, tol_factor=TOL_FACTOR, random_inputs=True)
+    rigorous = algebra.error_bound(x, w, 2)
     assert np.all(bound <= rigorous) and np.median(rigorous / bound) > 10
-    assert _ratio(winograd.conv3d(x.numpy(), w.numpy(), 2), exact, bound) < 0.1
-    dropped = winograd.conv3d(x[:, 1:].numpy(), w[:, 1:].numpy(), 2)
+    assert _ratio(algebra.conv3d(x.numpy(), w.numpy(), 2), exact, bound) < 0.1
+    dropped = algebra.conv3d(x[:, 1:].numpy(), w[:, 1:].numpy(), 2)
     assert _ratio(dropped, exact, bound) > 20
-    at, g, bt = (a.copy() for a in winograd.transforms(2))
+    at, g, bt = (a.copy() for a in algebra.transforms(2))
     g[1, 1] *= 1.01
-    assert _ratio(winograd.conv3d(x.numpy(), w.numpy(), 2, matrices=(at, g, bt)), exact, bound) > 2
+    assert _ratio(algebra.conv3d(x.numpy(), w.numpy(), 2, matrices=(at, g, bt)), exact, bound) > 2
     assert _ratio(exact * 1.01, exact, bound) > 10
     assert _ratio(exact * 1.01, exact, rigorous) < 10  # what the rigorous bound alone gave
 
@@ -51,11 +54,11 @@ def test_statistical_bounds_do_not_depend_on_the_slab(monkeypatch):
     gen = torch.Generator().manual_seed(12)
     x, w = _rand((2, 3, 8, 6, 10), gen), _rand((5, 3, 3, 3, 3), gen)
     dy = _rand((2, 5, 5, 6, 7), gen)
-    whole = winograd.statistical_bound(x, w, 2)
-    adj = winograd.adjoint_statistical_bound(dy, w, (5, 6, 7), (1, 1, 1))
-    monkeypatch.setattr(winograd, "SLAB_ELEMENTS", 1)
-    assert torch.allclose(winograd.statistical_bound(x, w, 2), whole, rtol=1e-13, atol=0)
-    assert torch.allclose(winograd.adjoint_statistical_bound(dy, w, (5, 6, 7), (1, 1, 1)), adj,
+    whole = algebra.statistical_bound(x, w, 2)
+    adj = algebra.adjoint_statistical_bound(dy, w, (5, 6, 7), (1, 1, 1))
+    monkeypatch.setattr(algebra, "SLAB_ELEMENTS", 1)
+    assert torch.allclose(algebra.statistical_bound(x, w, 2), whole, rtol=1e-13, atol=0)
+    assert torch.allclose(algebra.adjoint_statistical_bound(dy, w, (5, 6, 7), (1, 1, 1)), adj,
                           rtol=1e-13, atol=0)
 
 
@@ -71,9 +74,9 @@ def test_adjoint_bound_has_power_at_512_output_channels():
         return torch.nn.grad.conv3d_input((1, 4) + shape, w_, dy_, padding=1)
 
     exact = dx(dy.double(), w.double())
-    bound = winograd.adjoint_error_bound(dy, w, shape, pads, tol_factor=TOL_FACTOR,
+    bound = algebra.adjoint_error_bound(dy, w, shape, pads, tol_factor=TOL_FACTOR,
                                          random_inputs=True)
-    rigorous = winograd.adjoint_error_bound(dy, w, shape, pads)
+    rigorous = algebra.adjoint_error_bound(dy, w, shape, pads)
     assert np.all(bound <= rigorous)
     assert _ratio(dx(dy, w), exact, bound) < 0.1
     assert _ratio(dx(dy[:, 1:].double(), w[1:].double()), exact, bound) > 20
@@ -91,15 +94,15 @@ WIDE = Layer("wg_k512", 1, 8, 512, 6, 6, 6, 3, 3, 3, pad=1)
 #: channel from its GEMM (the first chunk sums one channel fewer; the adjoint sums K - 1
 #: output channels).
 PLANTS = {
-    "winogradF2": (DEEP, "impls._winograd", "global_code",
+    "winogradF2": (DEEP, "convkernels.cpu.winograd.forward", "global_code",
                    r", WG_CB, add\);", r", WG_CB - (cb == 0), add);"),
-    "winogradF2Tiled": (DEEP, "impls._winograd_tiled", "gemm_code",
+    "winogradF2Tiled": (DEEP, "convkernels.gpu.winograd", "gemm_code",
                         r"const int n = (.*?);", r"const int n = -(c0 == 0) + (\1);"),
-    "winogradF2BwdData": (WIDE, "impls._winograd", "global_code",
+    "winogradF2BwdData": (WIDE, "convkernels.cpu.winograd.forward", "global_code",
                           r", WG_CB, add\);", r", WG_CB - (cb == 0), add);"),
-    "winogradF2TiledBwdData": (WIDE, "impls._winograd_tiled", "gemm_code",
+    "winogradF2TiledBwdData": (WIDE, "convkernels.gpu.winograd", "gemm_code",
                                r"const int n = (.*?);", r"const int n = -(c0 == 0) + (\1);"),
-    "winogradF2BwdDataAdjoint": (WIDE, "impls._winograd_adjoint", "global_code",
+    "winogradF2BwdDataAdjoint": (WIDE, "convkernels.cpu.winograd.adjoint", "global_code",
                                  r", (\d+), false\);", r", \1 - 1, false);"),
 }
 
@@ -119,14 +122,14 @@ def _plant_dropped_channel(monkeypatch, name):
 
 
 def _plant_wrong_coefficient(monkeypatch, name):
-    original = winograd.transforms
+    original = algebra.transforms
 
     def wrong(m, r=3, points=()):
         at, g, bt = (a.copy() for a in original(m, r, points))
         g[1, 1] *= 1.01
         return at, g, bt
 
-    monkeypatch.setattr(winograd, "transforms", wrong)
+    monkeypatch.setattr(algebra, "transforms", wrong)
 
 
 def _check(builds, reference, name, plant=None, monkeypatch=None):

@@ -4,7 +4,7 @@ problem is found when the paths are checked or strikes later in the run.
 Each file-system failure is injected: a parent that cannot be made, no permission, a
 read-only, virtual or full file system, at check time (``os.access``, ``os.statvfs`` and
 the mount table answer as such a file system would) and during the run (the writes of
-:mod:`convbench.files` fail with the system's error)."""
+:mod:`convbench.base.files` fail with the system's error)."""
 
 import errno
 import os
@@ -15,9 +15,12 @@ import pytest
 
 from cases import FIRST_SMALL, Case
 from conftest import assert_usage_error, in_process
-from convbench import ceilings, cli, files, sweep
-from convbench.commands import sweep as sweep_cmd
-from convbench.layers import format_csv
+from convbench.timing import ceilings
+from convbench.commands import profile_conv3d as cli
+from convbench.base import files
+from convbench.sweep import parts as sweep
+from convbench.sweep import command as sweep_cmd
+from convbench.layersets.layer import format_csv
 
 IMPL = "directConvNCDHW"
 CASE = Case(IMPL, FIRST_SMALL, "small")

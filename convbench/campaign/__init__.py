@@ -9,7 +9,9 @@ cannot reach the next case.
 The modules, by role: :mod:`.plan` (tiers, cases, the estimate), :mod:`.folder` (the
 results folder and its state), :mod:`.phases` (identity, ceilings, builds, GPU tests,
 roofline), :mod:`.worker` (the cases phase, parent and worker), :mod:`.report` (the
-table and the index of results/gpu/) and :mod:`.run` (options and the whole run).
+table and the index of results/gpu/), :mod:`.run` (options and the whole run), :mod:`.cli`
+(the command line of ``scripts/gpu_campaign.py``) and :mod:`.ncu` (the roofline from Nsight
+Compute's counters).
 """
 
 from .folder import Folder

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
-from ..files import write_atomic
+from convbench.base.files import write_atomic
 
 
 class Folder:

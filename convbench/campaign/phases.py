@@ -33,8 +33,9 @@ def identity(folder: Folder, target: str) -> dict:
     import numpy
     import torch
 
-    from .. import devices, toolchain
-    from ..results import git_commit
+    from convbench.timing import devices
+    from convbench.build import toolchain
+    from convbench.results.writer import git_commit
     info = {"target": target, "host": platform.node(), "python": platform.python_version(),
             "dace": dace.__version__, "numpy": numpy.__version__, "torch": torch.__version__,
             "torch_cuda": torch.version.cuda, "cpu": devices.describe("cpu"),
@@ -70,7 +71,7 @@ def identity(folder: Folder, target: str) -> dict:
 
 
 def measure_ceilings(folder: Folder, target: str) -> dict:
-    from .. import ceilings
+    from convbench.timing import ceilings
     out = ceilings.measure(target)
     out.update(ceilings.tensor_core_peaks() if target == "gpu" else
                {"tf32_gflops": None, "fp16_gflops": None,
@@ -123,7 +124,7 @@ def against_recorded(ceilings: dict, device: Optional[str], results_dir: Path,
 def run_builds(folder: Folder, cases: Sequence[Case], cachedir, workers: int,
                say: Callable[[str], None]) -> Dict[str, str]:
     """Build what ``cases`` need; the failures by case id (their message)."""
-    from .. import cache
+    from convbench.build import cache
     jobs, owners, failed = {}, {}, {}
     for case in cases:
         job = case.job()
@@ -154,9 +155,9 @@ def run_builds(folder: Folder, cases: Sequence[Case], cachedir, workers: int,
 
 
 def read_build(job, cachedir) -> dict:
-    """The main kernel's reading of a cached GPU build (:func:`convbench.sass.summary`),
+    """The main kernel's reading of a cached GPU build (:func:`convbench.build.sass.summary`),
     or why it was not read.  Disassembling a library takes well under a second."""
-    from .. import cache, sass
+    from convbench.build import cache, sass
     if sass.tool_dir() is None:
         return {"error": "cuobjdump/nvdisasm not found"}
     try:
@@ -169,7 +170,7 @@ def read_build(job, cachedir) -> dict:
 
 
 def run_gpu_tests(folder: Folder, target: str, timeout: float, cores: int) -> dict:
-    from .. import devices
+    from convbench.timing import devices
     why = "the gpu tests need a GPU" if target != "gpu" else devices.gpu_problem()
     if why is not None:
         return _not_measured(why)
@@ -201,7 +202,8 @@ def roofline_rows(rows: Dict[tuple, object]) -> Dict[tuple, object]:
 def run_roofline(folder: Folder, target: str, cachedir, workers: int, timeout: float,
                  say: Callable[[str], None]) -> dict:
     """Nsight Compute counters of cuDNN and the best DaCe kernel per layer, and the plot."""
-    from .. import devices, ncu
+    from convbench.timing import devices
+    from convbench.campaign import ncu
     why = "Nsight Compute needs a GPU" if target != "gpu" else devices.gpu_problem()
     if why is None and shutil.which("ncu") is None:
         why = "ncu is not on the PATH"
@@ -225,7 +227,7 @@ def run_roofline(folder: Folder, target: str, cachedir, workers: int, timeout: f
     rdir.mkdir(exist_ok=True)
     csv, labels, log = rdir / "ncu.csv", rdir / "labels.json", folder.root / "logs" / "ncu.log"
     (rdir / "targets.json").write_text(json.dumps(targets, indent=1))
-    cmd = ncu.ncu_command() + [sys.executable, "-m", "convbench.ncu", str(rdir / "targets.json"),
+    cmd = ncu.ncu_command() + [sys.executable, "-m", "convbench.campaign.ncu", str(rdir / "targets.json"),
                                str(labels)]
     say(f"[roofline] ncu on {len(targets)} target(s)")
     with open(csv, "w") as out, open(log, "w") as err:
@@ -256,8 +258,8 @@ def run_end2end(folder: Folder, target: str, cachedir, timeout: float,
     ``dtype`` where given, ``--dtype``) with the tune tier's winners as its tuned entries
     (``end2end/tuning.json``), sharing the campaign's build cache; its files in
     ``end2end/``, its output in ``logs/end2end.log``."""
-    from ..files import write_atomic
-    from ..toolchain import PROJECT_ROOT
+    from convbench.base.files import write_atomic
+    from convbench.build.toolchain import PROJECT_ROOT
     from .plan import END2END
     from .report import tune_winners
     out = folder.root / "end2end"

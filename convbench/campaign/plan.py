@@ -8,10 +8,10 @@ import os
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..errors import UsageError, check_choice
-from ..layers import Layer
-from ..layercase import LayerCase
-from ..layersets import load_layers
+from convbench.base.errors import UsageError, check_choice
+from convbench.layersets.layer import Layer
+from convbench.experiment.case import LayerCase
+from convbench.layersets.sets import load_layers
 from .folder import _load
 
 
@@ -86,7 +86,7 @@ BUDGET_S = {"smoke": 10 * 60.0, "core": 15 * 60.0, "full": 30 * 60.0, "tune": 15
 BUDGET_WITH: Dict[str, str] = {}
 #: The tune tier: the implementations it times (the pipelined kernel of each pass, NDHWC,
 #: the network's layout), and how many configurations per layer, the best-ranked first
-#: (:func:`convbench.gpuspace.rank`), besides the defaults and the incumbents.  The older
+#: (:func:`convbench.tuning.gpuspace.rank`), besides the defaults and the incumbents.  The older
 #: spaces (``implicitGemmNCDHW``, ``implicitGemmNCDHWinplace``, ``implicitGemmsplitK``,
 #: ``implicitGemmPipelinedNCDHW``) keep their tables and their tuned entries.
 TUNE_PER_LAYER = {"implicitGemmPipelined": 2, "implicitGemmPipelinedBwdData": 2,
@@ -124,7 +124,7 @@ class Case(LayerCase):
     def id(self) -> str:
         text = f"{self.impl}.{self.layer_set}.{self.layer.name}.b{self.layer.batch}"
         if self.params:
-            from ..gpuspace import tag
+            from convbench.tuning.gpuspace import tag
             text += f".{tag(dict(self.params))}"
         if self.precision != "float32":
             text += f".{self.precision}"
@@ -198,8 +198,10 @@ def tune_cases(target: str, space_dir: Optional[os.PathLike] = None) -> List[Cas
     :data:`TUNE_PER_LAYER`, its defaults, the configurations already tuned for the layer
     on any GPU (the incumbents, so that a new winner is never one slower than the last),
     and its best-ranked configurations that passed the resource filter."""
-    from .. import gpuspace, registry, tuning
-    from ..layouts import Pass
+    from convbench import registry
+    from convbench.tuning import gpuspace
+    from convbench.build import tuned
+    from convkernels.layouts import Pass
     passed = gpuspace.passed(Path(space_dir) if space_dir else gpuspace.DEFAULT_OUT)
     if target == "gpu":
         layers = [("cosmoflow_mlperf", layer) for layer in end2end_layers()]
@@ -225,7 +227,7 @@ def tune_cases(target: str, space_dir: Optional[os.PathLike] = None) -> List[Cas
         # and timed like the rest; one whose names the implementation no longer has
         # is left out)
         chosen = [dict(impl.resolve_params({}))]
-        for incumbent in tuning.entries_anywhere(impl_name, layer, "gpu"):
+        for incumbent in tuned.entries_anywhere(impl_name, layer, "gpu"):
             try:
                 params = dict(impl.resolve_params(incumbent, source="tuning/gpu.json"))
             except UsageError:
@@ -245,9 +247,9 @@ def tune_cases(target: str, space_dir: Optional[os.PathLike] = None) -> List[Cas
 def end2end_layers() -> List[Layer]:
     """The layers of the end-to-end training step the tune tier tunes for (:data:`END2END`),
     named as in ``cosmoflow_mlperf``."""
-    from .. import network
+    from convbench.network import cosmoflow
     model, size, batch = END2END
-    return network.conv_layers(network.MODELS[model], size, batch)
+    return cosmoflow.conv_layers(cosmoflow.MODELS[model], size, batch)
 
 
 def measured_build_seconds(target: str, cachedir: Optional[os.PathLike]) -> Tuple[float, str]:
@@ -264,7 +266,7 @@ def measured_build_seconds(target: str, cachedir: Optional[os.PathLike]) -> Tupl
     if len(times) >= 3:
         return times[len(times) // 2], f"median of {len(times)} builds in {root}"
     if target == "gpu":
-        from ..toolchain import PROJECT_ROOT
+        from convbench.build.toolchain import PROJECT_ROOT
         hosts = []
         for path in sorted((PROJECT_ROOT / "results" / "gpu").glob("*/builds.json")):
             times = sorted(b["seconds"] for b in (_load(path, {}) or {}).values()

@@ -9,9 +9,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from .. import results, tables
-from ..schema import TORCH_AMP as AMP
-from ..files import write_atomic
+from convbench.results import writer
+from convbench.base import tables
+from convbench.results.schema import TORCH_AMP as AMP
+from convbench.base.files import write_atomic
 from .folder import _now
 from .plan import PHASES, V100_RATIOS
 
@@ -43,7 +44,7 @@ def best_per_layer(records: Iterable[dict]) -> Dict[tuple, dict]:
 
 
 def _tag(case: dict) -> str:
-    from ..gpuspace import tag
+    from convbench.tuning.gpuspace import tag
     return tag(dict(case["params"])) if case.get("params") else "tuned or default"
 
 
@@ -53,7 +54,7 @@ def tune_winners(records: Iterable[dict]) -> Dict[str, object]:
     with the implementation's defaults.  No fastest implementation per layer: the tier
     times only the implementations it tunes, never against the others."""
     from .. import registry
-    from ..layers import Layer
+    from convbench.layersets.layer import Layer
     best: Dict[tuple, dict] = {}
     default: Dict[tuple, float] = {}
     for rec in records:
@@ -87,7 +88,7 @@ def machine_code(records: Sequence[dict], builds: Mapping[str, dict]
     (best, median, worst).  The sentence gives Spearman's rank correlation of the FMA
     share with the median ratio over the float32 FFMA rows with both."""
     import statistics
-    from ..results import spearman
+    from convbench.results.writer import spearman
     read = {}
     for row in builds.values():
         found = row.get("sass") or {}
@@ -105,7 +106,7 @@ def machine_code(records: Sequence[dict], builds: Mapping[str, dict]
         if rec["id"] in read:
             g["shares"].append(read[rec["id"]]["fma_share"])
             g["kinds"].add(read[rec["id"]]["fma_kind"])
-        _, vendor = results.fastest_vendor(refs.get(key, {}))
+        _, vendor = writer.fastest_vendor(refs.get(key, {}))
         dace = rec.get("timings", {}).get("dace", {}).get("median_ms")
         if dace and vendor:
             g["ratios"].append(dace / vendor)
@@ -157,7 +158,7 @@ def write_table(folder: Folder, target: str, meta: dict) -> Path:
             pass_ = f"{pass_} ({dtype})"
         d = row["best"]["timings"]["dace"]["median_ms"]
         refs = row["refs"] if gpu else {"torch": row["refs"].get("torch")}
-        winner, v = results.fastest_vendor(refs)
+        winner, v = writer.fastest_vendor(refs)
         gfs = row["gflop"] / (d * 1e-3) if row["gflop"] else None
         case = row["best"]["case"]
         name = case["impl"] + (f" `{_tag(case)}`" if case.get("params") else "")

@@ -11,8 +11,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable, Dict, Optional, Sequence
 
-from .. import tables
-from ..errors import UsageError, check_at_least, check_choice
+from convbench.base import tables
+from convbench.base.errors import UsageError, check_at_least, check_choice
 from .folder import Folder, _now
 from .phases import (identity, measure_ceilings, roofline_rows, run_builds, run_end2end,
                      run_gpu_tests, run_roofline)
@@ -55,14 +55,14 @@ class Options:
         o.case_timeout = o.case_timeout or (90.0 if o.target == "gpu" else 120.0)
         o.planted = (o.target == "cpu") if o.planted is None else o.planted
         if o.events == "auto":
-            from ..timing import cupy_problem
+            from convbench.timing.timers import cupy_problem
             o.events = "cupy" if o.target == "gpu" and cupy_problem() is None else "torch"
         o.cachedir = o.cachedir or str(_project_root() / ".cache" / f"campaign-{o.target}")
         return o
 
 
 def default_out(target: str, tier: str = "core") -> Path:
-    from .. import devices
+    from convbench.timing import devices
     if target == "cpu":
         name = devices.describe(target).split(" (")[0]
     else:
@@ -134,7 +134,7 @@ def format_plan(o: Options, cases: Sequence[Case]) -> str:
 def run_campaign(o: Options, say: Callable[[str], None] = print) -> int:
     """Run (or resume) a campaign; 0 when every phase ran, 3 when the time budget left
     cases or phases for ``--resume``."""
-    from .. import devices
+    from convbench.timing import devices
     check_options(o)
     o = o.resolved()
     if o.target == "gpu" and devices.gpu_problem() is not None:

@@ -58,7 +58,7 @@ class Worker:
 
 
 def _project_root() -> Path:
-    from ..toolchain import PROJECT_ROOT
+    from convbench.build.toolchain import PROJECT_ROOT
     return PROJECT_ROOT
 
 
@@ -173,7 +173,7 @@ def worker_main(root: str, options_json: str) -> int:
     folder = Folder(root)
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # stray prints must not reach the protocol channel
-    from ..devices import set_threads
+    from convbench.timing.devices import set_threads
     set_threads(options.get("threads"))
     import torch  # noqa: F401 - imported before READY, so that its cost is not a case's
     from .. import registry
@@ -211,7 +211,7 @@ def vendor_layouts(layout, device: str) -> list:
     """The memory formats the vendors are timed in: on the GPU both (cuDNN's fastest
     engines differ between them, and the baseline is the fastest vendor path), on the CPU
     the implementation's own."""
-    from ..layouts import Layout
+    from convkernels.layouts import Layout
     own = Layout(layout)
     return [own] + ([other for other in Layout if other != own] if device == "gpu" else [])
 
@@ -226,11 +226,11 @@ def _plant_wrong(out):
 
 def run_case(case: Case, options: dict) -> dict:
     """Verify ``case`` against torch float64 (and cuDNN on a GPU), then time it next to
-    the references (:meth:`convbench.experiment.Experiment.run_case`); a record
+    the references (:meth:`convbench.experiment.pipeline.Experiment.run_case`); a record
     (``status``: verified, wrong or refused)."""
-    from ..experiment import Experiment, Observer, TimingOptions
-    from ..layouts import PASS_SIGNATURE
-    from ..references import ReferenceOptions
+    from convbench.experiment.pipeline import Experiment, Observer, TimingOptions
+    from convkernels.layouts import PASS_SIGNATURE
+    from convbench.check.references import ReferenceOptions
 
     class _CaseLog(Observer):
         """Prints the case's checks and timings into its log."""

@@ -1,1 +1,1 @@
-"""The project's command-line tools, one module each, every one with ``main(argv=None, prog=...)``."""
+"""The command-line tools, one module each with ``main(argv=None, prog=...)``, and their flags."""

@@ -3,7 +3,7 @@
 docs/benchmarking.md describes the method,
 the ceilings and the table.  Both sides are timed alike: each call allocates its output
 (torch through its API, DaCe a fresh tensor per call) from the heap policy of
-:mod:`convbench.heap`, after the same flush, with the same warm-up, interleaved.  Each
+:mod:`convbench.timing.heap`, after the same flush, with the same warm-up, interleaved.  Each
 build is verified and screened once; then ``--rounds`` independent rounds over all
 layers each warm up and sample anew, and a layer's ratio is the median over the rounds,
 with its min-max.  An implementation screened out by ``--skip-slower`` has its
@@ -16,10 +16,12 @@ each round's medians and ratio.
 import math
 from pathlib import Path
 
-from ..chatter import add_verbose_flag, set_verbose
-from .. import flags, schema, tuning
-from ..errors import ArgumentParser, UsageError, check_at_least, run_main
-from ..toolchain import PROJECT_ROOT
+from convbench.build.chatter import add_verbose_flag, set_verbose
+from convbench.commands import flags
+from convbench.results import schema
+from convbench.build import tuned
+from convbench.base.errors import ArgumentParser, UsageError, check_at_least, run_main
+from convbench.build.toolchain import PROJECT_ROOT
 
 PROG = "bench_cpu.py"
 DEFAULT_SETS = ["cosmoflow_mlperf", "cosmoflow"]
@@ -75,12 +77,13 @@ def _main(argv, prog: str) -> int:
     if not args.skip_slower > 1:
         raise UsageError(f"--skip-slower: must be > 1, got {args.skip_slower}")
     from .. import registry
-    from ..cli import resolve_pass
-    from ..devices import set_threads
-    from ..experiment import Experiment, TimingOptions, resolve_implementations
-    from ..layersets import load_layers
-    from ..layouts import Pass
-    from ..precision import check_device, from_args
+    from convbench.commands.profile_conv3d import resolve_pass
+    from convbench.timing.devices import set_threads
+    from convbench.experiment.pipeline import (Experiment, TimingOptions,
+                                               resolve_implementations)
+    from convbench.layersets.sets import load_layers
+    from convkernels.layouts import Pass
+    from convbench.build.precision import check_device, from_args
 
     dtype = check_device(from_args(args), "cpu")
     if args.store and dtype.name != "float32":
@@ -108,7 +111,7 @@ def _main(argv, prog: str) -> int:
                              f"{dtype.name} version")
     set_threads(args.threads)
     base = Path(args.outdir) if args.outdir else PROJECT_ROOT / "results" / "cpu" / \
-        tuning.machine_folder() / (f"bench_cpu_{'+'.join(Path(s).stem for s in sets)}_b{args.batch}"
+        tuned.machine_folder() / (f"bench_cpu_{'+'.join(Path(s).stem for s in sets)}_b{args.batch}"
                                    + ("" if dtype.name == "float32" else f"_{dtype.name}"))
     status = 0
     for pass_, impls in plan:
@@ -129,7 +132,7 @@ class Bench:
     samples), then the table of median ratios with their ranges."""
 
     def __init__(self, exp, args, layers, pass_="fwd", name_pass=False):
-        from ..experiment import Experiment
+        from convbench.experiment.pipeline import Experiment
         self.exp, self.args, self.layers, self.pass_ = exp, args, layers, pass_
         self.suffix = f" ({pass_})" if name_pass else ""
         #: A 16-bit bench also builds, verifies and times every implementation in float32.
@@ -151,7 +154,7 @@ class Bench:
     def run(self) -> int:
         import torch
 
-        from .. import heap
+        from convbench.timing import heap
         a, exp, timer = self.args, self.exp, self.exp.timer
         rule = exp.output_rule()
         print(f"measuring the CPU ceilings ({torch.get_num_threads()} threads) ...", flush=True)
@@ -207,8 +210,8 @@ class Bench:
         truth: built, screened on its first call, verified; the calls to sample."""
         import torch
 
-        from ..layouts import Layout
-        from ..references import TORCH as REF
+        from convkernels.layouts import Layout
+        from convbench.check.references import TORCH as REF
         exp, timer = self.exp, self.exp.timer
         label = f"{Path(layer_set).stem}/{layer.name}"
         print(f"[{index + 1}/{len(self.layers)}] {label}: {layer.describe()}", flush=True)
@@ -258,7 +261,7 @@ class Bench:
         """One independent round on one layer: warm-up, then interleaved samples."""
         import torch
 
-        from ..timing import summarize
+        from convbench.timing.timers import summarize
         a, timer, calls = self.args, self.exp.timer, run["calls"]
         with torch.no_grad():
             for fn in calls.values():
@@ -282,8 +285,8 @@ class Bench:
 
         import torch
 
-        from ..results import Measurement
-        from ..timing import Timing
+        from convbench.results.writer import Measurement
+        from convbench.timing.timers import Timing
         a, timer, rounds, info = self.args, self.exp.timer, run["rounds"], run["info"]
         pooled = {n: [t for rd in rounds for t in rd["samples"][n]] for n in run["calls"]}
         med = {n: statistics.median(rd["median_ms"][n] for rd in rounds) for n in pooled}
@@ -328,7 +331,7 @@ class Bench:
               f"({row['ratio_min']:.2f}-{row['ratio_max']:.2f} over {len(ratios)} rounds)",
               flush=True)
         if a.store and best:
-            tuning.store_best("cpu", str(self.pass_), run["layer"], best,
+            tuned.store_best("cpu", str(self.pass_), run["layer"], best,
                               {"cpu": writer.metadata["device"]["cpu"],
                                "threads": torch.get_num_threads()})
         return row
@@ -386,7 +389,7 @@ def _footprint(layer, pass_):
     layouts and once per implementation: the multiplier of :func:`_groups`) and the
     bytes its timed calls allocate and free (a few outputs and inputs, the warm heap's
     reserve)."""
-    from ..layouts import PASS_SIGNATURE
+    from convkernels.layouts import PASS_SIGNATURE
     shapes = {"x": layer.input_shape, "w": layer.filter_shape, "y": layer.output_shape}
     roles, out = PASS_SIGNATURE[pass_]
     inputs = sum(4 * math.prod(shapes[r]) for r in roles)
@@ -396,7 +399,7 @@ def _footprint(layer, pass_):
 def _groups(layers, pass_, n_impls, share: float = 0.4):
     """``layers`` cut, in order, into groups whose prepared tensors fit in ``share`` of
     the available memory (each group is sampled over all rounds on its own)."""
-    from ..devices import cpu_available_memory
+    from convbench.timing.devices import cpu_available_memory
     budget = share * cpu_available_memory()[0]
     groups, used = [[]], 0.0
     for item in layers:

@@ -2,11 +2,12 @@
 
 Reads result folders only.  ``--bench DIR`` (repeatable, one per run; their rounds are
 pooled): a ``bench_cpu.py`` run with one folder per pass (``DIR/fwd``, ``DIR/bwd_data``,
-``DIR/bwd_filter``; a single pass's folder also works).  ``--network DIR`` (repeatable, one per run): ``cosmoflow_end2end.py`` runs.
-Layers are matched by geometry and batch.  Both ratios use what the network ran: its
-DaCe implementation of each pass, and torch in the network's memory format.  The
-network's backward part of a layer is its data and filter gradients together (the filter
-gradient alone for the first layer), so the bench's side adds the two passes' medians.
+``DIR/bwd_filter``; a single pass's folder also works).  ``--network DIR`` (repeatable, one
+per run): ``cosmoflow_end2end.py`` runs. Layers are matched by geometry and batch.  Both
+ratios use what the network ran: its DaCe implementation of each pass, and torch in the
+network's memory format.  The network's backward part of a layer is its data and filter
+gradients together (the filter gradient alone for the first layer), so the bench's side adds
+the two passes' medians.
 
 A bench ratio is the median over its (pooled) rounds with their min-max (a folder from
 before ``--rounds`` is one round); a network ratio the
@@ -20,7 +21,7 @@ import statistics
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
-from ..errors import ArgumentParser, UsageError, run_main
+from convbench.base.errors import ArgumentParser, UsageError, run_main
 
 PROG = "bench_vs_network.py"
 PASSES = ("fwd", "bwd_data", "bwd_filter")
@@ -143,7 +144,7 @@ def compare(bench_dirs: Sequence, network_dirs: Sequence) -> List[dict]:
 
 
 def table(rows) -> str:
-    from ..tables import markdown
+    from convbench.base.tables import markdown
 
     def cell(r):
         return f"{r[0]:.2f} ({r[1]:.2f}-{r[2]:.2f})"

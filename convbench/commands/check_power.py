@@ -1,5 +1,5 @@
 """The verification's power per layer and pass: worst err/tol of a correct float32 result
-and of planted wrong ones, under the l2 and the sum|t| tolerances (convbench.checkpower).
+and of planted wrong ones, under the l2 and the sum|t| tolerances (convbench.check.power).
 
 Writes ``power.csv``, ``power.md`` and ``metadata.json`` into ``--outdir``.  Float64
 convolutions on the CPU: CosmoFlow's first layers at batch 1 take a minute or two each.
@@ -8,8 +8,8 @@ convolutions on the CPU: CosmoFlow's first layers at batch 1 take a minute or tw
 import json
 from pathlib import Path
 
-from .. import flags
-from ..errors import ArgumentParser, UsageError, check_at_least, run_main
+from convbench.commands import flags
+from convbench.base.errors import ArgumentParser, UsageError, check_at_least, run_main
 
 PROG = "check_power.py"
 PASSES = ("fwd", "bwd_data", "bwd_filter")
@@ -34,9 +34,9 @@ def main(argv=None, prog: str = PROG) -> int:
 def _main(argv, prog: str) -> int:
     args = build_parser(prog).parse_args(argv)
     check_at_least(("--batch", args.batch, 1))
-    from ..cli import resolve_pass
+    from convbench.commands.profile_conv3d import resolve_pass
     passes = [str(resolve_pass(p.strip())) for p in args.passes.split(",") if p.strip()]
-    from ..layersets import load_layers
+    from convbench.layersets.sets import load_layers
     sets = args.paramscsv or ["cosmoflow_mlperf", "cosmoflow"]
     layers = [(s, layer.with_batch(args.batch)) for s in sets for layer in load_layers(s)]
     if args.layer:
@@ -45,15 +45,16 @@ def _main(argv, prog: str) -> int:
         if unknown:
             raise UsageError(f"--layer: unknown layer(s) {', '.join(unknown)}")
         layers = [(s, layer) for s, layer in layers if layer.name in wanted]
-    from .. import checkpower, tables
-    from ..results import run_metadata
-    from ..toolchain import PROJECT_ROOT
+    from convbench.check import power
+    from convbench.base import tables
+    from convbench.results.writer import run_metadata
+    from convbench.build.toolchain import PROJECT_ROOT
     out = Path(args.outdir or "outputs/check_power")
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for lset, layer in layers:
         for p in passes:
-            for row in checkpower.measure(layer, p, seed=args.seed):
+            for row in power.measure(layer, p, seed=args.seed):
                 rows.append(dict(row, layer_set=lset))
                 wino = "".join(f"  {k[6:]} {row[k]:.4g}" for k in row
                                if k.startswith("bound_") and not k.endswith("_ok"))
@@ -78,7 +79,7 @@ def _main(argv, prog: str) -> int:
         "Worst err/tol over the output elements (pass iff <= 1). `(!)`: the verdict is wrong "
         "(a correct result failed, or a wrong one passed). Winograd bounds: the error bound "
         "of each Winograd kernel that computes the layer's pass, on these random inputs "
-        "(the statistical one, convbench.winograd), scored on the same results.\n\n"
+        "(the statistical one, convkernels.winograd.algebra), scored on the same results.\n\n"
         + tables.markdown(
             ["set", "layer", "batch", "pass", "L", "result", "l2 (verdict)", "sum|t| (before)",
              "Winograd bounds"], table, "llrlrlrrl") + "\n")

@@ -20,8 +20,8 @@ import json
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from .. import tables
-from ..errors import ArgumentParser, UsageError, run_main
+from convbench.base import tables
+from convbench.base.errors import ArgumentParser, UsageError, run_main
 
 PROG = "convbench compare"
 KEY = ("layer", "geometry", "batch", "implementation", "backend")

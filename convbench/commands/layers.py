@@ -6,13 +6,13 @@
     convbench layers --from-onnx unet3d.onnx [--input-shape 1,1,64,64,64] --out unet.csv
 
 ``--from-torch MODULE:FACTORY`` imports ``MODULE`` (a ``.py`` file, or a module in the
-current folder or on the Python path), calls ``FACTORY()`` for a ``torch.nn.Module``, and runs one forward pass on zeros of
-``--input-shape`` (batch first) with a forward hook on every ``Conv3d`` and
-``ConvTranspose3d``: each call becomes a layer with the shape it saw, its stride, padding,
-dilation and groups, named by the module's path in the model (``#2`` for a second call).
-What the layer model cannot express (a padding mode other than zeros) is refused with the
-module's name; ``padding="same"`` with an even (dilated) kernel pads one more at the back,
-as torch does.
+current folder or on the Python path), calls ``FACTORY()`` for a ``torch.nn.Module``, and
+runs one forward pass on zeros of ``--input-shape`` (batch first) with a forward hook on
+every ``Conv3d`` and ``ConvTranspose3d``: each call becomes a layer with the shape it saw,
+its stride, padding, dilation and groups, named by the module's path in the model (``#2``
+for a second call). What the layer model cannot express (a padding mode other than zeros) is
+refused with the module's name; ``padding="same"`` with an even (dilated) kernel pads one
+more at the back, as torch does.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import sys
 from pathlib import Path
 from typing import List, Sequence
 
-from .. import flags
-from ..errors import ArgumentParser, UsageError, check_at_least, run_main
-from ..layers import Layer, format_csv
+from convbench.commands import flags
+from convbench.base.errors import ArgumentParser, UsageError, check_at_least, run_main
+from convbench.layersets.layer import Layer, format_csv
 
 PROG = "convbench layers"
 
@@ -68,7 +68,7 @@ def _main(argv, prog: str) -> int:
         layers = from_torch(load_factory(args.from_torch), shape)
         source = f"--from-torch {args.from_torch} --input-shape {args.input_shape}"
     elif args.from_onnx:
-        from ..onnx_layers import onnx_layers
+        from convbench.layersets.onnx_layers import onnx_layers
         shape = parse_shape(args.input_shape) if args.input_shape else None
         layers, skipped = onnx_layers(args.from_onnx, shape)
         source = f"--from-onnx {args.from_onnx}" + (
@@ -81,7 +81,7 @@ def _main(argv, prog: str) -> int:
     else:
         if args.input_shape:
             raise UsageError("--input-shape goes with --from-torch or --from-onnx")
-        from ..layersets import load_layers
+        from convbench.layersets.sets import load_layers
         spec = args.paramscsv or "cosmoflow"
         layers = load_layers(spec)
         source = f"--paramscsv {spec}"

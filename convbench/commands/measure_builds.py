@@ -9,8 +9,9 @@ import shutil
 import statistics
 import tempfile
 
-from .. import flags
-from ..errors import ArgumentParser, UsageError, check_at_least, check_choice, run_main
+from convbench.commands import flags
+from convbench.base.errors import (ArgumentParser, UsageError, check_at_least, check_choice,
+                                   run_main)
 
 PROG = "measure_builds.py"
 TARGETS = ("cpu", "gpu")
@@ -40,9 +41,9 @@ def _main(argv, prog: str) -> int:
     targets = [t.strip() for t in args.targets.split(",") if t.strip()]
     for target in targets or [""]:
         check_choice("--targets", target, TARGETS, "target")
-    from .. import cache, toolchain
-    from ..experiment import resolve_implementations
-    from ..layersets import load_layers
+    from convbench.build import cache, toolchain
+    from convbench.experiment.pipeline import resolve_implementations
+    from convbench.layersets.sets import load_layers
     layers = load_layers(args.paramscsv)
     if not 0 <= args.layer < len(layers):
         raise UsageError(f"--layer: {args.layer} is out of range (0..{len(layers) - 1})")

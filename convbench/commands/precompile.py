@@ -3,7 +3,7 @@
 docs/build-cache.md describes the cache and how the
 profiler loads these builds.  Parameters are the tuned ones updated by ``--param``,
 exactly as every other entry point builds them (:meth:`Experiment.params
-<convbench.experiment.Experiment.params>`), so the entries are the ones they look up.
+<convbench.experiment.pipeline.Experiment.params>`), so the entries are the ones they look up.
 Valid entries are skipped unless ``--force``; unsupported layers are counted and
 skipped.  Workers build under the cache's locks, so several runs can share a folder.
 """
@@ -11,8 +11,9 @@ skipped.  Workers build under the cache's locks, so several runs can share a fol
 import os
 import time
 
-from .. import flags
-from ..errors import ArgumentParser, UsageError, check_at_least, check_choice, run_main
+from convbench.commands import flags
+from convbench.base.errors import (ArgumentParser, UsageError, check_at_least, check_choice,
+                                   run_main)
 
 PROG = "precompile.py"
 DEFAULT_SETS = ("cosmoflow_mlperf", "cosmoflow")
@@ -39,12 +40,12 @@ def build_parser(prog: str = PROG) -> ArgumentParser:
 
 
 def plan(args):
-    """The builds to make (:class:`convbench.cache.Job`), and how many layers were skipped
+    """The builds to make (:class:`convbench.build.cache.Job`), and how many layers were skipped
     as unsupported."""
     from .. import registry
-    from ..cache import Job
-    from ..experiment import Experiment, resolve_implementations
-    from ..layersets import load_layers
+    from convbench.build.cache import Job
+    from convbench.experiment.pipeline import Experiment, resolve_implementations
+    from convbench.layersets.sets import load_layers
     check_at_least(("--jobs", args.jobs, 1), *(("--batch", b, 1) for b in args.batch or []))
     impls = resolve_implementations(flags.implementation_names(args.implementation))
     overrides = registry.parse_param_overrides(args.param)
@@ -78,8 +79,8 @@ def plan(args):
 def _main(argv, prog: str = PROG) -> int:
     args = build_parser(prog).parse_args(argv)
     jobs, unsupported = plan(args)
-    from .. import cache, toolchain
-    from ..progress import Progress
+    from convbench.build import cache, toolchain
+    from convbench.base.progress import Progress
     cachedir = args.cachedir or str(toolchain.default_cachedir())
     print(f"{len(jobs)} build(s) into {cachedir} with {args.jobs} process(es)"
           f"{f'; {unsupported} unsupported layer(s) skipped' if unsupported else ''}", flush=True)

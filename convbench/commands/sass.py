@@ -20,8 +20,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from .. import flags
-from ..errors import ArgumentParser, UsageError, check_at_least, run_main
+from convbench.commands import flags
+from convbench.base.errors import ArgumentParser, UsageError, check_at_least, run_main
 
 PROG = "convbench sass"
 
@@ -64,8 +64,9 @@ def main(argv=None, prog: str = PROG) -> int:
 
 def _main(argv, prog: str) -> int:
     args = build_parser(prog).parse_args(argv)
-    from .. import gpubuild, registry, sass
-    from ..files import output_file_problem, writable_folder_problem
+    from convbench import registry
+    from convbench.build import gpubuild, sass
+    from convbench.base.files import output_file_problem, writable_folder_problem
     registry.load_implementations()
     if args.all:
         single = [flag for flag, given in (
@@ -125,7 +126,8 @@ def _main(argv, prog: str) -> int:
 def _read_layers(args, impl, layers, params, dtype, refused) -> int:
     """Several layers: each read (``--jobs`` at a time), one row each, ``--csv`` with
     every kernel of every layer."""
-    from .. import gpubuild, sass, tables
+    from convbench.build import gpubuild, sass
+    from convbench.base import tables
     todo = [(impl.name, args.paramscsv, layer, params, dtype.label) for layer in layers]
     probes = gpubuild.run_probes(todo, args.jobs or os.cpu_count() or 1, say=lambda _: None)
     rows = [r for p in probes for r in gpubuild.kernel_rows(p)]
@@ -159,8 +161,8 @@ def _read_layers(args, impl, layers, params, dtype, refused) -> int:
 def _selection(args, impl):
     """The layers, parameters and precision the flags name (each checked: one line, exit
     2), and with ``--layer all`` the layers the implementation refuses, with why."""
-    from ..layersets import load_layers
-    from ..precision import get_dtype
+    from convbench.layersets.sets import load_layers
+    from convbench.build.precision import get_dtype
     from ..registry import parse_param_overrides
     check_at_least(("--batch", args.batch, 1))
     if not args.layer:
@@ -192,14 +194,14 @@ def _selection(args, impl):
 
 def _tools() -> None:
     """nvcc and the disassembler, or one line that says which is missing."""
-    from .. import sass
+    from convbench.build import sass
     if shutil.which("nvcc") is None:
         raise UsageError("nvcc is not on PATH: the build is compiled with it")
     sass.require_tools()
 
 
 def _write(path: str, text: str) -> None:
-    from ..files import write_atomic
+    from convbench.base.files import write_atomic
     write_atomic(Path(path), text)
 
 
@@ -219,7 +221,8 @@ def _ratio(value) -> str:
 def report(probe, rows, tool: str) -> str:
     """The text ``convbench sass`` prints: what was read, a table of every kernel, and the
     main kernel's loop line by line."""
-    from .. import gpubuild, sass, tables
+    from convbench.build import gpubuild, sass
+    from convbench.base import tables
     params = ", ".join(f"{k}={v}" for k, v in probe.params.items()) or "no parameters"
     lines = [f"{probe.impl} on {probe.layer_set}/{probe.layer} at batch {probe.batch}, "
              f"{probe.dtype}, {params}",
@@ -248,7 +251,7 @@ def report(probe, rows, tool: str) -> str:
 
 
 def _loop_lines(kernel) -> list:
-    from .. import sass
+    from convbench.build import sass
     r = kernel.sass
     where = (f"{r.loop}, {'the only loop' if r.loops == 1 else f'one of {r.loops} loops'}"
              if r.loops else "no loop: the whole kernel")
@@ -278,7 +281,8 @@ def _loop_lines(kernel) -> list:
 
 
 def _read_all(args) -> int:
-    from .. import gpubuild, registry, sass, toolchain
+    from convbench import registry
+    from convbench.build import gpubuild, sass, toolchain
     check_at_least(("--jobs", args.jobs, 1))
     gpu = sorted(n for n, i in registry.all_implementations().items() if "gpu" in i.targets)
     impls = gpu

@@ -21,9 +21,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from .. import results, tables
-from ..errors import ArgumentParser, UsageError, run_main
-from ..toolchain import PROJECT_ROOT
+from convbench.results import writer as results
+from convbench.base import tables
+from convbench.base.errors import ArgumentParser, UsageError, run_main
+from convbench.build.toolchain import PROJECT_ROOT
 
 PROG = "convbench status"
 VENDOR_COLUMNS = ("cudnn_ms", "torch_ms", "cudnn_other_ms", "torch_other_ms")
@@ -179,8 +180,8 @@ def gpu_cases(campaign: Optional[Path], best_per_layer: bool = False
 
 def sass_shares(results: Path) -> Dict[str, List[Tuple[str, float]]]:
     """implementation -> its main loop's (FMA kind, FMA share) on each layer of
-    :data:`convbench.gpubuild.READING_LAYERS` that was read, in that order."""
-    from .. import gpubuild
+    :data:`convbench.build.gpubuild.READING_LAYERS` that was read, in that order."""
+    from convbench.build import gpubuild
     readings = gpubuild.load_readings(results / "gpu" / "sass")
     out: Dict[str, List[Tuple[str, float]]] = defaultdict(list)
     for layer_set, _, _ in gpubuild.READING_LAYERS:
@@ -211,7 +212,7 @@ def share_against_ratio(results: Path) -> str:
         ratios = gpu.get(impl, ((0, 0, []), ""))[0][2]
         if ratios and all(k == "FFMA" for k, _ in found):
             pairs.append((impl, statistics.mean(v for _, v in found), statistics.median(ratios)))
-    from ..results import spearman
+    from convbench.results.writer import spearman
     rho = spearman([p[1] for p in pairs], [p[2] for p in pairs])
     if rho is None:
         return ("the FMA share against the measured ratio: too few FFMA implementations "
@@ -230,7 +231,7 @@ def table(results: Path) -> Tuple[List[str], List[List[str]], str]:
               "CPU 16-bit: verified / failed", "GPU: verified / run",
               "GPU: DaCe / fastest vendor", "GPU main loop: FMA share"]
     rows = []
-    from ..layouts import Pass
+    from convkernels.layouts import Pass
     impls = sorted(registry.all_implementations().values(),
                    key=lambda i: (list(Pass).index(i.pass_), i.name))
     for impl in impls:

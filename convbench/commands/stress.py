@@ -20,12 +20,14 @@ import time
 import warnings
 from pathlib import Path
 
-from .. import flags, tables
-from ..devices import synchronize
-from ..errors import ArgumentParser, UsageError, check_at_least, run_main
-from ..experiment import Observer
-from ..memory import (GIB, PeakMemory, available_memory, check_regions, input_depth_range,
-                      memory_estimate, program_transient_bytes)
+from convbench.commands import flags
+from convbench.base import tables
+from convbench.timing.devices import synchronize
+from convbench.base.errors import ArgumentParser, UsageError, check_at_least, run_main
+from convbench.experiment.pipeline import Observer
+from convbench.timing.memory import (GIB, PeakMemory, available_memory, check_regions,
+                                     input_depth_range, memory_estimate,
+                                     program_transient_bytes)
 
 PROG = "stress_test.py"
 DEFAULT_IMPLEMENTATION = "implicitGemm"
@@ -84,7 +86,7 @@ def input_edge(size: int, kernel: int, stride: int, pad: int) -> int:
 
 
 def make_layer(size, in_channels, out_channels, batch, kernel, stride, pad):
-    from ..layers import Layer
+    from convbench.layersets.layer import Layer
     edge = input_edge(size, kernel, stride, pad)
     if edge < 1:
         raise UsageError(f"--size {size}: with --kernel {kernel}, --stride {stride} and --pad "
@@ -163,12 +165,12 @@ def check_subvolume(layer, x, w, y, planes: int = 2, unit_roundoff: float = 2.0 
                     random_inputs: bool = True):
     """Check output ``y`` (logical NCDHW, any device or strides) of the forward pass of
     ``layer`` on inputs ``x``, ``w`` (logical, float32) against torch in float64, with the
-    tolerance rule of :mod:`convbench.verify`, on the depth planes of
+    tolerance rule of :mod:`convbench.check.verify`, on the depth planes of
     :func:`check_regions`.  ``random_inputs``: x and w were drawn independently and
     uniformly on (-1, 1), as the stress run draws them (the l2 tolerance applies).
     Returns ``[((o0, o1), Check), ...]``."""
-    from ..layouts import Pass
-    from ..verify import compare, truth_for
+    from convkernels.layouts import Pass
+    from convbench.check.verify import compare, truth_for
     if tuple(y.shape) != tuple(layer.output_shape):
         raise ValueError(f"output shape {tuple(y.shape)} != {tuple(layer.output_shape)}")
     results = []
@@ -237,11 +239,11 @@ class Phases(Observer):
               flush=True)
 
     def timing(self, exp, record, total_calls):
-        from ..progress import Progress
+        from convbench.base.progress import Progress
         return Progress(total_calls, label=" ", heartbeat=PROGRESS_HEARTBEAT_S)
 
     def _check(self, exp):
-        from ..layouts import PASS_SIGNATURE, from_layout
+        from convkernels.layouts import PASS_SIGNATURE, from_layout
         impl, layer, a = self.impl, self.conv, self.args
         out_role = PASS_SIGNATURE[impl.pass_][1]
         regions = check_regions(layer.out_d, a.check_planes)
@@ -329,10 +331,12 @@ def _check_writable(path: Path) -> None:
 def _setup(args):
     """Layer, implementation, experiment and parameters, every input checked: a
     UsageError before anything is built or allocated."""
-    from .. import registry, timing
-    from ..devices import resolve_device, set_threads
-    from ..experiment import Experiment, TimingOptions, resolve_implementations
-    from ..layouts import Pass
+    from convbench import registry
+    from convbench.timing import timers as timing
+    from convbench.timing.devices import resolve_device, set_threads
+    from convbench.experiment.pipeline import (Experiment, TimingOptions,
+                                               resolve_implementations)
+    from convkernels.layouts import Pass
     layer = _layer_of(args)
     impl, = resolve_implementations([args.implementation or DEFAULT_IMPLEMENTATION])
     if impl.pass_ != Pass.FWD:
@@ -362,7 +366,7 @@ def _main(argv, prog: str = PROG) -> int:
     args = build_parser(prog).parse_args(argv)
     _check_args(args)
     warnings.simplefilter("ignore")
-    from .. import toolchain
+    from convbench.build import toolchain
     layer, impl, exp, params, flush_bytes = _setup(args)
     device = exp.device
 
@@ -377,7 +381,8 @@ def _main(argv, prog: str = PROG) -> int:
 
     import torch
 
-    from .. import devices, results
+    from convbench.timing import devices
+    from convbench.results import writer as results
     gflop = layer.flops() / 1e9
     print(f"stress test: {impl.name} ({impl.layout}) against torch conv3d on {device}: "
           f"{devices.describe(device)}, threads {torch.get_num_threads()}")

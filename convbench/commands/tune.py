@@ -1,6 +1,6 @@
 """Parameter search for a CPU implementation: the fastest tile sizes per layer; with
 ``--quick SET``, the quick autotune of every pass over the candidate implementations
-(:mod:`convbench.autotune`).
+(:mod:`convbench.tuning.autotune`).
 
 docs/benchmarking.md, "Tuning and the CPU bench", describes the search and where the winners
 that ``--store`` writes are used.  Each configuration gets one warm-up call before its
@@ -12,11 +12,12 @@ those samples.  Every configuration's time goes to ``--out``.
 import statistics
 from pathlib import Path
 
-from .. import flags, isa
-from ..chatter import add_verbose_flag, set_verbose
-from ..tuning import parse_space, within_registers  # noqa: F401 - tests call it here
-from ..errors import ArgumentParser, UsageError, check_at_least, run_main
-from ..toolchain import PROJECT_ROOT
+from convbench.commands import flags
+from convkernels.cpu import isa
+from convbench.build.chatter import add_verbose_flag, set_verbose
+from convbench.build.tuned import parse_space, within_registers  # noqa: F401 - tests call it here
+from convbench.base.errors import ArgumentParser, UsageError, check_at_least, run_main
+from convbench.build.toolchain import PROJECT_ROOT
 
 PROG = "tune_cpu.py"
 DEFAULT_IMPLEMENTATION = "directConvNDHWCblocked"
@@ -73,9 +74,10 @@ def _main(argv, prog: str) -> int:
         return quick(args)
     if args.budget is not None:
         raise UsageError("--budget: only with --quick")
-    from ..devices import set_threads
-    from ..experiment import Experiment, TimingOptions, resolve_implementations
-    from ..layersets import load_layers
+    from convbench.timing.devices import set_threads
+    from convbench.experiment.pipeline import (Experiment, TimingOptions,
+                                               resolve_implementations)
+    from convbench.layersets.sets import load_layers
     impl, = resolve_implementations([args.implementation or DEFAULT_IMPLEMENTATION],
                                     device="cpu", flag="--implementation")
     space = args.space or impl.search_space
@@ -92,11 +94,11 @@ def _main(argv, prog: str) -> int:
 
 
 def quick(args) -> int:
-    """``--quick SET ...``: the quick autotune (:mod:`convbench.autotune`)."""
-    from ..autotune import DEFAULT_BUDGET_MIN, parse_budget, tune as autotune
-    from ..devices import set_threads
-    from ..layouts import Pass
-    from ..layersets import load_layers
+    """``--quick SET ...``: the quick autotune (:mod:`convbench.tuning.autotune`)."""
+    from convbench.tuning.autotune import DEFAULT_BUDGET_MIN, parse_budget, tune as autotune
+    from convbench.timing.devices import set_threads
+    from convkernels.layouts import Pass
+    from convbench.layersets.sets import load_layers
     if args.implementation or args.space or args.paramscsv:
         raise UsageError("--quick: takes its layer sets as its values; --implementation, "
                          "--space and --paramscsv do not apply")
@@ -112,10 +114,10 @@ def quick(args) -> int:
     set_threads(args.threads)
     result = autotune([(layer, p) for layer in layers for p in passes], budget,
                       cachedir=args.cachedir, threads=args.threads)
-    from .. import tuning
-    from ..results import run_metadata, save_records
+    from convbench.build import tuned
+    from convbench.results.writer import run_metadata, save_records
     out = Path(args.out) if args.out else (
-        PROJECT_ROOT / "results" / "cpu" / tuning.machine_folder() / "tuning" /
+        PROJECT_ROOT / "results" / "cpu" / tuned.machine_folder() / "tuning" /
         f"autotune_{'_'.join(Path(s).stem for s in args.quick)}_b{args.batch}.json")
     meta = run_metadata(PROJECT_ROOT, "cpu", args.threads)
     meta.update(kind="autotune", sets=args.quick, budget_min=budget, passes=args.passes,
@@ -130,9 +132,9 @@ def candidates(impl, layer, configs):
     ``configs`` is None) the defaults and what other machines stored for it."""
     if configs is not None:
         return configs
-    from .. import tuning
+    from convbench.build import tuned
     defaults = impl.resolve_params()
-    return [defaults] + [p for p in tuning.params_elsewhere(impl, layer, "cpu") if p != defaults]
+    return [defaults] + [p for p in tuned.params_elsewhere(impl, layer, "cpu") if p != defaults]
 
 
 #: Configurations the confirmation times again (besides the defaults).
@@ -173,8 +175,8 @@ def tune(exp, args, space, configs, layers) -> int:
     """Build, verify and time every configuration on every layer; store the winners."""
     import torch
 
-    from .. import tuning
-    from ..results import device_metadata, run_metadata, save_records
+    from convbench.build import tuned
+    from convbench.results.writer import device_metadata, run_metadata, save_records
     impl = exp.impls[0]
     records, winners = [], {}
     machine = {"cpu": device_metadata("cpu")["cpu"], "threads": torch.get_num_threads()}
@@ -218,14 +220,14 @@ def tune(exp, args, space, configs, layers) -> int:
         print(f"  best: {best['params']} {best[speed]:.2f} ms{gain}", flush=True)
         winners[label] = best["params"]
         if args.store:
-            tuning.store("cpu", impl.name, layer, best["params"], machine)
+            tuned.store("cpu", impl.name, layer, best["params"], machine)
     out = Path(args.out) if args.out else \
-        PROJECT_ROOT / "results" / "cpu" / tuning.machine_folder() / "tuning" / \
+        PROJECT_ROOT / "results" / "cpu" / tuned.machine_folder() / "tuning" / \
         f"tuning_{impl.name}_b{args.batch}.json"
     meta = run_metadata(PROJECT_ROOT, "cpu", args.threads)
     meta.update(implementation=impl.name, space=space, samples=args.samples,
                 confirm_rounds=args.confirm, timing=exp.timer.method, winners=winners)
     save_records(out, meta, records)
     if args.store:
-        print(f"stored {len(winners)} entries in {tuning.tuning_file('cpu')}")
+        print(f"stored {len(winners)} entries in {tuned.tuning_file('cpu')}")
     return 0

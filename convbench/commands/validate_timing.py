@@ -1,9 +1,10 @@
 """Validate the profiler's timer against DaCe's own instrumentation, and measure the
 spread of medians across repeated rounds.
 
-results/cpu/epyc_f26m2_avx512/README.md, "How the timer was validated", describes the method and its results.  The
-instrumented build (DaCe's ``Timer`` or ``GPU_Events`` on the whole SDFG) is made in a
-temporary folder, outside the build cache, which holds only uninstrumented builds.
+results/cpu/epyc_f26m2_avx512/README.md, "How the timer was validated", describes the method
+and its results.  The instrumented build (DaCe's ``Timer`` or ``GPU_Events`` on the whole
+SDFG) is made in a temporary folder, outside the build cache, which holds only
+uninstrumented builds.
 """
 
 import os
@@ -14,8 +15,8 @@ import time
 import warnings
 from pathlib import Path
 
-from .. import flags
-from ..errors import ArgumentParser, UsageError, check_at_least, run_main
+from convbench.commands import flags
+from convbench.base.errors import ArgumentParser, UsageError, check_at_least, run_main
 
 PROG = "validate_timing.py"
 DEFAULT_IMPLEMENTATION = "implicitGemm"
@@ -36,11 +37,11 @@ def build_parser(prog: str = PROG):
 
 
 def instrumented_build(spec, folder):
-    """A :class:`~convbench.toolchain.Build` of ``spec`` in ``folder`` (not the cache),
+    """A :class:`~convbench.build.toolchain.Build` of ``spec`` in ``folder`` (not the cache),
     with DaCe's timer on the whole SDFG."""
     import dace
 
-    from .. import toolchain
+    from convbench.build import toolchain
     kind = (dace.InstrumentationType.GPU_Events if spec.target == "gpu"
             else dace.InstrumentationType.Timer)
 
@@ -77,11 +78,12 @@ def _main(argv, prog: str) -> int:
     flags.check_timing_flags(args)
     check_at_least(("--batch", args.batch, 1), ("--rounds", args.rounds, 1))
     warnings.simplefilter("ignore")
-    from .. import toolchain
-    from ..devices import resolve_device
-    from ..experiment import Experiment, TimingOptions, resolve_implementations
-    from ..layersets import load_layers
-    from ..verify import make_inputs
+    from convbench.build import toolchain
+    from convbench.timing.devices import resolve_device
+    from convbench.experiment.pipeline import (Experiment, TimingOptions,
+                                               resolve_implementations)
+    from convbench.layersets.sets import load_layers
+    from convbench.check.verify import make_inputs
     device = resolve_device(args.device)
     impl, = resolve_implementations([args.implementation or DEFAULT_IMPLEMENTATION],
                                     device=device, flag="--implementation")
@@ -107,7 +109,7 @@ def _main(argv, prog: str) -> int:
             records.append(_compare(layer, rounds, dace_durations(build.sdfg), args))
             del call, build
     if args.out:
-        from ..results import run_metadata, save_records
+        from convbench.results.writer import run_metadata, save_records
         meta = run_metadata(toolchain.PROJECT_ROOT, device, None)
         meta.update({"implementation": impl.name, "layer_set": args.paramscsv,
                      "batch": args.batch, "rounds": args.rounds, "warmup": args.warmupiter,
@@ -120,7 +122,7 @@ def _main(argv, prog: str) -> int:
 
 def _compare(layer, rounds, inside, args):
     """The record of one layer: the profiler's samples next to DaCe's, call by call."""
-    from ..timing import summarize
+    from convbench.timing.timers import summarize
     # Calls: 1 checked, then per round warm-up + samples.
     per_round = args.warmupiter + args.totaliter
     if len(inside) != 1 + args.rounds * per_round:

@@ -1,10 +1,10 @@
 """The float32 error of 3D Winograd F(m^3, 3^3) against the direct sum, per channel count
-(convbench.winograd; issue 44's accuracy question, asked before any kernel exists).
+(convkernels.winograd.algebra; issue 44's accuracy question, asked before any kernel exists).
 
 Both run in float32 on the same normal inputs: Winograd through
-:func:`convbench.winograd.conv3d` (sequential channel sums), the direct sum through torch's
-conv3d on the CPU.  Errors are against float64, per output element in units of
-``u ||t||_2`` (float32's unit roundoff times the l2 norm of the element's products, the
+:func:`convkernels.winograd.algebra.conv3d` (sequential channel sums), the direct sum
+through torch's conv3d on the CPU.  Errors are against float64, per output element in units
+of ``u ||t||_2`` (float32's unit roundoff times the l2 norm of the element's products, the
 scale of the verification's tolerance), and as the ratio of RMS errors.  Writes
 ``winograd_error.csv``, ``.md`` and ``metadata.json`` into ``--outdir``.
 """
@@ -12,8 +12,8 @@ scale of the verification's tolerance), and as the ratio of RMS errors.  Writes
 import json
 from pathlib import Path
 
-from .. import flags
-from ..errors import ArgumentParser, UsageError, check_at_least, run_main
+from convbench.commands import flags
+from convbench.base.errors import ArgumentParser, UsageError, check_at_least, run_main
 
 PROG = "winograd_error.py"
 
@@ -51,19 +51,19 @@ def _main(argv, prog: str) -> int:
     args = build_parser(prog).parse_args(argv)
     tiles, channels = _ints("--m", args.m), _ints("--channels", args.channels)
     check_at_least(("--filters", args.filters, 1), ("--size", args.size, 1))
-    from .. import winograd
-    unknown = sorted(set(tiles) - set(winograd.POINTS))
+    from convkernels.winograd import algebra
+    unknown = sorted(set(tiles) - set(algebra.POINTS))
     if unknown:
         raise UsageError(f"--m: no points chosen for {unknown} (known: "
-                         f"{', '.join(map(str, winograd.POINTS))})")
+                         f"{', '.join(map(str, algebra.POINTS))})")
     if any(args.size % m for m in tiles):
         raise UsageError(f"--size {args.size}: not a multiple of every --m ({args.m})")
     import numpy as np
     import torch
-    from .. import tables
-    from ..results import run_metadata
-    from ..toolchain import PROJECT_ROOT
-    from ..verify import TOL_FACTOR
+    from convbench.base import tables
+    from convbench.results.writer import run_metadata
+    from convbench.build.toolchain import PROJECT_ROOT
+    from convbench.check.verify import TOL_FACTOR
     out = Path(args.outdir or "outputs/winograd_error")
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(args.seed)
@@ -78,17 +78,17 @@ def _main(argv, prog: str) -> int:
         direct = torch.nn.functional.conv3d(torch.from_numpy(x), torch.from_numpy(w)).numpy()
         d_err = direct - exact
         for m in tiles:
-            err = winograd.conv3d(x, w, m) - exact
-            bound = winograd.error_bound(x, w, m)
-            stat = winograd.error_bound(x, w, m, tol_factor=TOL_FACTOR, random_inputs=True)
-            dropped = winograd.conv3d(x[:, 1:], w[:, 1:], m) - exact  # one channel left out
-            rows.append({"m": m, "points": " ".join(str(p) for p in winograd.POINTS[m]),
+            err = algebra.conv3d(x, w, m) - exact
+            bound = algebra.error_bound(x, w, m)
+            stat = algebra.error_bound(x, w, m, tol_factor=TOL_FACTOR, random_inputs=True)
+            dropped = algebra.conv3d(x[:, 1:], w[:, 1:], m) - exact  # one channel left out
+            rows.append({"m": m, "points": " ".join(str(p) for p in algebra.POINTS[m]),
                          "C": C, "K": K, "size": S,
                          "max_err_over_u_l2": float(np.max(np.abs(err) / scale)),
                          "direct_max_err_over_u_l2": float(np.max(np.abs(d_err) / scale)),
                          "rms_over_direct": float(np.sqrt(np.mean(err ** 2))
                                                   / np.sqrt(np.mean(d_err ** 2))),
-                         "roundings": winograd.path_roundings(m, C),
+                         "roundings": algebra.path_roundings(m, C),
                          "max_err_over_bound": float(np.max(np.abs(err) / bound)),
                          "max_err_over_statistical": float(np.max(np.abs(err) / stat)),
                          "dropped_channel_over_bound": float(np.max(np.abs(dropped) / bound)),
@@ -109,7 +109,7 @@ def _main(argv, prog: str) -> int:
     (out / "winograd_error.md").write_text(
         "Max error per element in units of u ||t||_2, RMS error over the direct sum's "
         "(float32, torch conv3d on the CPU), and the worst element's error over the rigorous "
-        "bound gamma_n Y_abs (n roundings per term; convbench.winograd.error_bound) and over "
+        "bound gamma_n Y_abs (n roundings per term; convkernels.winograd.algebra.error_bound) and over "
         "the statistical bound the checks use on random inputs (statistical_bound, safety "
         "factor 8). Planted: one input channel left out of the sum, and the exact result "
         "1% off; each as its worst element over the rigorous / the statistical bound "

@@ -1,4 +1,4 @@
-"""Plots of run folders (files: :mod:`convbench.schema`).
+"""Plots of run folders, drawn from their result files (:mod:`convbench.results.schema`) only.
 
 :mod:`.reader` reads a run (no matplotlib there); each other module draws one PNG
 (docs/profiling.md, "Result files"; :mod:`.breakdown` draws an end-to-end run's
@@ -17,8 +17,8 @@ from typing import List, Union
 # matplotlib imports, that float32's smallest subnormal is zero.  Harmless here.
 warnings.filterwarnings("ignore", message="The value of the smallest subnormal")
 
-from ..files import make_folder  # noqa: E402
-from ..schema import SAMPLE_COLUMNS  # noqa: E402
+from convbench.base.files import make_folder  # noqa: E402
+from convbench.results.schema import SAMPLE_COLUMNS  # noqa: E402
 from .reader import RunData, Stats, load_run, read_breakdown, read_metadata  # noqa: E402
 
 _PLOTS = {"plot_violin": "violin", "plot_medians": "medians", "plot_roofline": "roofline",

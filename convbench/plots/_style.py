@@ -13,8 +13,8 @@ matplotlib.use("Agg")  # before pyplot: no display needed, the same output every
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.transforms import Bbox  # noqa: E402
 
-from ..files import WriteError, make_folder  # noqa: E402
-from ..schema import COMPLETE, DACE  # noqa: E402
+from convbench.base.files import WriteError, make_folder  # noqa: E402
+from convbench.results.schema import COMPLETE, DACE  # noqa: E402
 from .reader import RunData, finite  # noqa: E402
 
 DPI = 130

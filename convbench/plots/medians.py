@@ -9,7 +9,7 @@ import numpy as np
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from ..schema import DACE
+from convbench.results.schema import DACE
 from ._style import FONT, backend_color, plt, run_title, save
 from .reader import RunData
 

@@ -1,4 +1,4 @@
-"""Reading a run folder (see :mod:`convbench.schema`): no drawing here.
+"""Reading a run folder (see :mod:`convbench.results.schema`): no drawing here.
 
 :func:`load_run` reads a profiler run into a :class:`RunData`, :func:`read_breakdown`
 the medians of an end-to-end run.  Bad input raises FileNotFoundError naming the
@@ -14,8 +14,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .. import schema
-from ..schema import DACE
+from convbench.results import schema
+from convbench.results.schema import DACE
 
 #: Cell values read as "not available" (NaN) in numeric columns.
 MISSING = {"", "nan", "none", "null", "n/a", "na", "-"}

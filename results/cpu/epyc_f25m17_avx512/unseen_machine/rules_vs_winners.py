@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 
 from convbench import registry
-from convbench.layers import Layer
-from convbench.layouts import Pass
+from convbench.layersets.layer import Layer
+from convkernels.layouts import Pass
 
 MACHINE = "AMD EPYC (family 26 model 2) | avx512f"
 TUNING = Path(__file__).resolve().parents[4] / "tuning" / "cpu.json"

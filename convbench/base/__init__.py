@@ -1,0 +1,1 @@
+"""What every part of the harness stands on: one-line errors, atomic files, progress, tables."""

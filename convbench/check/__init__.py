@@ -1,0 +1,1 @@
+"""Checks: the references (torch float64, torch, cuDNN), verification, the check's power."""

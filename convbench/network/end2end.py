@@ -1,0 +1,536 @@
+"""The command line of ``scripts/cosmoflow_end2end.py``: whole CosmoFlow networks with
+DaCe convolutions, against the same network with torch's.
+
+A run builds (or loads from the build cache) the DaCe programs it needs, then, each
+optional: ``--check`` (:mod:`convbench.network.check`), ``--epochs`` of training on synthetic
+data (:mod:`convbench.network.synthetic`), and timing, torch and DaCe interleaved iteration by
+iteration, every convolution call a span (docs/end2end.md has the details).
+No caches are flushed between iterations: the network runs as it would in training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from convbench.tuning.autotune import DEFAULT_BUDGET_MIN, parse_budget
+from convbench.build.chatter import LOG_NAME, add_verbose_flag, set_run_log, set_verbose
+from convbench.base.errors import ArgumentParser, UsageError, check_at_least, run_main
+from convbench.commands.flags import (add_cachedir_flag, add_device_flag, add_heap_flag,
+                                      add_implementation_flag, add_outdir_flag,
+                                      add_precision_flags, add_seed_flag, add_threads_flag,
+                                      check_heap_flag)
+from convbench.results import schema
+from convkernels.layouts import Pass
+
+PROG = "cosmoflow_end2end.py"
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    from convbench.network.cosmoflow import MODELS, TORCH
+    p = ArgumentParser(prog=prog, description="CosmoFlow end to end with DaCe convolutions: forward "
+                "pass and training step against torch, checked and timed per layer.")
+    p.add_argument("--model", default="mlperf", metavar="|".join(MODELS),
+                   help="mlperf (MLPerf HPC CosmoFlow, default) or v1 (the original work's "
+                   "7-layer network)")
+    p.add_argument("--size", type=int, default=128, metavar="S",
+                   help="input edge S (S^3 voxels; default 128; use 32 or 64 on a CPU)")
+    p.add_argument("--batch", type=int, default=2, metavar="N", help="batch size (default 2)")
+    # Not flags.add_timing_flags: these count iterations of whole networks, never flushed.
+    p.add_argument("--iters", type=int, default=5, metavar="N",
+                   help="timed iterations per model and phase (default 5; 0: no timing)")
+    p.add_argument("--warmup", type=int, default=1, metavar="N",
+                   help="untimed iterations first (default 1)")
+    add_device_flag(p)
+    add_implementation_flag(p, f"forward implementation of every convolution ('{TORCH}': "
+                            "torch's; default: per layer and pass, the measured winner or the "
+                            "'network-cpu' kernel on the CPU, else the 'network' default of "
+                            "`convbench list`)")
+    p.add_argument("--impl-map", action="append", default=[], metavar="FILE",
+                   help="per-layer (and per-pass) choices: JSON, or CSV with layer and "
+                   "implementation columns, e.g. --compareprof summary.csv files (the fastest "
+                   "per layer wins); repeatable")
+    p.add_argument("--param", action="append", default=[], metavar="IMPL:NAME=VALUE",
+                   help="a tunable parameter of one implementation (repeatable)")
+    p.add_argument("--train", action="store_true",
+                   help="also time the training step (MSE loss, backward, Adam step)")
+    p.add_argument("--check", action="store_true",
+                   help="compare the DaCe model's output, loss and parameter gradients with "
+                   "torch's; exit 1 on a mismatch")
+    p.add_argument("--epochs", type=int, default=0, metavar="E",
+                   help="with --train: train both models E epochs on synthetic data first")
+    p.add_argument("--samples", type=int, default=16, metavar="N",
+                   help="size of the synthetic training set for --epochs (default 16)")
+    p.add_argument("--lr", type=float, default=3e-4, help="Adam learning rate (default 3e-4)")
+    p.add_argument("--dropout", type=float, default=None, metavar="P",
+                   help="dropout probability of the dense layers (default: the model's, 0.5)")
+    p.add_argument("--memory-format", default="auto", metavar="auto|ncdhw|ndhwc",
+                   help="activation memory format of both models (default auto: ndhwc when "
+                   "every DaCe forward implementation is NDHWC, so no layout copies)")
+    add_precision_flags(p)
+    add_heap_flag(p)
+    add_seed_flag(p)
+    add_threads_flag(p)
+    add_outdir_flag(p, "outputs/end2end_<model>_s<S>_b<N>_<device>[_<dtype>]/")
+    add_cachedir_flag(p)
+    p.add_argument("--require-precompiled", action="store_true",
+                   help="fail if a build is not in the cache (default: build what is missing)")
+    p.add_argument("--autotune", nargs="?", const=str(DEFAULT_BUDGET_MIN), default=None,
+                   metavar="MIN",
+                   help="CPU: first time the candidate implementations and a few parameter "
+                   "configurations of every layer and pass on this machine, verified first, "
+                   "and store the winners under its key in tuning/cpu.json (later runs use "
+                   f"them without tuning); at most MIN minutes (default {DEFAULT_BUDGET_MIN:g})")
+    add_verbose_flag(p)
+    return p
+
+
+def main(argv: Optional[List[str]] = None, prog: str = PROG) -> int:
+    return run_main(prog, lambda a: _main(a, prog), argv)
+
+
+def _main(argv, prog: str = PROG) -> int:
+    args = build_parser(prog).parse_args(argv)
+    check_at_least(("--size", args.size, 1), ("--batch", args.batch, 1),
+                   ("--iters", args.iters, 0), ("--warmup", args.warmup, 0),
+                   ("--epochs", args.epochs, 0), ("--samples", args.samples, 1),
+                   ("--threads", args.threads, 1))
+    if not (args.lr > 0 and math.isfinite(args.lr)):
+        raise UsageError(f"--lr: must be a positive number, got {args.lr}")
+    if args.dropout is not None and not 0 <= args.dropout < 1:
+        raise UsageError(f"--dropout: must be in [0, 1), got {args.dropout}")
+    if args.epochs and not args.train:
+        raise UsageError("--epochs: training needs --train")
+    if args.epochs and args.samples < args.batch:
+        raise UsageError(f"--samples {args.samples}: fewer than one batch of {args.batch}")
+    if args.memory_format not in ("auto", "ncdhw", "ndhwc"):
+        raise UsageError(f"--memory-format: unknown format '{args.memory_format}' (auto, "
+                         "ncdhw, ndhwc)")
+    check_heap_flag(args)
+    if not (args.iters or args.check or args.epochs):
+        raise UsageError("nothing to do: --iters 0 without --check or --epochs")
+    from convbench import registry
+    from convbench.network import cosmoflow
+    from convbench.build import precision
+    from convbench.timing.devices import resolve_device, set_threads
+
+    if args.model not in cosmoflow.MODELS:
+        raise UsageError(f"--model: unknown model '{args.model}' (choose from "
+                         f"{', '.join(cosmoflow.MODELS)})")
+    spec = cosmoflow.MODELS[args.model]
+    layers = cosmoflow.conv_layers(spec, args.size, args.batch)
+    if args.implementation is not None and args.implementation != cosmoflow.TORCH:
+        impl = registry.get(args.implementation)
+        if impl.pass_ != Pass.FWD:
+            raise UsageError(f"--impl: {args.implementation} computes {impl.pass_}; name a forward "
+                             "implementation (backward ones go in --impl-map)")
+    device = resolve_device(args.device)
+    dtype = precision.check_device(precision.from_args(args), device)
+    budget = None if args.autotune is None else parse_budget(args.autotune, "--autotune")
+    if budget is not None and (device != "cpu" or dtype.label != "float32"):
+        raise UsageError("--autotune: the CPU in float32 only (the GPU's tuning is the "
+                         "campaign's tune tier)")
+    if budget is not None and args.require_precompiled:
+        raise UsageError("--autotune builds its candidates: not with --require-precompiled")
+    set_verbose(args.verbose)
+    params: Dict[str, Dict[str, str]] = {}  # IMPL:NAME=VALUE -> {impl: {name: value}}
+    for item in args.param:
+        impl_name, sep, rest = item.partition(":")
+        if not sep or not impl_name.strip():
+            raise UsageError(f"--param: expected IMPL:NAME=VALUE, got {item!r}")
+        registry.get(impl_name.strip())
+        params.setdefault(impl_name.strip(), {}).update(registry.parse_param_overrides([rest]))
+    for name, values in params.items():
+        registry.get(name).resolve_params(values, source=f"--param {name}")
+    args.threads = set_threads(args.threads)
+    if device == "cpu":
+        from convbench.timing import heap
+        heap.apply(args.heap)
+    backward = bool(args.train or args.check)
+    # the toolchain's warnings (of the autotune's builds too) go to the run's folder
+    set_run_log(output_folder(args, device, dtype) / LOG_NAME, fresh=True)
+    try:
+        if budget is not None:
+            from convbench.tuning.autotune import tune
+            # the choice as it stands, so that bad input fails before the autotune
+            cosmoflow.validate_choice(cosmoflow.choose(layers, args.implementation, args.impl_map,
+                                                   need_backward=backward, device=device,
+                                                   dtype=dtype), layers, device, dtype)
+            work = [(layer, p) for i, layer in enumerate(layers) for p in Pass
+                    if p == Pass.FWD or (backward and (p != Pass.BWD_DATA or i > 0))]
+            tune(work, budget, cachedir=args.cachedir, threads=args.threads, heap=args.heap)
+        choice, how = cosmoflow.choose_explained(layers, args.implementation, args.impl_map,
+                                               need_backward=backward, device=device,
+                                               dtype=dtype)
+        cosmoflow.validate_choice(choice, layers, device, dtype)
+        return Run(args, spec, layers, choice, params, device, how).run()
+    finally:
+        set_run_log(None)
+
+
+def _train_step(model, opt, x, target):
+    import torch
+    opt.zero_grad(set_to_none=True)
+    loss = torch.nn.functional.mse_loss(model(x), target)
+    loss.backward()
+    opt.step()
+    return loss
+
+
+#: The backend name of torch's automatic mixed precision (float32 weights, convolutions
+#: in the 16-bit type under ``torch.autocast``; a gradient scaler in float16).
+AMP = schema.TORCH_AMP
+
+
+def _amp_train_step(model, opt, scaler, x, target, dtype):
+    """:func:`_train_step` as torch's mixed precision runs it: the forward pass under
+    autocast, the loss in float32, the gradients scaled (float16) and unscaled by the
+    step."""
+    import torch
+    opt.zero_grad(set_to_none=True)
+    with torch.autocast(x.device.type, dtype=dtype):
+        out = model(x)
+    loss = torch.nn.functional.mse_loss(out.float(), target)
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    return loss
+
+
+def output_folder(args, device: str, dtype) -> Path:
+    """``--outdir``, else ``outputs/end2end_<model>_s<S>_b<N>_<device>[_<dtype>]``."""
+    suffix = "" if dtype.label == "float32" else f"_{dtype.label}"
+    return Path(args.outdir or Path("outputs") / f"end2end_{args.model}_s{args.size}"
+                f"_b{args.batch}_{device}{suffix}")
+
+
+class Run:
+    """One end-to-end run: models, builds, check, training, timing, result files."""
+
+    def __init__(self, args, spec, layers, choice, params, device, how=None):
+        self.args, self.spec, self.layers, self.choice = args, spec, layers, choice
+        #: layer -> pass -> how its implementation was chosen (cosmoflow.choose_explained)
+        self.how = how or {}
+        from convbench.build.precision import check_device, from_args
+        self.params, self.device = params, device
+        self.dtype = check_device(from_args(args), device)
+        self.outdir = output_folder(args, device, self.dtype)
+        self.summary: Dict[str, Any] = {}
+        #: a 16-bit storage type: torch's automatic mixed precision is timed as well
+        self.amp = self.dtype.label in ("float16", "bfloat16")
+        self.amp_model = None
+
+    @property
+    def backends(self) -> List[str]:
+        """The timed models: torch's, DaCe's, and torch's mixed precision in 16 bits."""
+        return ["torch", "dace"] + ([AMP] if self.amp_model is not None else [])
+
+    def _models(self):
+        import torch
+
+        from convbench import registry
+        from convbench.network import cosmoflow
+        from convkernels.layouts import Layout
+        a = self.args
+        torch.manual_seed(a.seed)
+        base = cosmoflow.build_model(self.spec, a.size, a.batch, dropout=a.dropout)
+        self.format_name = a.memory_format
+        if self.format_name == "auto":
+            fwd = {per[Pass.FWD] for per in self.choice.values()} - {cosmoflow.TORCH}
+            ndhwc = fwd and all(registry.get(n).layout == Layout.NDHWC for n in fwd)
+            self.format_name = "ndhwc" if ndhwc else "ncdhw"
+        self.fmt = (torch.channels_last_3d if self.format_name == "ndhwc"
+                    else torch.contiguous_format)
+        self.tdev = torch.device("cuda" if self.device == "gpu" else "cpu")
+        dtype = self.dtype
+        self.summary["precision"] = dtype.describe()
+        if self.device == "gpu":  # the same math on both sides: torch's default is TF32
+            from convbench.check.references import torch_gpu_math
+            self.summary["torch_gpu_math"] = torch_gpu_math(allow_tf32=dtype.math == "tf32")
+        # In 16 bits torch's mixed precision runs too: float32 weights, autocast.
+        self.amp_model = (copy.deepcopy(base).to(self.tdev, dtype=torch.float32,
+                                                 memory_format=self.fmt)
+                          if self.amp and a.iters else None)
+        # Both models hold their weights and activations in the storage type.
+        self.torch_model = base.to(self.tdev, dtype=dtype.torch, memory_format=self.fmt)
+        self.dace_model = copy.deepcopy(self.torch_model)
+        self._initial_state = copy.deepcopy(self.torch_model.state_dict())
+        print(f"builds ({'required from' if a.require_precompiled else 'from'} the "
+              f"cache; missing ones are compiled, ~5-60 s each):", flush=True)
+        t0 = time.perf_counter()
+        cosmoflow.attach_backends(self.dace_model, self.choice, self.device, a.cachedir,
+                                policy="require" if a.require_precompiled else "reuse",
+                                params=self.params,  # the network's input needs no gradient:
+                                skip=[(self.layers[0].name, Pass.BWD_DATA)], dtype=dtype)
+        self.build_seconds = time.perf_counter() - t0
+
+    def _to_device(self, x, y):
+        t = self.dtype.torch
+        return (x.to(self.tdev, t).contiguous(memory_format=self.fmt), y.to(self.tdev, t))
+
+    def _batch(self, seed: int):
+        from convbench.network.synthetic import make_dataset
+        return self._to_device(*make_dataset(self.args.batch, self.args.size,
+                                             self.spec.in_channels, seed=seed))
+
+    def run(self) -> int:
+        import torch
+        a = self.args
+        print(f"CosmoFlow {self.spec.name} ({self.spec.description}), input "
+              f"{self.spec.in_channels}x{a.size}^3, batch {a.batch}, device {self.device}, "
+              f"threads {torch.get_num_threads() if self.device == 'cpu' else '-'}")
+        for layer in self.layers:
+            print(f"  {layer.name}: {layer.describe():40s} " +
+                  "  ".join(f"{p}={n}" + (f" [{self.how[layer.name][p]}]"
+                                          if p in self.how.get(layer.name, {}) else "")
+                            for p, n in self.choice[layer.name].items()))
+        self._models()
+        log = self.outdir / LOG_NAME
+        print(f"memory format: {self.format_name}; builds ready in {self.build_seconds:.1f} s"
+              + (f" (the toolchain's warnings: {log})" if log.is_file() else ""), flush=True)
+        if self.device == "cpu":
+            from convbench.timing.heap import describe
+            print(f"outputs: torch and DaCe allocate theirs on every call, from the "
+                  f"{describe()}", flush=True)
+        status = self._check() if a.check else 0
+        if a.epochs:
+            self._epochs()
+        if a.iters:
+            self._timing()
+        print(self._last_line(status))
+        return status
+
+    def _check(self) -> int:
+        from convbench.network.check import check_networks
+        x, target = self._batch(self.args.seed + 1)
+        result = check_networks(self.torch_model, self.dace_model, x, target, self.device,
+                                self.dtype)
+        self.summary["check"] = result
+        calls, tensors = result["calls"], result["tensors"]
+        for call in calls:
+            if not call["ok"]:
+                print(f"  FAIL call {call['layer']} {call['pass']} ({call['implementation']}): "
+                      f"err/tol {call['worst_ratio']:.3g}")
+        worst_call = max((c["worst_ratio"] for c in calls), default=0.0)
+        print(f"check: {len(calls)} DaCe convolution calls vs float64 torch, worst "
+              f"err/tol {worst_call:.3g}; max-pooling choices that differ from torch's: "
+              f"{result['pool_flips']}")
+        for row in tensors:
+            print(f"  {'ok  ' if row['ok'] else 'FAIL'} {row['name']:28s} rel err dace "
+                  f"{row['rel_dace']:.2e}  torch {row['rel_torch32']:.2e}  "
+                  f"bound {row['bound']:.2e}")
+        print(f"check {'passed' if result['ok'] else 'FAILED'}: {len(tensors)} tensors "
+              f"(output, loss, {len(tensors) - 2} parameter gradients), worst "
+              f"error/bound {result['worst']:.3g}", flush=True)
+        return 0 if result["ok"] else 1
+
+    def _epochs(self) -> None:
+        import torch
+
+        from convbench.base.files import write_atomic
+        from convbench.network.synthetic import make_dataset
+        a = self.args
+        x_all, y_all = make_dataset(a.samples, a.size, self.spec.in_channels, seed=a.seed + 7)
+        nbatches = a.samples // a.batch
+        # The DaCe model trains from the same initial weights as the torch copy.
+        models = {"torch": copy.deepcopy(self.torch_model), "dace": self.dace_model}
+        opts = {k: torch.optim.Adam(m.parameters(), lr=a.lr) for k, m in models.items()}
+        history: List[Dict[str, Any]] = []
+        print(f"training {a.epochs} epochs on {nbatches * a.batch} synthetic samples "
+              f"({nbatches} steps per epoch, Adam lr {a.lr}):", flush=True)
+        t0 = time.perf_counter()
+        for epoch in range(1, a.epochs + 1):
+            order = torch.randperm(a.samples, generator=torch.Generator().manual_seed(epoch))
+            row = {"epoch": epoch}
+            for name, model in models.items():
+                model.train()
+                total = 0.0
+                for b in range(nbatches):
+                    idx = order[b * a.batch:(b + 1) * a.batch]
+                    x, y = self._to_device(x_all[idx], y_all[idx])
+                    total += _train_step(model, opts[name], x, y).item()
+                row[f"loss_{name}"] = total / nbatches
+            history.append(row)
+            print(f"  epoch {epoch:3d}  mean loss  torch {row['loss_torch']:.4f}  dace "
+                  f"{row['loss_dace']:.4f}  ({time.perf_counter() - t0:.0f} s)", flush=True)
+        self.summary["training"] = history
+        self.outdir.mkdir(parents=True, exist_ok=True)
+        lines = ["epoch,loss_torch,loss_dace"] + [
+            f"{r['epoch']},{r['loss_torch']:.6g},{r['loss_dace']:.6g}" for r in history]
+        write_atomic(self.outdir / "training.csv", "\n".join(lines) + "\n")
+        print(f"wrote {self.outdir / 'training.csv'}")
+        # Timing below starts again from the common initial weights.
+        self.dace_model.load_state_dict(self._initial_state)
+
+    def _timing(self) -> None:
+        from convbench.plots import plot_breakdown
+        from convbench.results.writer import Measurement, RunWriter, run_metadata
+        from convbench.timing.timers import Timing
+        from convbench.build.toolchain import PROJECT_ROOT
+        a = self.args
+        phases = ["forward"] + (["train"] if a.train else [])
+        samples = self._time_loop(phases)
+        meta = run_metadata(PROJECT_ROOT, self.device, a.threads)
+        references = [b for b in self.backends if b != "dace"]
+        meta.update(kind="end2end", model=self.spec.name, size=a.size, batch=a.batch,
+                    memory_format=self.format_name, references=references,
+                    implementations={k: {str(p): n for p, n in v.items()}
+                                     for k, v in self.choice.items()},
+                    chosen_by={k: {str(p): why for p, why in v.items()}
+                               for k, v in self.how.items()},
+                    timing={"method": "perf_counter" if self.device == "cpu" else "cuda-events",
+                            "warmup": a.warmup, "iterations": a.iters, "flush": False,
+                            "interleaved": True, **self._heap()},
+                    optimizer={"name": "Adam", "lr": a.lr}, loss="mse", **self.summary)
+        if AMP in references:
+            meta["torch_amp"] = {"autocast": self.dtype.label, "weights": "float32",
+                                 "grad_scaler": self.dtype.label == "float16"}
+        writer = RunWriter(self.outdir, meta, references)
+        index = 0
+        for phase in phases:
+            parts = {}  # part -> (implementation, geometry, flop)
+            for layer in self.layers:
+                parts[f"{layer.name}.fwd"] = (self.choice[layer.name][Pass.FWD],
+                                              layer.describe(), layer.flops())
+            for layer in self.layers if phase == "train" else ():
+                first, per = layer is self.layers[0], self.choice[layer.name]
+                # Backward filter, plus backward data but for the network's input.
+                impl = "+".join(per[p] for p in (Pass.BWD_DATA, Pass.BWD_FILTER)
+                                if p in per and not (first and p == Pass.BWD_DATA))
+                parts[f"{layer.name}.bwd"] = (impl, layer.describe(),
+                                              layer.flops() * (1 if first else 2))
+            parts["other"] = ("-", "", None)
+            parts["total"] = ("-", "", sum(flop for _, _, flop in parts.values() if flop))
+            for part, (impl, geometry, flop) in parts.items():
+                ms = [Measurement(b, Timing(samples[b][phase][part], a.warmup, "end2end"))
+                      for b in self.backends]
+                writer.add_entry(index, f"{phase}.{part}", impl, ms, geometry=geometry,
+                                 batch=a.batch, flop=flop)
+                index += 1
+        writer.finish()
+        self.medians = {b: {ph: statistics.median(samples[b][ph]["total"]) for ph in phases}
+                        for b in self.backends}
+        self._report(samples, phases)
+        path = plot_breakdown(self.outdir, self.outdir / "runtimebreakdown.png")
+        print(f"results: {self.outdir}/ (samples.csv, summary.csv, metadata.json, {path.name})")
+
+    def _heap(self) -> Dict[str, Any]:
+        from convbench.timing import heap
+        meta = heap.metadata(self.device)  # empty on the GPU
+        return dict(outputs="torch and DaCe allocate theirs on every call", **meta) if meta else {}
+
+    def _time_loop(self, phases) -> Dict[str, Dict[str, Dict[str, List[float]]]]:
+        """Interleaved iterations: per model, phase and part, the milliseconds of each
+        timed iteration."""
+        import torch
+
+        from convbench.timing.heap import section
+        a = self.args
+        x, target = self._batch(a.seed + 2)
+        models = {"torch": self.torch_model, "dace": self.dace_model, AMP: self.amp_model}
+        models = {k: models[k] for k in self.backends}
+        opts = {k: torch.optim.Adam(m.parameters(), lr=a.lr) for k, m in models.items()}
+        out = {b: {ph: {} for ph in phases} for b in models}
+        total = a.warmup + a.iters
+        print(f"timing {', '.join(phases)}: {a.warmup} warm-up + {a.iters} timed iterations "
+              "per model, interleaved", flush=True)
+        t0 = time.perf_counter()
+        with section(self.device):  # the warm heap, on the CPU (convbench.timing.heap)
+            self._iterations(models, opts, phases, x, target, total, out, t0)
+        return out
+
+    def _iterations(self, models, opts, phases, x, target, total, out, t0) -> None:
+        import torch
+
+        from convbench.network.cosmoflow import Recorder
+        a = self.args
+        inputs = {b: (x, target) for b in models}
+        if AMP in models:  # float32 in, convolutions in 16 bits under autocast
+            inputs[AMP] = (x.float().contiguous(memory_format=self.fmt), target.float())
+            scaler = torch.amp.GradScaler(self.tdev.type,
+                                          enabled=self.dtype.label == "float16")
+        for it in range(total):
+            for phase in phases:
+                for name, model in models.items():
+                    rec = Recorder(self.device)
+                    model.set_recorder(rec)
+                    xb, tb = inputs[name]
+                    autocast = torch.autocast(self.tdev.type, dtype=self.dtype.torch,
+                                              enabled=name == AMP)
+                    try:
+                        if phase == "forward":
+                            model.eval()
+                            with torch.no_grad(), autocast, rec.span("total"):
+                                model(xb)
+                        elif name == AMP:
+                            model.train()
+                            with rec.span("total"):
+                                _amp_train_step(model, opts[name], scaler, xb, tb,
+                                                self.dtype.torch)
+                        else:
+                            model.train()
+                            with rec.span("total"):
+                                _train_step(model, opts[name], xb, tb)
+                    finally:
+                        model.set_recorder(None)
+                    spans = rec.collect()
+                    if it < a.warmup:
+                        continue
+                    spans["other"] = spans["total"] - sum(
+                        v for k, v in spans.items() if k != "total")
+                    for part, ms in spans.items():
+                        out[name][phase].setdefault(part, []).append(ms)
+            print(f"  iteration {it + 1}/{total} ({'warm-up' if it < a.warmup else 'timed'}, "
+                  f"{time.perf_counter() - t0:.0f} s)", flush=True)
+
+    def _report(self, samples, phases) -> None:
+        """Median ms per part; a layer's is its forward plus backward."""
+        def part_ms(per_part: Dict[str, List[float]], part: str) -> float:
+            if part in per_part:
+                return statistics.median(per_part[part])
+            return sum(statistics.median(v) for k, v in per_part.items() if k.split(".")[0] == part)
+
+        print(f"\n{'part':16s} " + "".join(f"{ph + ' torch':>14s}{ph + ' dace':>13s}{'ratio':>7s}"
+                                          for ph in phases))
+        for part in [layer.name for layer in self.layers] + ["other", "total"]:
+            cells = []
+            for ph in phases:
+                t, d = part_ms(samples["torch"][ph], part), part_ms(samples["dace"][ph], part)
+                cells.append(f"{t:12.2f}ms{d:11.2f}ms{d / t if t > 0 else math.nan:6.2f}x")
+            print(f"{part:16s} " + "".join(cells))
+        if AMP in samples:  # the step of torch's mixed precision, and DaCe's against it
+            cells = []
+            for ph in phases:
+                m, d = part_ms(samples[AMP][ph], "total"), part_ms(samples["dace"][ph], "total")
+                cells.append(f"{ph} {m:.2f}ms (dace {d / m if m > 0 else math.nan:.2f}x)  ")
+            print(f"{'total ' + AMP:16s} " + "".join(cells))
+
+    def _last_line(self, status: int) -> str:
+        a = self.args
+        bits = [f"end2end {self.spec.name} {a.size}^3 b{a.batch} {self.device}"
+                + ("" if self.dtype.label == "float32" else f" {self.dtype.label}")]
+        if a.iters:
+            for ph in self.medians["torch"]:
+                t, d = self.medians["torch"][ph], self.medians["dace"][ph]
+                label = "forward" if ph == "forward" else "train step"
+                bits.append(f"{label} torch {t:.1f} ms, dace {d:.1f} ms ({d / t:.2f}x)")
+                if AMP in self.medians:
+                    m = self.medians[AMP][ph]
+                    bits.append(f"{label} torch AMP {m:.1f} ms (dace {d / m:.2f}x)")
+                if ph == "train":
+                    per_s = {b: 1e3 * a.batch / v["train"] for b, v in self.medians.items()}
+                    bits.append("samples/s " + ", ".join(f"{b} {v:.1f}"
+                                                         for b, v in per_s.items()))
+        if a.epochs:
+            h = self.summary["training"]
+            bits.append(f"loss dace {h[0]['loss_dace']:.3f} -> {h[-1]['loss_dace']:.3f} in "
+                        f"{a.epochs} epochs")
+        if a.check:
+            bits.append("check " + ("passed" if status == 0 else "FAILED") +
+                        f" (worst error/bound {self.summary['check']['worst']:.3g})")
+        return "; ".join(bits)

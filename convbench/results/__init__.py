@@ -1,0 +1,1 @@
+"""Result files: their schema, and the writer of a run folder with its metadata."""

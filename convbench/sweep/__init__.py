@@ -1,0 +1,1 @@
+"""Sweeps: a verify or profile selection run as submitit jobs (local, Slurm), merged."""

@@ -1,0 +1,1 @@
+"""Convolutions written as DaCe dataflow and scheduled by DaCe's auto-optimize, on either target."""

@@ -1,0 +1,1 @@
+"""Register-blocked direct convolutions on NDHWC for the CPU, written as Python per layer."""

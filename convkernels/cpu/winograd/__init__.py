@@ -1,0 +1,1 @@
+"""Winograd F(2^3, 3^3) for the CPU in all three passes: C++ kernels written per layer."""

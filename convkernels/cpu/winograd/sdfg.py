@@ -1,0 +1,45 @@
+"""The SDFG scaffolding of the Winograd CPU programs (:mod:`~convkernels.cpu.winograd.forward`,
+:mod:`~convkernels.cpu.winograd.adjoint`, :mod:`~convkernels.cpu.winograd.filter_gradient`):
+the layer's arrays, parallel maps whose body is one call into the
+program's C++ code, and that code added with every connector a pointer."""
+
+import dace
+
+
+def layer_sdfg(name: str, layer, L, w_shape=None):
+    """The SDFG every Winograd CPU program starts from: the layer's float32 ``x``
+    (NDHWC), ``w`` and ``y`` arrays, and nothing else yet."""
+    from convkernels.layouts import Layout, stored_shape
+    sdfg = dace.SDFG(name)
+    sdfg.add_array("x", stored_shape(Layout.NDHWC, "x", layer.input_shape), dace.float32)
+    sdfg.add_array("w", w_shape or L.w_shape, dace.float32)
+    sdfg.add_array("y", L.y_shape, dace.float32)
+    return sdfg
+
+
+def call_map(state, label: str, ranges, inputs, call: str, outputs) -> None:
+    """A parallel CPU map whose body is one call into the program's C++ code; ``inputs``
+    and ``outputs`` map each connector to the array it sees whole."""
+    sdfg = state.sdfg
+    def whole(conns):
+        return {c: dace.Memlet.from_array(a, sdfg.arrays[a]) for c, a in conns.items()}
+    state.add_mapped_tasklet(label, ranges, whole(inputs), call, whole(outputs),
+                             schedule=dace.ScheduleType.CPU_Multicore,
+                             language=dace.Language.CPP, external_edges=True)
+
+
+def finish(sdfg, code: str):
+    """The program's C++ code added and every connector a pointer (:func:`pointer_connectors`)."""
+    sdfg.append_global_code(code)
+    return pointer_connectors(sdfg)
+
+
+def pointer_connectors(sdfg):
+    """Every tasklet connector a pointer to its whole float32 array, also where the array
+    has one element (DaCe would pass that one as a value)."""
+    for node, _ in sdfg.all_nodes_recursive():
+        if isinstance(node, dace.nodes.Tasklet):
+            for conns in (node.in_connectors, node.out_connectors):
+                for name in conns:
+                    conns[name] = dace.pointer(dace.float32)
+    return sdfg

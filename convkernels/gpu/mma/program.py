@@ -1,0 +1,82 @@
+"""The tensor-core forward and data gradient (``implicitGemmMMA``, ``implicitGemmMMABwdData``)
+on NDHWC: the pipelined program (:mod:`convkernels.gpu.pipeline.skeleton`) with the
+tensor-core gather, main loop and epilogue, and the C++ helpers of its target
+(:mod:`convkernels.gpu.mma.ptx`).
+
+The tensor-core implicit GEMM is the pipelined skeleton (per-thread gather state, ``stages``
+K tiles in flight through ``cp.async``, one barrier per step) with a warp-level main loop in
+the shape of CUTLASS's sm80 kernels.  NDHWC; ``mma.sync`` with float32 sums: m16n8k16 on
+float16 or bfloat16 operands, m16n8k8 on TF32 operands (float32 storage, ``--math tf32``).
+Its tiles are :mod:`~convkernels.gpu.mma.tiles`, its shared-memory layouts
+:mod:`~convkernels.gpu.mma.layout`, its gather, main loop and epilogue the modules of those
+names.
+"""
+
+import dace
+
+from convkernels.gpu.mma import epilogue, gather, mainloop
+from convkernels.gpu.mma.ptx import helpers
+from convkernels.gpu.mma.tiles import PARAMS, PRECISIONS, check_params, shape, supports
+from convkernels.gpu.pipeline import skeleton
+from convkernels.layer import Layer
+from convkernels.layouts import Layout, stored_shape
+from convkernels.transposed import supports as flipped_supports
+from convkernels.transposed import swap_roles, transposed_layer
+
+
+#: What the prologue and the steps call the stages, as bytes, before their code.
+_PREAMBLE = ("char* as = reinterpret_cast<char*>(ao);\n"
+             "char* bs = reinterpret_cast<char*>(bo);\n")
+
+
+def code():
+    """The tasklet code by role, for :func:`convkernels.gpu.pipeline.tasklets.set_code`
+    (looked up when called, so that a test can plant a bug in one of the functions)."""
+    def staged(f):
+        return lambda s, gpu: _PREAMBLE + f(s, gpu)
+    return {"prologue": staged(gather.prologue_code), "step": staged(mainloop.step_code),
+            "epilogue": epilogue.epilogue_code}
+
+
+def program(layer: Layer, dtype, params, flip: bool = False, w_shape=None) -> dace.SDFG:
+    """The tensor-core implicit GEMM of ``layer`` (NDHWC).  ``flip``:
+    ``layer`` is a data gradient's ``transposed_layer`` and the program takes the forward
+    filter, of shape ``w_shape``."""
+    s = shape(layer, dtype.dace.ctype, params, flip)
+    sdfg = skeleton.program(layer, Layout.NDHWC, dtype, params, flip=flip, w_shape=w_shape,
+                            s=s, code=code())
+    sdfg.append_global_code(helpers(s, gpu=False), "frame")
+    return sdfg
+
+
+def schedule(target: str, flip: bool = False, layer_of=lambda layer: layer):
+    """The pipelined skeleton's tiled schedule (block map on the grid, thread map on the block's
+    threads, stages in shared memory, accumulators and state in registers) with the
+    tensor-core code of the target.  ``layer_of``: the layer the program computes (the
+    data gradient's transposed one)."""
+    def apply(sdfg, layer, params):
+        s = shape(layer_of(layer), sdfg.arrays["x"].dtype.ctype, params, flip)
+        skeleton.schedule(target, Layout.NDHWC, kernel=lambda *_: (s, code()))(sdfg, layer, params)
+        sdfg.append_global_code(helpers(s, target == "gpu"), "cuda" if target == "gpu" else "frame")
+    return apply
+
+
+def fields(**given):
+    """What a tensor-core kernel on NDHWC registers with: ``given`` (name, summary, pass,
+    algorithm, supports, constraints, schedules) and what every one shares."""
+    return dict(layout=Layout.NDHWC, params=PARAMS, check_params=check_params,
+                precisions=PRECISIONS, **given)
+
+
+def data_gradient(layer: Layer, dtype, params) -> dace.SDFG:
+    """dL/dx of a stride-1 ``layer``: the program on ``transposed_layer(layer)`` reading
+    dL/dy, with the forward filter flipped and its channels swapped as it is staged
+    (N-major); x and y swap roles for the harness."""
+    sdfg = program(transposed_layer(layer), dtype, params, flip=True,
+                   w_shape=stored_shape(Layout.NDHWC, "w", layer.filter_shape))
+    return swap_roles(sdfg)
+
+
+def data_gradient_supports(layer: Layer, params=None):
+    """Why the data gradient does not handle ``layer``, or None."""
+    return flipped_supports(layer, params) or supports(transposed_layer(layer), params)

@@ -1,0 +1,1 @@
+"""The SIMT main loop (FFMA, float32): tiles, gather, main loop, epilogue, and its three passes."""

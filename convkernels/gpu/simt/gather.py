@@ -1,0 +1,180 @@
+"""The SIMT kernels' gathers: per thread, the output pixel and filter row it stages (decoded
+once, kept in registers across the K loop), and per K tile the ``cp.async`` copies of its
+runs of A and B values into the current stage, zero-filled at the borders.
+
+* **Gather, once per thread.**  Before the K loop each thread decodes the one output
+  pixel whose A values it stages (its window origin and image offset) and the one output
+  channel whose B values it stages, into registers (``st``).  No table, no padded copy
+  of the input: a tap outside the input is a zero-filled copy.
+* **Staging by cp.async.**  Per K tile a thread copies a run of ``KVA`` consecutive
+  reduction values of its pixel into shared memory (``As[stage][m][k]``, m-major, rows
+  padded to ``TK + 4`` floats against bank conflicts) and ``KVB`` values of its filter
+  row (``Bs[stage][n][k]``), in vectors of 16, 8 or 4 bytes where the layout keeps them
+  contiguous (NDHWC, channels a multiple of the vector) and of 4 bytes otherwise, with
+  ``cp.async`` and its zero-fill for the border (the source size is 0).
+* **Stages.**  ``stages`` K tiles are in flight: the prologue issues tiles 0 to
+  ``stages - 2``; each step issues one more (:mod:`convkernels.gpu.simt.mainloop`).
+"""
+
+from convkernels.gpu.pipeline.skeleton import SB, ST
+from convkernels.gpu.pipeline.tasklets import indent
+from convkernels.gpu.simt.tiles import Shape
+from convkernels.layouts import Layout
+
+
+def load_state(s: Shape, writable: bool) -> str:
+    """C++ locals of the state (``sti``/``sbi``: the arrays, row ``tp``)."""
+    const = "" if writable else "const "
+    ints = "\n".join(f"{const}int {n} = sti[tp * {len(ST)} + {i}];" for i, n in enumerate(ST))
+    wide = "\n".join(f"const int64_t {n} = sbi[tp * {len(SB)} + {i}];" for i, n in enumerate(SB))
+    return ints + "\n" + wide
+
+
+def store_state(names) -> str:
+    return "\n".join(f"sto[tp * {len(ST)} + {ST.index(n)}] = {n};" for n in names)
+
+
+def stage_code(s: Shape) -> str:
+    """C++ that stages the K tile at (``kd, kh, kw``, ``c0``) into stage ``sslot`` (this
+    thread's part), then advances those to the next tile and stage: no division, the
+    reduction walks channel blocks, then taps.  Where the channels fill whole K tiles,
+    a run never passes the last channel: one address and one predicate per run, the
+    run's copies at constant distances from it."""
+    ndhwc = s.layout == Layout.NDHWC
+    full = s.C % s.TK == 0
+    spatial = "((dd * {H} + hh) * {W} + ww)".format(H=s.H, W=s.W)
+    a_step, b_step = (1, 1) if ndhwc else (s.D * s.H * s.W, s.taps)
+    if s.flip:  # a reduction channel of the flipped filter is an output channel of w
+        b_step = s.taps * s.K
+    # a run's first channel; where a K tile may reach past the last channel, clamped to it
+    # (the copies past it are zero fills), so that no offset leaves the image's int32 range
+    ca = "(c0 + akv)" if full else f"(c0 + akv < {s.C} ? c0 + akv : {s.C - 1})"
+    cb = "(c0 + bkv)" if full else f"(c0 + bkv < {s.C} ? c0 + bkv : {s.C - 1})"
+    a_off = (f"abase + (int64_t)({spatial} * {s.C} + {ca})" if ndhwc else
+             f"abase + (int64_t)({ca} * {a_step} + {spatial})")
+    tap = f"((kd * {s.KH} + kh) * {s.KW} + kw)"
+    if s.flip:  # w[c][n][taps-1-tap] (NCDHW), w[c][taps-1-tap][n] (NDHWC); bbase: n's part
+        flipped = f"({s.taps - 1} - {tap})"
+        b_off = (f"bbase + (int64_t)({cb} * {b_step} + {flipped} * {s.K})" if ndhwc
+                 else f"bbase + (int64_t)({cb} * {b_step} + {flipped})")
+    else:
+        b_off = (f"bbase + (int64_t)({tap} * {s.C} + {cb})" if ndhwc
+                 else f"bbase + (int64_t)({cb} * {b_step} + {tap})")
+
+    def copies(dst, run, vec, step, ok):
+        if full:
+            return f"""    #pragma unroll
+    for (int e = 0; e < {run}; e += {vec})
+        cb_cp_async<{4 * vec}>({dst} + e, src + e * {step}, {ok});"""
+        return f"""    #pragma unroll
+    for (int e = 0; e < {run}; e += {vec}) {{
+        const bool oke = {ok} && c0 + {dst[0]}kv + e < {s.C};
+        cb_cp_async<{4 * vec}>({dst} + e, oke ? src + e * {step} : base, oke);
+    }}"""
+    return f"""if (kd < {s.KD}) {{ // a K tile is left to stage: tap (kd, kh, kw), channels c0..
+    const int dd = d0 + kd, hh = h0 + kh, ww = w0 + kw;
+    const bool inside = abase >= 0 && (unsigned)dd < {s.D}u && (unsigned)hh < {s.H}u
+                        && (unsigned)ww < {s.W}u;
+    float* adst = As_ + sslot * {s.TM * s.TKP} + am * {s.TKP} + akv;
+    {{
+    const float* base = xa;
+    const float* src = inside ? xa + ({a_off}) : xa;
+{copies("adst", s.KVA, s.VA, a_step, "inside")}
+    }}
+    float* bdst = Bs_ + sslot * {s.TN * s.TKP} + bn * {s.TKP} + bkv;
+    {{
+    const float* base = wb;
+    const float* src = bbase >= 0 ? wb + ({b_off}) : wb;
+{copies("bdst", s.KVB, s.VB, b_step, "bbase >= 0")}
+    }}
+    c0 += {s.TK};
+    if (c0 >= {s.C}) {{
+        c0 = 0;
+        if (++kw == {s.KW}) {{ kw = 0; if (++kh == {s.KH}) {{ kh = 0; ++kd; }} }}
+    }}
+}}
+sslot = sslot + 1 == {s.S} ? 0 : sslot + 1;
+cb_cp_commit();"""
+
+
+def thread_code(s: Shape, gpu: bool) -> str:
+    """C++ that names this thread's row in the per-thread arrays (``tp``: 0 on the GPU,
+    where each thread's arrays are its own registers), its tile coordinates, and the row
+    and run of A and B values it stages."""
+    tp = "0" if gpu else "(int)t"
+    return f"""const int tp = {tp};
+const int ti = (int)t % {s.NTM}, tj = (int)t / {s.NTM};
+const int am = {a_row(s)}, akv = {a_run(s)};
+const int bn = {b_row(s)}, bkv = {b_run(s)};
+(void)ti; (void)tj; (void)am; (void)akv; (void)bn; (void)bkv;"""
+
+
+def a_row(s: Shape) -> str:
+    # NCDHW: consecutive threads on consecutive pixels (consecutive w: coalesced);
+    # NDHWC: consecutive threads on consecutive channel runs of one pixel
+    return f"(int)t % {s.TM}" if s.layout == Layout.NCDHW else f"(int)t / {s.NT // s.TM}"
+
+
+def a_run(s: Shape) -> str:
+    return (f"((int)t / {s.TM}) * {s.KVA}" if s.layout == Layout.NCDHW
+            else f"((int)t % {s.NT // s.TM}) * {s.KVA}")
+
+
+def b_row(s: Shape) -> str:
+    return f"(int)t % {s.TN}" if s.layout == Layout.NCDHW else f"(int)t / {s.NT // s.TN}"
+
+
+def b_run(s: Shape) -> str:
+    return (f"((int)t / {s.TN}) * {s.KVB}" if s.layout == Layout.NCDHW
+            else f"((int)t % {s.NT // s.TN}) * {s.KVB}")
+
+
+def prologue_code(s: Shape, gpu: bool) -> str:
+    """Zero the accumulators, decode the staged pixel and filter row, issue the first
+    ``stages - 1`` K tiles, and wait for the first."""
+    return f"""{thread_code(s, gpu)}
+#pragma unroll
+for (int i = 0; i < {s.RM * s.RN}; ++i) acco[tp * {s.RM * s.RN} + i] = 0.0f;
+{staged_pixel(s)}
+    const int64_t n = (int64_t)blk_n + bn;
+    if (n < {s.K}) bbase = n * {b_row_stride(s)};
+}}
+int kd = 0, kh = 0, kw = 0, c0 = 0, sslot = 0;
+const int cslot = 0;
+for (int j = 0; j < {s.S - 1}; ++j) {{
+{indent(stage_code(s), 4)}
+}}
+{store_state(ST)}
+sbo[tp * {len(SB)}] = abase;
+sbo[tp * {len(SB)} + 1] = bbase;
+cb_cp_wait<{s.S - 2}>();
+"""
+
+
+def staged_pixel(s) -> str:
+    """C++ declaring the staged pixel's window origin (``d0, h0, w0``), its image's offset
+    (``abase``, -1 past the GEMM's rows) and ``bbase`` (-1), and decoding the output
+    pixel of A's row ``am``; it leaves a block open for the caller's filter row."""
+    plane = s.OD * s.OH * s.OW
+    return f"""int d0 = 0, h0 = 0, w0 = 0;
+int64_t abase = -1, bbase = -1;
+{{
+    const int64_t m = (int64_t)blk_m + am;
+    if (m < {s.GM}) {{
+        const int64_t b = m / {plane};
+        const int p = (int)(m - b * {plane});
+        const int od = p / {s.OH * s.OW};
+        const int oh = (p - od * {s.OH * s.OW}) / {s.OW};
+        const int ow = p - od * {s.OH * s.OW} - oh * {s.OW};
+        d0 = od * {s.SD} - {s.PD};
+        h0 = oh * {s.SH} - {s.PH};
+        w0 = ow * {s.SW} - {s.PW};
+        abase = b * {s.C * s.D * s.H * s.W};
+    }}"""
+
+
+def b_row_stride(s: Shape) -> int:
+    """Elements between the filter values of consecutive GEMM columns (output channels)."""
+    if not s.flip:
+        return s.taps * s.C
+    return s.taps if s.layout == Layout.NCDHW else 1
