@@ -1,0 +1,1 @@
+"""Builds: DaCe settings and compilers, the cache, loading, precisions, GPU builds read on the CPU."""
