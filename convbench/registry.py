@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 from convbench.base.errors import UsageError
-# Layer, Layout, Pass and stored_shape are re-exported: implementations (impls/) import
-# the registry and DaCe only, never the harness (checked by import-linter, see setup.cfg).
+# Re-exported for the registrations (impls/), which import the registry and the kernel
+# library only, never the rest of the harness (checked by import-linter, see setup.cfg):
+# the layer model's features, and the layouts and passes they register with.
 from convbench.layersets.layer import FEATURES, Layer  # noqa: F401
 from convkernels.layouts import Layout, Pass, stored_shape  # noqa: F401
 # What a kernel declares (its targets, precisions, parameters and rules) is the kernel
@@ -115,7 +116,7 @@ class Implementation:
     #: ``handles``.)
     anisotropic_pad: bool = False
     #: What the implementation handles beyond the basic model (names from
-    #: ``layers.FEATURES``: "anisotropic padding", "anisotropic stride", "dilation",
+    #: ``convbench.layersets.layer.FEATURES``: "anisotropic padding", "anisotropic stride", "dilation",
     #: "groups", "asymmetric padding"); layers that need anything else are refused with the
     #: reason.
     handles: Tuple[str, ...] = ()

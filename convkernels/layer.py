@@ -17,7 +17,7 @@ from convkernels.layouts import Layout, stored_shape
 @runtime_checkable
 class Layer(Protocol):
     """What a kernel reads of a convolution layer (any object with these attributes: the
-    harness's ``convbench.layersets.sets.layers.Layer``).  Sizes are per dimension (depth,
+    harness's ``convbench.layersets.layer.Layer``).  Sizes are per dimension (depth,
     height, width) where a triple; ``pads`` are the front paddings, ``pads_end`` the back
     ones; ``stride`` and ``pad`` are the values shared by all dimensions where they are."""
 

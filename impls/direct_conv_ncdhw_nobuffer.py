@@ -2,7 +2,7 @@
 into one pixel index.  A thread block covers CTAtileDHW pixels of one output channel of
 one image; each thread computes ``outputsPerThread`` of them, looping over every input
 channel and tap itself with its accumulators in registers.  Nothing is staged in shared
-memory.  See ``impls/direct.py``.
+memory.  The kernel: :mod:`convkernels.gpu.direct`.
 """
 
 from convbench.registry import Implementation, register

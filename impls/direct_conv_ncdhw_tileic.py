@@ -1,7 +1,7 @@
 """``directConvNCDHWtileIC``: the merged-DHW direct convolution with the input-channel
 loop outside the thread-block map.  All threads of a block step through the input
 channels together; per channel each thread applies every tap to its
-``outputsPerThread`` pixels, accumulating in registers.  See ``impls/direct.py``.
+``outputsPerThread`` pixels, accumulating in registers.  The kernel: :mod:`convkernels.gpu.direct`.
 """
 
 from convbench.registry import Implementation, register

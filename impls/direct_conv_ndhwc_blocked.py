@@ -4,8 +4,7 @@ The kernel: :mod:`convkernels.cpu.direct.forward`.
 """
 
 from convbench.registry import ALL_PRECISIONS, Implementation, Layout, Param, Pass, register
-from convkernels.cpu.direct import forward
-from convkernels.cpu.direct import bf16_dot
+from convkernels.cpu.direct import forward, bf16_dot
 from convkernels.cpu.direct.blocking import (cblk_param, cpu_schedule, edge_param,
                                              group_param, inplace_param, kouter_param,
                                              lanes_param, nv_param, registers_of)

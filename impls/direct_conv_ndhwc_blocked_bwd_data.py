@@ -5,8 +5,7 @@ The kernel: :mod:`convkernels.cpu.direct.data_gradient`.
 """
 
 from convbench.registry import ALL_PRECISIONS, Implementation, Layout, Param, Pass, register
-from convkernels.cpu.direct import data_gradient
-from convkernels.cpu.direct import bf16_dot
+from convkernels.cpu.direct import data_gradient, bf16_dot
 from convkernels.cpu.direct.blocking import (auto_switch, cblk_param, cpu_schedule,
                                              edge_param, group_param, inplace_param,
                                              kouter_param, lanes_param, nv_param,

@@ -2,7 +2,7 @@
 float32 sums: m16n8k16 on float16 or bfloat16 operands, m16n8k8 on TF32 operands
 (``--dtype float32 --math tf32``).  Operands reach shared memory through multistage
 ``cp.async`` copies into a swizzled layout and the warps' registers through
-``ldmatrix.x4`` (``impls/mma.py``).  Its CPU schedule runs the same code thread by
+``ldmatrix.x4`` (:mod:`convkernels.gpu.mma.program`).  Its CPU schedule runs the same code thread by
 thread and emulates ``ldmatrix`` and each MMA on the lanes' registers, so CI verifies the
 layout, the lane mapping and the fragments that run on the GPU.
 """

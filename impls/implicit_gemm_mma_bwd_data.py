@@ -2,10 +2,10 @@
 
 dL/dx of a stride-1 layer is the forward convolution of dL/dy with the filter flipped in
 space and its channel dimensions swapped (``transposed_layer``).  This is
-``implicitGemmMMA``'s program (``impls/mma.py``) on that layer; the filter's gather reads
+``implicitGemmMMA``'s program (:mod:`convkernels.gpu.mma.program`) on that layer; the filter's gather reads
 the forward filter where it is.  Its output channels are the contiguous ones: it is
 staged N-major in 16-byte chunks by ``cp.async``, and read with ``ldmatrix.trans`` in 16
-bits and with 32-bit shared loads from ``mma.blocked``'s layout in TF32.
+bits and with 32-bit shared loads from :func:`convkernels.gpu.mma.layout.blocked`'s layout in TF32.
 """
 
 from convbench.registry import Implementation, Pass, register

@@ -1,7 +1,7 @@
 """``implicitGemmMMABwdFilter``: dL/dw on tensor cores, NDHWC: the pipelined filter
 gradient's slices (split-K into float32 partials, added in slice order) with the
 tensor-core main loop; both operands staged N-major, read with ``ldmatrix.trans`` in 16
-bits and with 32-bit loads in TF32 (``impls/filter_gradient.py``)."""
+bits and with 32-bit loads in TF32 (:mod:`convkernels.gpu.mma.filter_gradient`)."""
 
 from convbench.registry import Implementation, register
 from convkernels.gpu.mma import filter_gradient

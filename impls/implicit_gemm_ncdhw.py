@@ -5,8 +5,7 @@ pixels, which are neighbouring input elements in NCDHW.  Default implementation 
 ``profile_conv3d.py``.
 """
 
-from convbench.registry import Implementation, Layout
-from convbench.registry import register
+from convbench.registry import Implementation, Layout, register
 from convkernels.gpu import igemm
 
 register(Implementation(**igemm.warp_fields(

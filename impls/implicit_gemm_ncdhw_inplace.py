@@ -5,8 +5,7 @@ The kernel: :mod:`convkernels.gpu.igemm_inplace`.
 """
 
 from convbench.registry import Implementation, Layout, Pass, register
-from convkernels.gpu import igemm_inplace
-from convkernels.gpu import igemm, tiling as T
+from convkernels.gpu import igemm_inplace, igemm, tiling as T
 
 register(Implementation(
     name="implicitGemmNCDHWinplace",

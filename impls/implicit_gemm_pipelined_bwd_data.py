@@ -3,7 +3,7 @@
 dL/dx of a stride-1 layer is the forward convolution of dL/dy with the filter flipped in
 space and its channel dimensions swapped (``transposed_layer``).  This is
 ``implicitGemmPipelined``'s program on that layer
-(``convkernels/gpu/simt/filter_gradient.py``); the flip and the swap happen in the filter's
+(:mod:`convkernels.gpu.simt.data_gradient`); the flip and the swap happen in the filter's
 gather, which reads the forward filter where it is (one
 4-byte ``cp.async`` per value: its reduction channels are a whole filter apart)."""
 

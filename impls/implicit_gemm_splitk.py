@@ -10,8 +10,7 @@ work's split-K skipped or double-counted terms at K tails).  Splitting raises th
 number of blocks for layers with few output pixels (the deep CosmoFlow layers).
 """
 
-from convbench.registry import Implementation, Layout
-from convbench.registry import register
+from convbench.registry import Implementation, Layout, register
 from convkernels.gpu import igemm
 
 register(Implementation(**igemm.warp_fields(

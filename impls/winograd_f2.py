@@ -1,5 +1,5 @@
 """``winogradF2``: 3D Winograd F(2^3, 3^3) on NDHWC for the CPU (the kernel:
-``forward.py``): 64 element-wise products per 2 x 2 x 2 output tile instead of 216, at
+:mod:`convkernels.cpu.winograd.forward`): 64 element-wise products per 2 x 2 x 2 output tile instead of 216, at
 the price of a larger rounding error, which its check bounds with
 :func:`convkernels.winograd.algebra.error_bound` instead of the direct sums' tolerance
 (docs/winograd.md)."""

@@ -1,4 +1,4 @@
-"""``winogradF2Tiled``: 3D Winograd F(2^3, 3^3) as a tiled GPU program (``winograd.py``):
+"""``winogradF2Tiled``: 3D Winograd F(2^3, 3^3) as a tiled GPU program (:mod:`convkernels.gpu.winograd`):
 the input transform of a block's tiles in shared memory, each thread's 64 products per
 tile and output channel summed in registers, its output transform.  Its CPU schedule
 runs the same blocks and threads (slowly), so the CPU check verifies what the GPU runs;

@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from convbench import registry
+from convbench import registry  # noqa: E402
 from convbench.timing import devices  # noqa: E402
 
 

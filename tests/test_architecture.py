@@ -5,7 +5,6 @@ import pkgutil
 import re
 from pathlib import Path
 
-import convbench
 
 ROOT = Path(__file__).resolve().parent.parent
 

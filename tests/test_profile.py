@@ -395,6 +395,8 @@ def test_one_case_runner_records_what_fails_and_times_what_holds(cachedir):
     ok = exp.run_case(impl, case.layer)
     assert ok.status == "passed" and ok.build_name and ok.build_origin in ("built", "loaded")
     assert [m.backend for m in ok.measurements] == ["dace", "torch"]
+    # the medians of docs/architecture.md's library example
+    assert ok.median_ms() > 0 and ok.median_ms("torch") > 0 and ok.median_ms("broken") is None
     assert ok.errors == {"broken": "RuntimeError: no such library"}
     wrong = exp.run_case(impl, case.layer, tamper=lambda out: out * 2, time_wrong=False)
     assert wrong.status == "failed" and not wrong.checks[0].ok and wrong.measurements == []

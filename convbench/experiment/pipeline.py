@@ -106,6 +106,14 @@ class Record:
     def ok(self) -> bool:
         return self.status in ("passed", "built")
 
+    def median_ms(self, backend: str = "dace") -> Optional[float]:
+        """The median milliseconds of ``backend`` (``dace``, or a reference's name) on this
+        layer, or None where it was not timed."""
+        for m in self.measurements:
+            if m.backend == backend and m.timing.samples_ms:
+                return m.timing.stats()["median_ms"]
+        return None
+
 
 class Observer:
     """Told about each step; the default does nothing.  Override what you need."""

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from convbench import registry
-from convbench.build import tuned as tuning
+from convbench.build import tuned
 from convbench.timing.devices import synchronize
 from convbench.base.errors import UsageError
 from convbench.layersets.layer import Layer
@@ -340,11 +340,11 @@ def default_choice(layer: Layer, pass_: Pass, device: str, dtype=None) -> Tuple[
     def usable(impl) -> bool:
         return (impl.pass_ == pass_ and device in impl.targets
                 and (dtype is None or not impl.unsupported_dtype(dtype, device))
-                and not impl.unsupported_reason(layer, tuning.tuned_params(impl, layer, device)))
+                and not impl.unsupported_reason(layer, tuned.tuned_params(impl, layer, device)))
 
     impls = registry.all_implementations()
     if device == "cpu":
-        measured = impls.get(tuning.best_implementation(str(pass_), layer, "cpu") or "")
+        measured = impls.get(tuned.best_implementation(str(pass_), layer, "cpu") or "")
         if measured is not None and usable(measured):
             return measured.name, "measured here"
         ruled = registry.by_rule(pass_, layer, "cpu", usable)
@@ -523,9 +523,9 @@ def attach_backends(model, choice: Choice, device: str, cachedir=None, policy: s
             if (layer.name, pass_) in skip:
                 continue
             impl = registry.get(name)
-            tuned = exp.params(impl, layer, (params or {}).get(name))
+            chosen = exp.params(impl, layer, (params or {}).get(name))
             t0 = time.perf_counter()
-            builds[pass_] = exp.build(impl, layer, tuned)
+            builds[pass_] = exp.build(impl, layer, chosen)
             log(f"  {layer.name} {str(pass_):10s} {name:28s} {builds[pass_].origin} "
                 f"{time.perf_counter() - t0:6.1f}s")
         conv.backend = DaceConv(layer, builds, device)

@@ -6,7 +6,7 @@ them without tuning (``best``: the fastest implementation of the pass; ``entries
 parameters and those of each candidate that was timed).
 
 The candidates of a pass are the CPU implementations that declare a rule
-(:class:`convbench.registry.Rule`) and support the layer, whether their rule applies or
+(:class:`convkernels.declarations.Rule`) and support the layer, whether their rule applies or
 not: the rules guess, the autotune measures.  The neighbourhood of one is its parameters
 as they stand here (this machine's entry, else the nearest machine's), its defaults
 (sized to this CPU's ISA) and the entries other machines stored for the layer, at most

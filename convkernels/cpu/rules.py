@@ -1,5 +1,5 @@
 """Where the CPU kernels should win without a measurement: the rules
-(:class:`convbench.registry.Rule`) that choose an implementation per layer and pass on a
+(:class:`convkernels.declarations.Rule`) that choose an implementation per layer and pass on a
 machine with no stored winner (docs/tuning.md, "Choice by rule").
 
 They come from the winners ``bench_cpu.py --store`` measured on the tuned machines

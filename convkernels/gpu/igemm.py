@@ -22,11 +22,10 @@ from typing import Optional, Tuple
 import dace
 import numpy as np
 
-from convkernels.layer import Layer
+from convkernels.layer import Layer, layer_constants
 from convkernels.layouts import Layout, Pass
 from convkernels.declarations import ALL_PRECISIONS, Param
 from convkernels.gpu import tiling as T
-from convkernels.layer import layer_constants
 from convkernels.padding import pad_input
 from convkernels.programs import stable_program
 

@@ -36,8 +36,7 @@ from convkernels.gpu import igemm
 from convkernels.gpu import tiling as T
 from convkernels.layer import Layer, layer_constants
 from convkernels.programs import stable_program
-from convkernels.declarations import ALL_PRECISIONS, Param
-from convkernels.layouts import Layout, Pass
+from convkernels.layouts import Layout
 
 #: The packed coordinates: three 10-bit fields, each biased so that a window origin at
 #: -pad stays positive; field + tap must stay below 1024.

@@ -17,7 +17,8 @@ Tiled programs follow one shape, chosen to stay clear of DaCe 1.0.2's frontend b
 Flat indices (``m`` = output pixel, ``kk`` = filter tap) are never decoded with ``%`` or
 ``//`` in subscripts (the second bug of docs/adding-an-implementation.md); the programs read
 precomputed **offset tables** instead, as cuDNN's IMPLICIT_PRECOMP_GEMM does.  The tables
-and the padded filter are arguments of the program that :func:`add_tables` turns into
+and the padded filter are arguments of the program that the ``add_*_table`` functions and
+:func:`add_filter_matrix` (through :func:`convkernels.gpu.igemm.finish`) turn into
 transients filled by maps in front of the computation.
 
 The same structure runs on both targets.  :func:`tiled_schedule` maps the block map
@@ -34,9 +35,8 @@ from typing import Callable, Dict, Iterable, Mapping, Optional, Sequence, Tuple
 import dace
 from dace.sdfg import nodes
 
-from convkernels.layer import Layer
+from convkernels.layer import Layer, layer_constants
 from convkernels.layouts import Layout
-from convkernels.layer import layer_constants
 
 S = dace.ScheduleType
 ST = dace.StorageType

@@ -154,7 +154,7 @@ def tile_loop(L, k_blocks, pixel_tile_shape, k_outer):
 
 def tap_loops(L, pixel_tile_shape, index, indent):
     """The ``for kd / kh / kw`` loop headers of a micro-tile's reduction (each bounded
-    per tile, :class:`TapRange`), and the indent after them."""
+    per tile, :class:`convkernels.cpu.direct.microkernel.TapRange`), and the indent after them."""
     lines = []
     for taps in tap_ranges(L, pixel_tile_shape):
         lines.append(taps.loop(index[taps.tile], indent))

@@ -19,19 +19,13 @@ layers the contiguous packed stream is faster.  The tuner picks per layer.
 
 import math
 
-from convkernels.cpu.rules import DIRECT
-from convkernels.cpu.direct.blocking import (auto_switch, blocked_source,
-                                             channel_tiles_outer, cpu_schedule,
-                                             generated_program, kouter_param, micro_tile,
-                                             nv_param, channel_block, cblk_param,
-                                             group_param, edge_param, inplace_param,
-                                             input_modes, lanes_param, registers_of)
+from convkernels.cpu.direct.blocking import (blocked_source, channel_tiles_outer,
+                                             generated_program, micro_tile, channel_block,
+                                             input_modes)
 from convkernels.cpu.direct import bf16_dot
 from convkernels.layer import layer_constants
-from convkernels.transposed import supports, swap_roles, transposed_layer
-from convkernels.cpu.isa import fit_pixels
-from convkernels.declarations import ALL_PRECISIONS, Param
-from convkernels.layouts import Layout, Pass
+from convkernels.transposed import swap_roles, transposed_layer
+from convkernels.layouts import Layout
 
 
 def tile_sizes(layer, params):

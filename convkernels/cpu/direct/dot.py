@@ -27,15 +27,15 @@ OpenMP collapsed over the tile map, every size a constant.
 
 from typing import NamedTuple
 
-from convkernels.cpu.direct.blocking import (channel_tiles_outer, cpu_schedule,
-                                             generated_program, input_at, kouter_param,
-                                             largest_divisor, map_header, store_tile,
-                                             pixel_tile, reduction_nest, signature,
-                                             tile_pixels, lanes_param, registers_of)
+from convkernels.cpu.direct.blocking import (channel_tiles_outer, generated_program,
+                                             input_at, kouter_param, largest_divisor,
+                                             map_header, store_tile, pixel_tile,
+                                             reduction_nest, signature, tile_pixels,
+                                             lanes_param, registers_of)
 from convkernels.cpu.isa import fit_tile
 from convkernels.layer import layer_constants
-from convkernels.declarations import ALL_PRECISIONS, Param
-from convkernels.layouts import Layout, Pass
+from convkernels.declarations import Param
+from convkernels.layouts import Layout
 from convkernels.transposed import swap_roles, transposed_layer
 
 #: at most this many accumulator vectors on any CPU (AVX-512's 32 registers less the

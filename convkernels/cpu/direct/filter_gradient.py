@@ -49,15 +49,12 @@ import dataclasses
 from collections import namedtuple
 from typing import Dict, List, NamedTuple
 
-from convkernels.cpu.rules import DIRECT
-from convkernels.cpu.direct.blocking import (channel_vectors, cpu_schedule,
-                                             generated_program, largest_divisor, map_header,
-                                             nv_param, signature, lanes_param,
-                                             tile_registers, switch, widens)
+from convkernels.cpu.direct.blocking import (channel_vectors, generated_program,
+                                             largest_divisor, map_header, signature,
+                                             tile_registers, widens)
 from convkernels.cpu.direct.microkernel import Load, Update, reads_input, vector_loops
 from convkernels.layer import layer_constants
-from convkernels.declarations import ALL_PRECISIONS, Param
-from convkernels.layouts import Layout, Pass
+from convkernels.layouts import Layout
 
 
 #: The partial gradients (one per slice, each the size of dL/dw) stay below this many

@@ -45,19 +45,12 @@ once per ``wb`` FMAs and each input value once per ``nb`` FMAs.
   the largest divisor of ``K / nb`` up to ``NV``.
 """
 
-from convkernels.cpu.rules import DIRECT
 from convkernels.cpu.direct.blocking import (blocked_source, channel_tiles_outer,
-                                             cpu_schedule, generated_program, kouter_param,
-                                             largest_divisor, micro_tile, nv_param,
-                                             channel_block, cblk_param, group_param,
-                                             edge_param, inplace_param, input_modes,
-                                             lanes_param, registers_of)
-from convkernels.cpu.isa import fit_pixels
+                                             generated_program, micro_tile, channel_block,
+                                             input_modes)
 from convkernels.cpu.direct import bf16_dot
 from convkernels.layer import layer_constants
-from convkernels.declarations import ALL_PRECISIONS, Param
-from convkernels.layouts import Layout, Pass
-
+from convkernels.layouts import Layout
 
 
 def tile_sizes(layer, params):

@@ -191,7 +191,7 @@ def reads_in_place(L, pixel_tile_shape, edge):
     where it lies, and the padded copy (a pass over the whole input per call: up to a
     quarter of the pass on CosmoFlow's large layers on the Xeon) is not needed.  True in a
     padded dimension when its tiles are one pixel deep (the per-tile tap bounds of
-    :func:`tap_loops` are then exact), and along the width with ``edge`` bodies
+    :func:`convkernels.cpu.direct.blocking.tap_loops` are then exact), and along the width with ``edge`` bodies
     (:func:`width_cases`) when the border does not
     reach past the first or the last width tile."""
     exact = written_out_tiles(L, pixel_tile_shape) if edge else set()

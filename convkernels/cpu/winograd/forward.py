@@ -43,10 +43,9 @@ import dace
 
 from convkernels.winograd import algebra
 from convkernels.cpu.isa import accumulator_budget, vector_floats, vector_registers
-from convkernels.cpu.direct.blocking import largest_divisor
-from convkernels.cpu.direct.blocking import auto_switch
+from convkernels.cpu.direct.blocking import largest_divisor, auto_switch
 from convkernels.cpu.winograd.sdfg import call_map, finish, layer_sdfg
-from convkernels.winograd.tiles import M_OUT, R, refusal, tile_count, tiles  # noqa: F401
+from convkernels.winograd.tiles import M_OUT, R, tile_count, tiles
 
 
 class Blocking(NamedTuple):

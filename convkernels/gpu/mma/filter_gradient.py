@@ -23,15 +23,13 @@ from constants.  The CPU schedule emulates ``ldmatrix`` and the MMAs as the forw
 import dataclasses
 from typing import Optional
 
-from convkernels.layer import Layer
-from convkernels.layouts import Layout
+from convkernels.layer import Layer, layer_constants
+from convkernels.layouts import Layout, Pass
 from convkernels.declarations import Param
-from convkernels.gpu.mma import epilogue, gather, layout, mainloop, ptx
-from convkernels.gpu.mma import tiles as mma_tiles
+from convkernels.gpu.mma import epilogue, gather, layout, mainloop, ptx, tiles as mma_tiles
 from convkernels.gpu.pipeline import skeleton
 from convkernels.gpu.pipeline.tasklets import indent
 from convkernels.gpu.simt import filter_gradient as wg
-from convkernels.layer import layer_constants
 
 PARAMS = tuple(dataclasses.replace(p, help="output pixels of one output row per K tile in "
                                    "16 bits (TF32: half as many, the same bytes)")
@@ -238,6 +236,8 @@ def code():
 # ---------------------------------------------------------------------------------------------
 
 def program(layer: Layer, dtype, params):
+    """The SIMT filter gradient's program of ``layer`` (NDHWC) with the tensor cores'
+    tasklet code and, for the CPU, their emulation."""
     s = wtshape(layer, dtype.dace.ctype, params)
     sdfg = wg.wgrad_program(layer, Layout.NDHWC, dtype, params, s=s, code=code())
     sdfg.append_global_code(ptx.helpers(s, gpu=False), "frame")
@@ -245,6 +245,7 @@ def program(layer: Layer, dtype, params):
 
 
 def schedule(target: str):
+    """The skeleton's schedule for ``target`` with the tensor cores' code and its helpers."""
     def apply(sdfg, layer, params):
         s = wtshape(layer, sdfg.arrays["x"].dtype.ctype, params)
         skeleton.schedule(target, Layout.NDHWC, kernel=lambda *_: (s, code()))(sdfg, layer, params)
@@ -256,10 +257,8 @@ def schedule(target: str):
 def fields(**given):
     """What the tensor-core filter gradient registers with: ``given`` (name, summary,
     ...) and the rest of the registry's ``Implementation`` fields."""
-    from convkernels.layouts import Pass
     return dict(
-        layout=Layout.NDHWC, pass_=Pass.BWD_FILTER,
-        algorithm=lambda layer, dtype, params: program(layer, dtype, params),
+        layout=Layout.NDHWC, pass_=Pass.BWD_FILTER, algorithm=program,
         schedules={t: schedule(t) for t in ("cpu", "gpu")}, params=PARAMS,
         check_params=check_params, supports=wg.wgrad_supports, precisions=mma_tiles.PRECISIONS,
         constraints="one image of the input and of dL/dy below 2^31 elements", **given)

@@ -9,7 +9,6 @@ tap's channel blocks (``Shape.packed``, :func:`_packed_stage_code`): no tile is 
 zeros, and each copy decodes its own tap.
 """
 
-from convkernels.gpu.mma import layout
 from convkernels.gpu.mma.layout import CHUNK, blocked, blocked_thread, swizzle
 from convkernels.gpu.mma.tiles import WARP, Shape
 from convkernels.gpu.pipeline.skeleton import SB, ST

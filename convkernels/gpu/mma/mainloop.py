@@ -13,7 +13,8 @@ float32 ignored: no ``cvt``; the emulation truncates the same way).
 
 **The CPU emulation** runs the same tasklet code thread by thread, with the same address
 expressions: each thread builds the registers of all 32 lanes of its warp from shared
-memory the way ``ldmatrix`` distributes them (:data:`CPU_HELPERS`), then computes its own
+memory the way ``ldmatrix`` distributes them (:func:`convkernels.gpu.mma.ptx.helpers` with
+``gpu=False``), then computes its own
 four sums per MMA tile from the lanes and registers where PTX's fragment layout puts
 A[r][k] and B[k][n].  A wrong swizzle, lane-to-row mapping, fragment order or
 accumulator layout therefore fails on the CPU, not only on the GPU.

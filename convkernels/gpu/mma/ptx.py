@@ -1,4 +1,5 @@
-"""The C++ helpers of the tensor-core kernels (``convkernels/gpu/mma/``, ``convkernels/gpu/mma/filter_gradient.py``),
+"""The C++ helpers of the tensor-core kernels (:mod:`convkernels.gpu.mma`: the forward, the
+data gradient and the filter gradient),
 per target: ``cb_ldsm_x4`` (``ldmatrix.x4``, ``.trans`` too), ``cb_lds_x4`` (four 32-bit
 shared loads, TF32's N-major operands), ``cb_lds_lane`` and ``cb_mma`` on the GPU; on the
 CPU the same calls building every lane's registers as the hardware distributes them, and

@@ -34,10 +34,11 @@ SB = ("abase", "bbase")
 
 def program(layer: Layer, layout: Layout, dtype, params, flip: bool = False,
             w_shape=None, *, s, code) -> dace.SDFG:
-    """The pipelined implicit GEMM of ``layer`` in ``layout`` (module docstring) for the
+    """The pipelined implicit GEMM of ``layer`` in ``layout`` (the GEMM of
+    :mod:`convkernels.gpu.simt.forward`, the program of the module docstring) for the
     main loop whose constants are ``s`` (its tiles' ``Shape``) and whose tasklet code by
     role is ``code`` (``role -> f(s, gpu)``: :func:`convkernels.gpu.simt.forward.code`,
-    :func:`convkernels.gpu.mma.kernel.code`); the tasklets hold the CPU's C++ until a
+    :func:`convkernels.gpu.mma.program.code`); the tasklets hold the CPU's C++ until a
     schedule sets its target's.  ``flip``: ``layer`` is a data gradient's
     ``transposed_layer`` and the program takes the forward filter, of shape ``w_shape``.
     The accumulators are ``dtype``'s sums, the stages 4-byte words."""

@@ -26,11 +26,12 @@ def program(layer: Layer, layout: Layout, dtype, params) -> dace.SDFG:
     ``transposed_layer(layer)`` reading dL/dy, with the filter flipped and its channels
     swapped as it is staged; x and y swap roles for the harness."""
     sdfg = forward.program(transposed_layer(layer), layout, dtype, params, flip=True,
-                     w_shape=filter_shape(layer, layout))
+                           w_shape=filter_shape(layer, layout))
     return swap_roles(sdfg)
 
 
 def supports(layer: Layer, params) -> Optional[str]:
+    """Why the data gradient does not handle ``layer``, or None."""
     return flipped_supports(layer, params) or tiles.supports(transposed_layer(layer), params)
 
 
