@@ -33,6 +33,51 @@ def test_the_status_table_is_the_results():
         "regenerate it: .venv/bin/convbench status --markdown"
 
 
+def _where_it_stands(readme: str) -> str:
+    return readme.split("## Where it stands", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_headline_figures_are_the_results():
+    """The README's "Where it stands" is ``convbench status --headline`` of the committed
+    results, and holds no ratio outside that generated block."""
+    from convbench.commands import headline
+    readme = (ROOT / "README.md").read_text()
+    section = _where_it_stands(readme)
+    assert headline.block(section) == headline.markdown(ROOT / "results"), \
+        "regenerate it: .venv/bin/convbench status --headline"
+    outside = section.split(headline.BEGIN)[0] + section.split(headline.END)[1]
+    assert not re.findall(r"\d(?:\.\d+)?x\b", outside), \
+        "a hand-typed ratio in Where it stands: it belongs in results/, quoted by the generator"
+
+
+def test_the_headline_follows_a_changed_result(tmp_path):
+    """A drift test that can fail: the worst forward layer's ratio changed in a copy of
+    results/ moves the figure the headline prints, so the README's block no longer
+    matches."""
+    import csv
+    import shutil
+
+    from convbench.commands import headline
+    results = tmp_path / "results"
+    shutil.copytree(ROOT / "results", results)
+    before = headline.markdown(results)
+    rounds = results / headline.CPU_BENCH / "fwd" / "rounds.csv"
+    with open(rounds, newline="") as f:
+        rows = list(csv.DictReader(f))
+    worst, _ = headline.cpu_layers(results)
+    for row in rows:
+        if row["layer"] == worst["fwd"][1]:
+            row["ratio"] = str(float(row["ratio"]) * 1.5)
+    with open(rounds, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    after = headline.markdown(results)
+    assert f"forward {worst['fwd'][0]:.2f}x" in before
+    assert f"forward {worst['fwd'][0] * 1.5:.2f}x" in after
+    assert headline.block(f"{headline.BEGIN}\n{before}{headline.END}") != after
+
+
 def test_the_status_shows_every_gpu_implementations_main_loop():
     """The committed readings (``convbench sass --all``) cover every implementation with
     a GPU schedule on each reading layer: a new one without a reading fails here."""

@@ -3,6 +3,7 @@
 import csv
 import json
 import subprocess
+import time
 
 import pytest
 import torch
@@ -144,7 +145,8 @@ def _small_run_cases():
 @pytest.fixture(scope="module")
 def small_run(builds, cachedir, tmp_path_factory):  # builds: the session's builds are made
     out = tmp_path_factory.mktemp("e2e")
-    proc = _run(SMALL + ["--iters", "1", "--train", "--check", "--outdir", str(out)], cachedir)
+    proc = _run(SMALL + ["--iters", "1", "--processes", "2", "--train", "--check", "--outdir",
+                         str(out)], cachedir)
     return proc, out
 
 
@@ -154,18 +156,32 @@ def test_small_training_run_checks_and_writes_results(small_run):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("end2end mlperf 32^3 b2 cpu;") and "check passed" in last
-    assert "train step torch" in last and "forward torch" in last
+    assert "train step torch" in last and "forward torch" in last and "2 processes" in last
     # 14 DaCe calls: 5 forward, 4 backward data (not the input's), 5 backward filter.
     assert "check: 14 DaCe convolution calls" in proc.stdout
-    for name in ("samples.csv", "summary.csv", "metadata.json", "runtimebreakdown.png"):
+    for name in ("samples.csv", "summary.csv", "metadata.json", "runtimebreakdown.png",
+                 "processes.csv"):
         assert (out / name).stat().st_size > 0, name
     parts = read_breakdown(out)
-    assert set(parts) == {"forward", "train"} and set(parts["train"]) == {"torch", "dace"}
+    assert set(parts) == {"forward", "train"}
+    assert set(parts["train"]) == {"torch-ncdhw", "torch-ndhwc", "dace"}
     train = parts["train"]["dace"]
     assert {f"conv{i}.{d}" for i in range(1, 6) for d in ("fwd", "bwd")} <= set(train)
     assert train["total"] >= sum(v for k, v in train.items() if k != "total") * 0.999
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["status"] == "complete" and meta["check"]["ok"]
+    # torch in both formats, the faster the baseline; 2 processes; each part's share
+    for phase in ("forward", "train"):
+        c = meta["comparison"][phase]
+        assert c["torch"] == meta["torch_best"][phase] == min(
+            ("torch-ncdhw", "torch-ndhwc"), key=c["step_ms"].get)
+        assert c["processes"] == 2 and c["ratio"] == pytest.approx(
+            c["step_ms"]["dace"] / c["step_ms"][c["torch"]])
+        assert set(c["spread_between"]) == {"torch-ncdhw", "torch-ndhwc", "dace"}
+        assert f"conv1.fwd" in c["parts"] and "other" in c["parts"]
+    with open(out / "processes.csv") as f:
+        processes = list(csv.DictReader(f))
+    assert {r["process"] for r in processes} == {"0", "1"}
     conv2 = network.conv_layers(network.MODELS["mlperf"], 32, 2)[1]
     assert meta["implementations"]["conv2"]["bwd_data"] == network.default_implementation(
         conv2, Pass.BWD_DATA, "cpu")
@@ -175,6 +191,13 @@ def test_small_training_run_checks_and_writes_results(small_run):
         rows = list(csv.DictReader(f))
     conv = [r for r in rows if r["layer"] == "forward.conv1.fwd" and r["backend"] == "dace"][0]
     assert conv["implementation"] == "directConvNDHWCblocked" and float(conv["gflops"]) > 0
+    assert float(conv["share_of_difference"]) == pytest.approx(
+        meta["comparison"]["forward"]["parts"]["conv1.fwd"]["share"], rel=1e-4)
+    assert float(conv["ratio_without"]) > 0 and float(conv["median_of_processes_ms"]) > 0
+    total = [r for r in rows if r["layer"] == "train.total" and r["backend"] == "dace"][0]
+    best = meta["torch_best"]["train"]
+    assert float(total["ratio_vs_" + best]) == pytest.approx(
+        meta["comparison"]["train"]["ratio"], rel=1e-4)
 
 
 def _planted(monkeypatch, cachedir, capsys, mutate_build=None, mutate_backward=None):
@@ -200,6 +223,59 @@ def _planted(monkeypatch, cachedir, capsys, mutate_build=None, mutate_backward=N
     status = end2end.main(SMALL + ["--iters", "0", "--check", "--cachedir", str(cachedir),
                                    "--require-precompiled"])
     return status, capsys.readouterr().out
+
+
+@pytest.mark.prebuild(*_small_run_cases())
+def test_a_slower_torch_format_is_not_the_baseline(small_run, monkeypatch, cachedir, capsys,
+                                                   tmp_path):
+    """torch in the DaCe model's format (NDHWC here: the default the run would pick for
+    both) planted slower: the run compares with the other format, in both phases."""
+    assert small_run[0].returncode == 0
+    original = end2end.Run._models
+
+    def models(self):
+        original(self)
+        slow = self.torch_models[f"torch-{self.format_name}"]
+        forward = slow.forward
+
+        def slower(x):
+            time.sleep(0.2)
+            return forward(x)
+        slow.forward = slower
+    monkeypatch.setattr(end2end.Run, "_models", models)
+    status = end2end.main(SMALL + ["--iters", "2", "--warmup", "0", "--processes", "1",
+                                   "--train", "--outdir", str(tmp_path), "--cachedir",
+                                   str(cachedir), "--require-precompiled"])
+    out = capsys.readouterr().out
+    assert status == 0
+    meta = json.loads((tmp_path / "metadata.json").read_text())
+    planted = f"torch-{meta['memory_format']}"
+    faster = ({"torch-ncdhw", "torch-ndhwc"} - {planted}).pop()
+    assert meta["torch_best"] == {"forward": faster, "train": faster}
+    c = meta["comparison"]["train"]
+    assert c["step_ms"][planted] > c["step_ms"][faster] + 100  # the planted sleeps
+    assert c["ratio"] == pytest.approx(c["step_ms"]["dace"] / c["step_ms"][faster])
+    assert f"({faster[6:]}; {planted[6:]} " in out.splitlines()[-1]
+
+
+def test_comparison_shares_and_spreads():
+    from convbench.results import comparison
+    samples = {"torch-ncdhw": {"train": {"a": [[4, 4, 4]], "b": [[4, 4, 4]], "total": [[8, 8, 8]]}},
+               "torch-ndhwc": {"train": {"a": [[5, 5, 5]], "b": [[5, 5, 5]],
+                                         "total": [[10, 10, 10]]}},
+               "dace": {"train": {"a": [[2, 2, 2], [2, 2, 2]], "b": [[8, 8, 9], [8, 8, 8]],
+                                  "total": [[10, 10, 11], [10, 10, 10]]}}}
+    c = comparison.compare(samples, ["train"])["train"]
+    assert c["torch"] == "torch-ncdhw" and c["ratio"] == pytest.approx(10 / 8)
+    # DaCe is 2 ms slower: part b costs 4 ms more (200% of it), part a saves 2 (-100%)
+    assert c["parts"]["b"]["share"] == pytest.approx(2.0)
+    assert c["parts"]["a"]["share"] == pytest.approx(-1.0)
+    # without b the step would be 2 ms against 4: it carries the result
+    assert c["parts"]["b"]["ratio_without"] == pytest.approx(0.5)
+    assert c["processes"] == 2 and c["spread_between"]["dace"] == 0.0
+    stats = comparison.part_stats([[10, 10, 12], [11, 11, 11]])
+    assert stats["median_ms"] == pytest.approx(10.5)
+    assert stats["spread_between"] == pytest.approx(1 / 10.5)
 
 
 def _on(layer, pass_):
@@ -303,17 +379,20 @@ def test_breakdown_plot_needs_an_end2end_summary(tmp_path):
     assert plot_breakdown(tmp_path, tmp_path / "x.png").stat().st_size > 10000
 
 
-def test_torch_gpu_math_turns_tf32_off():
+def test_torch_gpu_math_turns_tf32_off_and_lets_cudnn_try_every_engine():
     from convbench.check.references import torch_gpu_math
     before = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
-              torch.backends.cudnn.benchmark)
+              torch.backends.cudnn.benchmark, torch.backends.cudnn.benchmark_limit)
     try:
         torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
-        assert torch_gpu_math(False) == {"cudnn_benchmark": True, "allow_tf32": False}
+        torch.backends.cudnn.benchmark_limit = 10  # torch's default on a GPU
+        assert torch_gpu_math(False) == {"cudnn_benchmark": True, "cudnn_benchmark_limit": 0,
+                                         "allow_tf32": False}
         assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+        assert torch.backends.cudnn.benchmark_limit == 0
     finally:
         (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
-         torch.backends.cudnn.benchmark) = before
+         torch.backends.cudnn.benchmark, torch.backends.cudnn.benchmark_limit) = before
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the set-up that precedes CUDA")

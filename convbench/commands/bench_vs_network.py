@@ -106,22 +106,31 @@ def _pooled(bench_dirs):
     return pooled
 
 
+def _baseline(meta: dict, phase: str) -> str:
+    """The torch backend an end-to-end run compares with in ``phase``."""
+    return (meta.get("torch_best") or {}).get(phase) or "torch"
+
+
 def compare(bench_dirs: Sequence, network_dirs: Sequence) -> List[dict]:
     """One row per network part that the bench measured (forward and training backward)."""
     bench = _pooled(bench_dirs)
     runs = _network_runs(network_dirs)
-    layout = "torch-" + runs[0]["meta"].get("memory_format", "ncdhw")
     rows = []
     for phase, suffix in (("forward", "fwd"), ("train", "bwd")):
+        # the network's baseline: the faster of torch's formats in this phase (runs from
+        # before both were timed: torch in the run's one format); the bench's torch in it
+        base = _baseline(runs[0]["meta"], phase)
+        layout = base if base != "torch" else \
+            "torch-" + runs[0]["meta"].get("memory_format", "ncdhw")
         for name, part in runs[0]["parts"].items():
             if not name.startswith(f"{phase}.") or not name.endswith(f".{suffix}"):
                 continue
             layer = name.split(".")[1]
-            geometry = (part["torch"]["geometry"], int(part["torch"]["batch"]))
+            geometry = (part[base]["geometry"], int(part[base]["batch"]))
             impls = runs[0]["meta"]["implementations"][layer]
             passes = ["fwd"] if suffix == "fwd" else \
                 [p for p in ("bwd_data", "bwd_filter") if p in impls and
-                 impls[p] in part["torch"]["implementation"].split("+")]
+                 impls[p] in part[base]["implementation"].split("+")]
             try:
                 per_round = [
                     sum(bench[p][geometry][impls[p]][r] for p in passes) /
@@ -130,7 +139,7 @@ def compare(bench_dirs: Sequence, network_dirs: Sequence) -> List[dict]:
             except KeyError:
                 continue  # the bench did not time this layer, pass or implementation
             net = [float(run["parts"][name]["dace"]["median_ms"]) /
-                   float(run["parts"][name]["torch"]["median_ms"])
+                   float(run["parts"][name][_baseline(run["meta"], phase)]["median_ms"])
                    for run in runs if name in run["parts"]]
             b, n = _range(per_round), _range(net)
             rows.append({"part": f"{layer} {'forward' if suffix == 'fwd' else 'backward'}",

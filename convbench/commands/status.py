@@ -2,6 +2,7 @@
 
     convbench status              # the table, from results/ as committed
     convbench status --markdown   # the same as the Markdown table README.md embeds
+    convbench status --headline   # the README's headline figures (convbench.commands.headline)
 
 Columns: the CPU verification of the full test tier (``results/verify/cpu/coverage.csv``,
 and the runs of single sweeps in its subfolders: cases verified / failed, float32 apart
@@ -16,23 +17,24 @@ is as current as they are.
 
 from __future__ import annotations
 
-import csv
 from collections import defaultdict
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
-from convbench.results import writer as results
 from convbench.base import tables
 from convbench.base.errors import ArgumentParser, UsageError, run_main
 from convbench.build.toolchain import PROJECT_ROOT
+from convbench.results.gpu_summaries import gpu_status, read_csv
 
 PROG = "convbench status"
-VENDOR_COLUMNS = ("cudnn_ms", "torch_ms", "cudnn_other_ms", "torch_other_ms")
 
 
 def build_parser(prog: str = PROG):
     p = ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     p.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    p.add_argument("--headline", action="store_true",
+                   help="print the README's headline figures (\"Where it stands\"), from the "
+                   "same results")
     p.add_argument("--results", default=str(PROJECT_ROOT / "results"), metavar="DIR",
                    help="the results folder to read (default: the project's)")
     return p
@@ -40,50 +42,6 @@ def build_parser(prog: str = PROG):
 
 def main(argv=None, prog: str = PROG) -> int:
     return run_main(prog, lambda a: _main(a, prog), argv)
-
-
-def _read(path: Path) -> List[Dict[str, str]]:
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def campaigns(results: Path, tune: bool = False) -> List[Tuple[Path, bool]]:
-    """The GPU campaign folders with a summary, oldest first (folders are named
-    ``<date>_<device>``), each with whether its cases phase finished; the tune campaigns
-    alone with ``tune``, else the others."""
-    import json
-    out = []
-    for folder in sorted(p.parent for p in (results / "gpu").glob("*/summary.csv")):
-        def read(name):
-            try:
-                return json.loads((folder / name).read_text())
-            except (OSError, ValueError):
-                return {}
-        if (read("campaign.json").get("options", {}).get("tier") == "tune") != tune:
-            continue
-        cases = read("state.json").get("phases", {}).get("cases", {})
-        out.append((folder, cases.get("status") == "done"))
-    return out
-
-
-def gpu_status(results: Path) -> Dict[str, Tuple[Tuple[int, int, List[float]], str]]:
-    """implementation -> (:func:`gpu_cases`' counts, campaign name): the newest campaign
-    that ran it to the end of its cases, else the newest that ran it at all (a call cut
-    short covers a few layers, but a fault it found still shows). An implementation that
-    only a tune campaign ran takes the newest of those, each layer's fastest
-    configuration giving its ratio."""
-    chosen: Dict[str, Tuple[Tuple[int, int, List[float]], str, bool]] = {}
-    for folder, finished in campaigns(results):
-        for impl, counts in gpu_cases(folder).items():
-            if impl not in chosen or finished or not chosen[impl][2]:
-                chosen[impl] = (counts, folder.name, finished)
-    tuned: Dict[str, Tuple[Tuple[int, int, List[float]], str, bool]] = {}
-    for folder, finished in campaigns(results, tune=True):
-        for impl, counts in gpu_cases(folder, best_per_layer=True).items():
-            if impl not in chosen:
-                tuned[impl] = (counts, folder.name, finished)
-    chosen.update(tuned)
-    return {impl: (counts, name) for impl, (counts, name, _) in chosen.items()}
 
 
 #: What names one case in a coverage table.
@@ -124,7 +82,7 @@ def cpu_verification(results: Path) -> Dict[Tuple[str, str, bool], Tuple[int, in
     latest: Dict[Tuple[str, ...], List[Dict[str, str]]] = {}
     for path in coverage_runs(results):
         found: Dict[Tuple[str, ...], List[Dict[str, str]]] = defaultdict(list)
-        for row in _read(path):  # within one table, rows of the same case all count
+        for row in read_csv(path):  # within one table, rows of the same case all count
             found[case_key(row)].append(row)
         latest.update(found)
     counts: Dict[Tuple[str, str, bool], List[int]] = defaultdict(lambda: [0, 0])
@@ -133,49 +91,6 @@ def cpu_verification(results: Path) -> Dict[Tuple[str, str, bool], Tuple[int, in
             half = row.get("dtype", "float32") != "float32"
             counts[(row["implementation"], row["pass"], half)][row["outcome"] == "failed"] += 1
     return {key: (v[0], v[1]) for key, v in counts.items()}
-
-
-def gpu_cases(campaign: Optional[Path], best_per_layer: bool = False
-              ) -> Dict[str, Tuple[int, int, List[float]]]:
-    """implementation -> (cases verified, cases run, DaCe / fastest vendor per verified case;
-    with ``best_per_layer``, per layer the ratio of its fastest verified case: a tune
-    campaign's cases are configurations of one layer)."""
-    from .. import registry
-    out: Dict[str, Tuple[int, int, List[float]]] = {}
-    if campaign is None:
-        return out
-    rows = [r for r in _read(campaign / "summary.csv") if not r.get("planted")]
-    known = registry.all_implementations()
-
-    def problem(row):  # the vendors are timed once per layer, batch, pass and precision
-        impl = known.get(row["impl"])
-        if impl is None:
-            return row["layer_set"], row["layer"], row["batch"], row["impl"]
-        parts = row["id"].split(".")  # a precision other than float32 is one part of the id
-        precision = next((p for p in impl.precisions if p in parts), impl.precisions[0])
-        return row["layer_set"], row["layer"], row["batch"], str(impl.pass_), precision
-    vendors: Dict[tuple, Dict[str, float]] = defaultdict(dict)
-    for row in rows:
-        timed = vendors[problem(row)]
-        for c in VENDOR_COLUMNS:
-            if row.get(c):
-                timed[c] = min(float(row[c]), timed.get(c, float("inf")))
-    per_problem: Dict[tuple, List[float]] = defaultdict(list)
-    for row in rows:
-        verified, run, ratios = out.get(row["impl"], (0, 0, []))
-        run += row["status"] != "refused"
-        if row["status"] == "verified":
-            verified += 1
-            _, fastest = results.fastest_vendor(vendors[problem(row)])
-            if row.get("dace_ms") and fastest:
-                ratio = float(row["dace_ms"]) / fastest
-                ratios.append(ratio)
-                per_problem[(row["impl"], problem(row))].append(ratio)
-        out[row["impl"]] = (verified, run, ratios)
-    if best_per_layer:
-        for impl, (verified, run, _) in list(out.items()):
-            out[impl] = (verified, run, [min(r) for (i, _), r in per_problem.items() if i == impl])
-    return out
 
 
 def sass_shares(results: Path) -> Dict[str, List[Tuple[str, float]]]:
@@ -270,7 +185,10 @@ def _main(args, prog: str) -> int:
     results = Path(args.results)
     if not results.is_dir():
         raise UsageError(f"--results: not a folder: {results}")
-    if args.markdown:
+    if args.headline:
+        from convbench.commands import headline
+        print(headline.markdown(results), end="")
+    elif args.markdown:
         print(markdown(results), end="")
     else:
         header, rows, source = table(results)

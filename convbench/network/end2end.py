@@ -3,8 +3,10 @@ DaCe convolutions, against the same network with torch's.
 
 A run builds (or loads from the build cache) the DaCe programs it needs, then, each
 optional: ``--check`` (:mod:`convbench.network.check`), ``--epochs`` of training on synthetic
-data (:mod:`convbench.network.synthetic`), and timing, torch and DaCe interleaved iteration by
-iteration, every convolution call a span (docs/end2end.md has the details).
+data (:mod:`convbench.network.synthetic`), and timing: torch in both memory formats and DaCe
+interleaved iteration by iteration, every convolution call a span, in ``--processes`` fresh
+processes one after the other; the run compares DaCe with the faster torch
+(:mod:`convbench.results.comparison`; docs/end2end.md has the details).
 No caches are flushed between iterations: the network runs as it would in training.
 """
 
@@ -12,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import math
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -25,6 +29,9 @@ from convbench.commands.flags import (add_cachedir_flag, add_device_flag, add_he
                                       add_implementation_flag, add_outdir_flag,
                                       add_precision_flags, add_seed_flag, add_threads_flag,
                                       check_heap_flag)
+from convbench.network import processes
+from convbench.results import comparison
+from convbench.results.comparison import TORCH_FORMATS
 from convbench.results import schema
 from convkernels.layouts import Pass
 
@@ -46,6 +53,11 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                    help="timed iterations per model and phase (default 5; 0: no timing)")
     p.add_argument("--warmup", type=int, default=1, metavar="N",
                    help="untimed iterations first (default 1)")
+    p.add_argument("--processes", type=int, default=3, metavar="N",
+                   help="fresh processes the timing runs in, one after the other (default 3): "
+                   "medians are the median of the process medians, with the spread between "
+                   "processes beside the spread within one; 1: in this process")
+    p.add_argument("--timing-worker", default=None, help=argparse.SUPPRESS)
     add_device_flag(p)
     add_implementation_flag(p, f"forward implementation of every convolution ('{TORCH}': "
                             "torch's; default: per layer and pass, the measured winner or the "
@@ -70,8 +82,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p.add_argument("--dropout", type=float, default=None, metavar="P",
                    help="dropout probability of the dense layers (default: the model's, 0.5)")
     p.add_argument("--memory-format", default="auto", metavar="auto|ncdhw|ndhwc",
-                   help="activation memory format of both models (default auto: ndhwc when "
-                   "every DaCe forward implementation is NDHWC, so no layout copies)")
+                   help="activation memory format of the DaCe model (default auto: ndhwc when "
+                   "every DaCe forward implementation is NDHWC, so no layout copies); torch "
+                   "is timed in both formats and the faster one is the baseline")
     add_precision_flags(p)
     add_heap_flag(p)
     add_seed_flag(p)
@@ -96,8 +109,10 @@ def main(argv: Optional[List[str]] = None, prog: str = PROG) -> int:
 
 def _main(argv, prog: str = PROG) -> int:
     args = build_parser(prog).parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     check_at_least(("--size", args.size, 1), ("--batch", args.batch, 1),
                    ("--iters", args.iters, 0), ("--warmup", args.warmup, 0),
+                   ("--processes", args.processes, 1),
                    ("--epochs", args.epochs, 0), ("--samples", args.samples, 1),
                    ("--threads", args.threads, 1))
     if not (args.lr > 0 and math.isfinite(args.lr)):
@@ -131,7 +146,8 @@ def _main(argv, prog: str = PROG) -> int:
                              "implementation (backward ones go in --impl-map)")
     device = resolve_device(args.device)
     dtype = precision.check_device(precision.from_args(args), device)
-    budget = None if args.autotune is None else parse_budget(args.autotune, "--autotune")
+    budget = None if args.autotune is None or args.timing_worker else \
+        parse_budget(args.autotune, "--autotune")
     if budget is not None and (device != "cpu" or dtype.label != "float32"):
         raise UsageError("--autotune: the CPU in float32 only (the GPU's tuning is the "
                          "campaign's tune tier)")
@@ -153,7 +169,8 @@ def _main(argv, prog: str = PROG) -> int:
         heap.apply(args.heap)
     backward = bool(args.train or args.check)
     # the toolchain's warnings (of the autotune's builds too) go to the run's folder
-    set_run_log(output_folder(args, device, dtype) / LOG_NAME, fresh=True)
+    if not args.timing_worker:
+        set_run_log(output_folder(args, device, dtype) / LOG_NAME, fresh=True)
     try:
         if budget is not None:
             from convbench.tuning.autotune import tune
@@ -227,8 +244,9 @@ class Run:
 
     @property
     def backends(self) -> List[str]:
-        """The timed models: torch's, DaCe's, and torch's mixed precision in 16 bits."""
-        return ["torch", "dace"] + ([AMP] if self.amp_model is not None else [])
+        """The timed models: torch's in both memory formats, DaCe's, and torch's mixed
+        precision in 16 bits."""
+        return [*TORCH_FORMATS, "dace"] + ([AMP] if self.amp_model is not None else [])
 
     def _models(self):
         import torch
@@ -256,8 +274,15 @@ class Run:
         self.amp_model = (copy.deepcopy(base).to(self.tdev, dtype=torch.float32,
                                                  memory_format=self.fmt)
                           if self.amp and a.iters else None)
-        # Both models hold their weights and activations in the storage type.
-        self.torch_model = base.to(self.tdev, dtype=dtype.torch, memory_format=self.fmt)
+        # The models hold their weights and activations in the storage type; torch runs in
+        # both memory formats (the faster one is the baseline), DaCe in its own.
+        base = base.to(self.tdev, dtype=dtype.torch)
+        self.formats = {"torch-ncdhw": torch.contiguous_format,
+                        "torch-ndhwc": torch.channels_last_3d, "dace": self.fmt, AMP: self.fmt}
+        self.torch_models = {name: copy.deepcopy(base).to(memory_format=self.formats[name])
+                             for name in TORCH_FORMATS}
+        #: torch in the DaCe model's format: the check's and the training's yardstick
+        self.torch_model = self.torch_models[f"torch-{self.format_name}"]
         self.dace_model = copy.deepcopy(self.torch_model)
         self._initial_state = copy.deepcopy(self.torch_model.state_dict())
         print(f"builds ({'required from' if a.require_precompiled else 'from'} the "
@@ -297,6 +322,11 @@ class Run:
             from convbench.timing.heap import describe
             print(f"outputs: torch and DaCe allocate theirs on every call, from the "
                   f"{describe()}", flush=True)
+        if a.timing_worker:  # one process of the timing: its samples, nothing else
+            phases = ["forward"] + (["train"] if a.train else [])
+            from convbench.base.files import write_atomic
+            write_atomic(Path(a.timing_worker), json.dumps(self._time_loop(phases)))
+            return 0
         status = self._check() if a.check else 0
         if a.epochs:
             self._epochs()
@@ -374,24 +404,36 @@ class Run:
         from convbench.build.toolchain import PROJECT_ROOT
         a = self.args
         phases = ["forward"] + (["train"] if a.train else [])
-        samples = self._time_loop(phases)
+        if a.processes > 1:
+            samples = processes.time_in_processes(a.argv, a.processes, self.outdir, phases)
+        else:
+            one = self._time_loop(phases)
+            samples = {b: {ph: {part: [ms] for part, ms in per.items()} for ph, per in v.items()}
+                       for b, v in one.items()}
+        self.comparison = comparison.compare(samples, phases)
         meta = run_metadata(PROJECT_ROOT, self.device, a.threads)
         references = [b for b in self.backends if b != "dace"]
         meta.update(kind="end2end", model=self.spec.name, size=a.size, batch=a.batch,
                     memory_format=self.format_name, references=references,
+                    torch_best={ph: c["torch"] for ph, c in self.comparison.items()},
+                    comparison=self.comparison,
                     implementations={k: {str(p): n for p, n in v.items()}
                                      for k, v in self.choice.items()},
                     chosen_by={k: {str(p): why for p, why in v.items()}
                                for k, v in self.how.items()},
                     timing={"method": "perf_counter" if self.device == "cpu" else "cuda-events",
                             "warmup": a.warmup, "iterations": a.iters, "flush": False,
-                            "interleaved": True, **self._heap()},
+                            "interleaved": True, "processes": a.processes,
+                            "median": "of the process medians" if a.processes > 1 else
+                            "of the iterations", **self._heap()},
                     optimizer={"name": "Adam", "lr": a.lr}, loss="mse", **self.summary)
         if AMP in references:
             meta["torch_amp"] = {"autocast": self.dtype.label, "weights": "float32",
                                  "grad_scaler": self.dtype.label == "float16"}
-        writer = RunWriter(self.outdir, meta, references)
-        index = 0
+        writer = RunWriter(self.outdir, meta, references, columns=(
+            "median_of_processes_ms", "spread_between_processes", "share_of_difference",
+            "ratio_without"), ratio_of="median_of_processes_ms")
+        index, per_process = 0, []
         for phase in phases:
             parts = {}  # part -> (implementation, geometry, flop)
             for layer in self.layers:
@@ -406,18 +448,35 @@ class Run:
                                               layer.flops() * (1 if first else 2))
             parts["other"] = ("-", "", None)
             parts["total"] = ("-", "", sum(flop for _, _, flop in parts.values() if flop))
+            shares = self.comparison[phase].get("parts", {})
             for part, (impl, geometry, flop) in parts.items():
-                ms = [Measurement(b, Timing(samples[b][phase][part], a.warmup, "end2end"))
+                ms = [Measurement(b, Timing([x for run in samples[b][phase][part] for x in run],
+                                            a.warmup, "end2end"))
                       for b in self.backends]
+                extra = {b: comparison.stats_columns(samples[b][phase][part])
+                         for b in self.backends}
+                if part in shares:
+                    extra["dace"].update(share_of_difference=shares[part]["share"],
+                                         ratio_without=shares[part]["ratio_without"])
                 writer.add_entry(index, f"{phase}.{part}", impl, ms, geometry=geometry,
-                                 batch=a.batch, flop=flop)
+                                 batch=a.batch, flop=flop, columns=extra)
+                for b in self.backends:
+                    for k, run in enumerate(samples[b][phase][part]):
+                        per_process.append({"layer": f"{phase}.{part}", "backend": b,
+                                            "process": k, "samples": len(run),
+                                            "median_ms": statistics.median(run)})
                 index += 1
         writer.finish()
-        self.medians = {b: {ph: statistics.median(samples[b][ph]["total"]) for ph in phases}
-                        for b in self.backends}
-        self._report(samples, phases)
+        from convbench.base.files import write_atomic
+        from convbench.results.writer import csv_text
+        write_atomic(self.outdir / "processes.csv", csv_text(
+            ["layer", "backend", "process", "samples", "median_ms"], per_process))
+        for line in comparison.table(self.comparison, [la.name for la in self.layers],
+                                     self.backends):
+            print(line)
         path = plot_breakdown(self.outdir, self.outdir / "runtimebreakdown.png")
-        print(f"results: {self.outdir}/ (samples.csv, summary.csv, metadata.json, {path.name})")
+        print(f"results: {self.outdir}/ (samples.csv, summary.csv, processes.csv, "
+              f"metadata.json, {path.name})")
 
     def _heap(self) -> Dict[str, Any]:
         from convbench.timing import heap
@@ -432,7 +491,7 @@ class Run:
         from convbench.timing.heap import section
         a = self.args
         x, target = self._batch(a.seed + 2)
-        models = {"torch": self.torch_model, "dace": self.dace_model, AMP: self.amp_model}
+        models = {**self.torch_models, "dace": self.dace_model, AMP: self.amp_model}
         models = {k: models[k] for k in self.backends}
         opts = {k: torch.optim.Adam(m.parameters(), lr=a.lr) for k, m in models.items()}
         out = {b: {ph: {} for ph in phases} for b in models}
@@ -449,7 +508,8 @@ class Run:
 
         from convbench.network.cosmoflow import Recorder
         a = self.args
-        inputs = {b: (x, target) for b in models}
+        # each model's input in its own memory format
+        inputs = {b: (x.contiguous(memory_format=self.formats[b]), target) for b in models}
         if AMP in models:  # float32 in, convolutions in 16 bits under autocast
             inputs[AMP] = (x.float().contiguous(memory_format=self.fmt), target.float())
             scaler = torch.amp.GradScaler(self.tdev.type,
@@ -488,44 +548,29 @@ class Run:
             print(f"  iteration {it + 1}/{total} ({'warm-up' if it < a.warmup else 'timed'}, "
                   f"{time.perf_counter() - t0:.0f} s)", flush=True)
 
-    def _report(self, samples, phases) -> None:
-        """Median ms per part; a layer's is its forward plus backward."""
-        def part_ms(per_part: Dict[str, List[float]], part: str) -> float:
-            if part in per_part:
-                return statistics.median(per_part[part])
-            return sum(statistics.median(v) for k, v in per_part.items() if k.split(".")[0] == part)
-
-        print(f"\n{'part':16s} " + "".join(f"{ph + ' torch':>14s}{ph + ' dace':>13s}{'ratio':>7s}"
-                                          for ph in phases))
-        for part in [layer.name for layer in self.layers] + ["other", "total"]:
-            cells = []
-            for ph in phases:
-                t, d = part_ms(samples["torch"][ph], part), part_ms(samples["dace"][ph], part)
-                cells.append(f"{t:12.2f}ms{d:11.2f}ms{d / t if t > 0 else math.nan:6.2f}x")
-            print(f"{part:16s} " + "".join(cells))
-        if AMP in samples:  # the step of torch's mixed precision, and DaCe's against it
-            cells = []
-            for ph in phases:
-                m, d = part_ms(samples[AMP][ph], "total"), part_ms(samples["dace"][ph], "total")
-                cells.append(f"{ph} {m:.2f}ms (dace {d / m if m > 0 else math.nan:.2f}x)  ")
-            print(f"{'total ' + AMP:16s} " + "".join(cells))
-
     def _last_line(self, status: int) -> str:
         a = self.args
         bits = [f"end2end {self.spec.name} {a.size}^3 b{a.batch} {self.device}"
                 + ("" if self.dtype.label == "float32" else f" {self.dtype.label}")]
         if a.iters:
-            for ph in self.medians["torch"]:
-                t, d = self.medians["torch"][ph], self.medians["dace"][ph]
+            for ph, c in self.comparison.items():
+                best, step = c["torch"], c["step_ms"]
+                t, d = step[best], step["dace"]
+                other = next(f for f in TORCH_FORMATS if f != best)
                 label = "forward" if ph == "forward" else "train step"
-                bits.append(f"{label} torch {t:.1f} ms, dace {d:.1f} ms ({d / t:.2f}x)")
-                if AMP in self.medians:
-                    m = self.medians[AMP][ph]
+                bits.append(f"{label} torch {t:.1f} ms ({best[6:]}; {other[6:]} "
+                            f"{step[other]:.1f}), dace {d:.1f} ms ({d / t:.2f}x)")
+                if AMP in step:
+                    m = step[AMP]
                     bits.append(f"{label} torch AMP {m:.1f} ms (dace {d / m:.2f}x)")
                 if ph == "train":
-                    per_s = {b: 1e3 * a.batch / v["train"] for b, v in self.medians.items()}
+                    per_s = {b: 1e3 * a.batch / v for b, v in step.items()}
                     bits.append("samples/s " + ", ".join(f"{b} {v:.1f}"
                                                          for b, v in per_s.items()))
+            if a.processes > 1:
+                spread = max(self.comparison[ph]["spread_between"]["dace"]
+                             for ph in self.comparison)
+                bits.append(f"{a.processes} processes (DaCe's step spread {spread:.1%})")
         if a.epochs:
             h = self.summary["training"]
             bits.append(f"loss dace {h[0]['loss_dace']:.3f} -> {h[-1]['loss_dace']:.3f} in "
@@ -534,3 +579,7 @@ class Run:
             bits.append("check " + ("passed" if status == 0 else "FAILED") +
                         f" (worst error/bound {self.summary['check']['worst']:.3g})")
         return "; ".join(bits)
+
+
+if __name__ == "__main__":  # the timing's worker processes (--timing-worker)
+    sys.exit(main())

@@ -18,7 +18,9 @@ def plot_breakdown(run_dir: Union[str, Path], path: Union[str, Path]) -> Path:
     per backend, in milliseconds (top row) and as shares of the step (bottom row): each
     convolution's forward (solid) and backward (hatched) median, and the rest of the
     step (grey: the median step time minus the convolutions' medians), with the median
-    step time and its ratio to torch on top."""
+    step time and its ratio to the baseline on top: the faster of torch's memory formats
+    (``torch_best`` in ``metadata.json``), or ``torch`` in runs from before both were
+    timed."""
     data = read_breakdown(run_dir)
     meta = read_metadata(run_dir, required=False)
     phases = [p for p in ("forward", "train") if p in data] + \
@@ -52,8 +54,9 @@ def plot_breakdown(run_dir: Union[str, Path], path: Union[str, Path]) -> Path:
         fig, axes = plt.subplots(2, len(phases), figsize=(width, 8.0), squeeze=False,
                                  gridspec_kw={"height_ratios": (3, 2)})
         for col, phase in enumerate(phases):
-            backends = sorted(data[phase], key=lambda b: (b != "torch", b))
-            ref = data[phase].get("torch", {}).get("total")
+            base = (meta.get("torch_best") or {}).get(phase) or "torch"
+            backends = sorted(data[phase], key=lambda b: (b != base, b))
+            ref = data[phase].get(base, {}).get("total")
             for row, share in ((0, False), (1, True)):
                 ax = axes[row][col]
                 for x, backend in enumerate(backends):
@@ -66,8 +69,8 @@ def plot_breakdown(run_dir: Union[str, Path], path: Union[str, Path]) -> Path:
                         bottom += height
                     if not share:
                         ratio = ""
-                        if backend != "torch" and finite(ref) and ref > 0:
-                            ratio = f"\n{total / ref:.2f}x torch"
+                        if backend != base and finite(ref) and ref > 0:
+                            ratio = f"\n{total / ref:.2f}x {base}"
                         ax.text(x, bottom, f"{fmt_ms(total)}{ratio}", ha="center", va="bottom")
                 ax.set_xticks(range(len(backends)))
                 ax.set_xticklabels(backends)

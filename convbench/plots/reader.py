@@ -246,7 +246,8 @@ def load_run(run_dir: Union[str, Path]) -> RunData:
 def read_breakdown(run_dir: Union[str, Path]) -> Dict[str, Dict[str, Dict[str, float]]]:
     """``phase -> backend -> part -> median ms`` from an end-to-end run's ``summary.csv``,
     whose ``layer`` column names ``<phase>.<part>`` (``train.conv2.bwd``, ``forward.other``,
-    ``train.total``)."""
+    ``train.total``): the median of the process medians where the run timed in several
+    processes (``median_of_processes_ms``), else the median."""
     path = Path(run_dir) / schema.SUMMARY
     out: Dict[str, Dict[str, Dict[str, float]]] = {}
     for line, row in _read_csv(path, ("layer", "backend", "median_ms")):
@@ -254,7 +255,8 @@ def read_breakdown(run_dir: Union[str, Path]) -> Dict[str, Dict[str, Dict[str, f
         if not sep or not part:
             raise ValueError(f"{path}:{line}: layer {row['layer']!r} is not <phase>.<part> "
                              "(not an end-to-end run?)")
-        value = _cell(path, line, "median_ms", row["median_ms"], required=True)
+        column = "median_of_processes_ms" if row.get("median_of_processes_ms") else "median_ms"
+        value = _cell(path, line, column, row[column], required=True)
         out.setdefault(phase, {}).setdefault(row["backend"], {})[part] = value
     if not out:
         raise ValueError(f"{path}: no rows")

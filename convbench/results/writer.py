@@ -18,7 +18,7 @@ import platform
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from convbench.results import schema
 from convbench.base.files import make_folder, write_atomic
@@ -96,11 +96,18 @@ class Measurement:
 class RunWriter:
     """Collects the measurements of a run and keeps its folder up to date."""
 
-    def __init__(self, outdir: os.PathLike, metadata: Dict[str, Any], references: List[str]):
+    def __init__(self, outdir: os.PathLike, metadata: Dict[str, Any], references: List[str],
+                 columns: Sequence[str] = (), ratio_of: str = "median_ms"):
+        """``columns``: summary columns of this kind of run beyond the ratio columns, filled
+        per backend by :meth:`add_entry`'s ``columns``; ``ratio_of``: the column the
+        ``ratio_vs_*`` columns divide (one of ``columns`` where the run's figure is not the
+        median of its pooled samples)."""
         self.outdir = Path(outdir)
         make_folder(self.outdir)
         self.metadata = dict(metadata, status=schema.RUNNING, layers_done=[])
         self.references = list(references)
+        self.columns = list(columns)
+        self.ratio_of = ratio_of
         self.samples: List[Dict[str, Any]] = []
         self.summary: List[Dict[str, Any]] = []
         self._write()
@@ -120,9 +127,11 @@ class RunWriter:
     def add_entry(self, index: int, name: str, implementation: str,
                   measurements: List[Measurement], geometry: str = "", batch: Any = "",
                   flop: Optional[float] = None, nbytes: Optional[float] = None,
-                  extra: Optional[Dict[str, Any]] = None):
+                  extra: Optional[Dict[str, Any]] = None,
+                  columns: Optional[Mapping[str, Mapping[str, Any]]] = None):
         """Record the measurements of one timed thing (a layer, or a part of a network
-        step, with its FLOPs and bytes where they are known) and rewrite the files."""
+        step, with its FLOPs and bytes where they are known) and rewrite the files.
+        ``columns``: per backend, values of the writer's own columns."""
         rows = []
         for m in measurements:
             for i, t in enumerate(m.timing.samples_ms):
@@ -139,11 +148,12 @@ class RunWriter:
                 row.update(mbytes=nbytes / 1e6, bandwidth_gbs=nbytes / seconds / 1e9)
             if flop is not None and nbytes:
                 row["intensity"] = flop / nbytes
+            row.update((columns or {}).get(m.backend, {}))
             rows.append(row)
-        medians = {r["backend"]: r["median_ms"] for r in rows}
+        medians = {r["backend"]: r[self.ratio_of] for r in rows}
         for r in rows:
             for ref in self.references:
-                ratio = r["median_ms"] / medians[ref] if ref in medians else ""
+                ratio = r[self.ratio_of] / medians[ref] if ref in medians else ""
                 r[schema.ratio_column(ref)] = ratio
         self.summary.extend(rows)
         self.metadata["layers_done"].append(
@@ -159,7 +169,8 @@ class RunWriter:
 
     def _write(self) -> None:
         write_atomic(self.paths["samples"], csv_text(schema.SAMPLE_COLUMNS, self.samples))
-        columns = schema.SUMMARY_COLUMNS + [schema.ratio_column(r) for r in self.references]
+        columns = (schema.SUMMARY_COLUMNS + [schema.ratio_column(r) for r in self.references]
+                   + self.columns)
         write_atomic(self.paths["summary"], csv_text(columns, self.summary))
         write_atomic(self.paths["metadata"], json.dumps(self.metadata, indent=1, default=str))
 
