@@ -260,7 +260,8 @@ def test_a_slower_torch_format_is_not_the_baseline(small_run, monkeypatch, cache
 
 def test_comparison_shares_and_spreads():
     from convbench.results import comparison
-    samples = {"torch-ncdhw": {"train": {"a": [[4, 4, 4]], "b": [[4, 4, 4]], "total": [[8, 8, 8]]}},
+    samples = {"torch-ncdhw": {"train": {"a": [[4, 4, 4]] * 2, "b": [[4, 4, 4]] * 2,
+                                         "total": [[8, 8, 8], [8, 8, 8]]}},
                "torch-ndhwc": {"train": {"a": [[5, 5, 5]], "b": [[5, 5, 5]],
                                          "total": [[10, 10, 10]]}},
                "dace": {"train": {"a": [[2, 2, 2], [2, 2, 2]], "b": [[8, 8, 9], [8, 8, 8]],
@@ -273,6 +274,7 @@ def test_comparison_shares_and_spreads():
     # without b the step would be 2 ms against 4: it carries the result
     assert c["parts"]["b"]["ratio_without"] == pytest.approx(0.5)
     assert c["processes"] == 2 and c["spread_between"]["dace"] == 0.0
+    assert c["ratio_per_process"] == pytest.approx([10 / 8, 10 / 8])
     stats = comparison.part_stats([[10, 10, 12], [11, 11, 11]])
     assert stats["median_ms"] == pytest.approx(10.5)
     assert stats["spread_between"] == pytest.approx(1 / 10.5)

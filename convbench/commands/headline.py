@@ -157,7 +157,8 @@ def cpu_step(results: Path) -> Optional[str]:
             f"{c['step_ms']['dace']:.1f} ms against torch's {c['step_ms'][t]:.1f} ms in its "
             f"faster format ({t[6:].upper()}; {other[6:].upper()} {c['step_ms'][other]:.1f} ms): "
             f"**{c['ratio']:.2f}x**; the forward pass {fwd['ratio']:.2f}x. Median of "
-            f"{c['processes']} processes (spread between them: {spread}); "
+            f"{c['processes']} processes (spread between them: {spread}; DaCe over torch "
+            f"within each: {_range(c.get('ratio_per_process') or [c['ratio']])}); "
             f"{_carrier(c, folder)}. Kernels and parameters as `--autotune` stored them for this "
             f"machine ([run]({_rel(folder, results)}/), [docs](docs/end2end.md)).")
 

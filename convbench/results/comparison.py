@@ -85,7 +85,9 @@ def shares(torch_ms: Mapping[str, float], dace_ms: Mapping[str, float]
 
 def compare(samples: Samples, phases: Sequence[str], dace: str = "dace") -> Dict[str, Any]:
     """Per phase: the faster torch format, every backend's step and its spreads, DaCe's
-    ratio to the faster torch, and the parts' shares (metadata ``comparison``)."""
+    ratio to the faster torch (and each process's own: the processes time every backend,
+    so a process slowed as a whole keeps its ratio), and the parts' shares (metadata
+    ``comparison``)."""
     out = {}
     for phase in phases:
         best = faster_torch(samples, phase)
@@ -99,6 +101,10 @@ def compare(samples: Samples, phases: Sequence[str], dace: str = "dace") -> Dict
                  "processes": max(len(per[phase]["total"]) for per in samples.values())}
         if best is not None and dace in samples:
             entry["ratio"] = stats[dace]["median_ms"] / stats[best]["median_ms"]
+            # each process times every backend, interleaved: its own ratio is a paired one
+            entry["ratio_per_process"] = [
+                d / t for d, t in zip(stats[dace]["process_medians_ms"],
+                                      stats[best]["process_medians_ms"]) if t > 0]
             entry["parts"] = shares(mids[best][phase], mids[dace][phase])
         out[phase] = entry
     return out
@@ -132,6 +138,9 @@ def table(comparison: Mapping[str, Any], layers: Sequence[str], backends: Sequen
                          f"{share:7.0%} {without:5.2f}x")
         step = "".join(f"{c['step_ms'][b]:11.2f}ms" for b in names)
         lines.append(f"{'step':10s}{step}{c.get('ratio', float('nan')):7.2f}x")
+        if len(c.get("ratio_per_process", [])) > 1:
+            lines.append(f"{'':10s}per process: " + ", ".join(
+                f"{r:.3f}x" for r in c["ratio_per_process"]))
         lines.append(f"{'spread':10s}" + "".join(
             f"{c['spread_between'][b]:>8.1%} {c['spread_within'][b]:>4.0%}" for b in names)
             + "   (between processes, within one: IQR/median)")
