@@ -159,8 +159,18 @@ def cpu_step(results: Path) -> Optional[str]:
             f"**{c['ratio']:.2f}x**; the forward pass {fwd['ratio']:.2f}x. Median of "
             f"{c['processes']} processes (spread between them: {spread}; DaCe over torch "
             f"within each: {_range(c.get('ratio_per_process') or [c['ratio']])}); "
-            f"{_carrier(c, folder)}. Kernels and parameters as `--autotune` stored them for this "
-            f"machine ([run]({_rel(folder, results)}/), [docs](docs/end2end.md)).")
+            f"{_carrier(c, folder)}. {_chosen(meta)} ([run]({_rel(folder, results)}/), "
+            "[docs](docs/end2end.md)).")
+
+
+def _chosen(meta: Dict[str, Any]) -> str:
+    """How the run's kernels were chosen, over the layer-passes its step runs (the first
+    layer computes no data gradient)."""
+    why = [w for i, per in enumerate(meta.get("chosen_by", {}).values())
+           for p, w in per.items() if not (i == 0 and p == "bwd_data")]
+    here = sum("measured here" in w for w in why)
+    return (f"Kernels: {here} of {len(why)} layer-passes as measured on this machine "
+            "(`--autotune`)" + (", the others by rule" if here < len(why) else ""))
 
 
 def gpu_layers(results: Path) -> Optional[str]:
