@@ -38,6 +38,8 @@ ROLES = {
     "best-of": "run by the GPU campaign's core tier on every layer",
     "network-tensor-cores": "the network's convolution for its pass on the GPU in 16 bits "
                             "or TF32, ahead of the network default",
+    "network-hopper": "the network's convolution for its pass on a Hopper GPU (sm_90a) in "
+                      "16 bits or TF32, ahead of network-tensor-cores (which other GPUs use)",
 }
 
 
@@ -142,6 +144,9 @@ class Implementation:
     #: (a 16-bit one means it widens each operand to float32 before multiplying and sums
     #: in float32), or one with its math mode, such as ``float32-tf32``.
     precisions: Tuple[str, ...] = ("float32",)
+    #: The CUDA architecture its GPU builds need (``"90a"``: sm_90a, for ``wgmma``); empty:
+    #: the toolchain's (:data:`convbench.build.toolchain.CUDA_ARCH`).  Other GPUs refuse it.
+    cuda_arch: str = ""
     #: The file of the module that registered this implementation (set by :func:`register`).
     module_file: str = dataclasses.field(default="", compare=False)
 

@@ -44,7 +44,10 @@ CPU_CHECK_GFLOP: Dict[str, float] = {"implicitGemmBwdFilter": 7.5,
                                      # each emulated MMA gathers its operands lane by
                                      # lane: 2-6 s per GFLOP on the 2-core EPYC
                                      "implicitGemmMMA": 8.0, "implicitGemmMMABwdData": 8.0,
-                                     "implicitGemmMMABwdFilter": 8.0}
+                                     "implicitGemmMMABwdFilter": 8.0,
+                                     # each thread decodes both operands' descriptors
+                                     "implicitGemmWGMMA": 8.0,
+                                     "implicitGemmWGMMABwdData": 8.0}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -50,17 +50,29 @@ def test_core_plan_covers_every_gpu_implementation_and_all_cosmoflow_layers():
 
 
 def test_precision_plan_times_the_tensor_core_kernels_in_each_precision(main):
-    """The precision tier: the tensor-core kernels in each of their precisions on every
-    CosmoFlow layer (the filter gradient in float16 on the training step's layers), each
-    layer's references timed once per precision; it fits its budget."""
+    """The precision tier: the Hopper tensor-core kernels in float16 and TF32 on every
+    CosmoFlow layer and in bfloat16 on the training step's, with their candidate tiles
+    and stages on two MLPerf layers; the mma.sync filter gradient in float16 on the
+    training step's layers; each layer's references timed once per precision; it fits
+    its budget."""
     cases = campaign.plan_cases("precision", "gpu", planted=False)
     only = campaign.plan.PRECISION_ONLY
-    for impl in ("implicitGemmMMA", "implicitGemmMMABwdData", "implicitGemmMMABwdFilter"):
-        ran = {(c.precision, c.layer_set, c.layer.name) for c in cases if c.impl == impl}
+    for impl in ("implicitGemmMMA", "implicitGemmMMABwdData", "implicitGemmMMABwdFilter",
+                 "implicitGemmWGMMA", "implicitGemmWGMMABwdData"):
+        ran = {(c.precision, c.layer_set, c.layer.name) for c in cases
+               if c.impl == impl and not c.params}
         assert ran == {(p, s, layer.name) for p in registry.get(impl).precisions
                        for s in campaign.ORIGINAL_BATCH for layer in campaign.load_layers(s)
                        if impl not in only or (s, p) in only[impl]}, impl
     assert {c.precision for c in cases if c.impl == "implicitGemmMMABwdFilter"} == {"float16"}
+    assert not [c for c in cases if c.impl in ("implicitGemmMMA", "implicitGemmMMABwdData")]
+    for impl, candidates in campaign.plan.PRECISION_CANDIDATES.items():
+        tried = {(c.layer.name, c.params) for c in cases if c.impl == impl and c.params}
+        assert tried == {(n, tuple(sorted(p.items()))) for p in candidates
+                         for n in campaign.plan.PRECISION_CANDIDATE_LAYERS}, impl
+        for c in cases:
+            if c.impl == impl and c.params:
+                assert registry.get(impl).check_params(dict(c.resolved_params())) is None
     assert {c.group for c in cases} == {"precision"}
     timed = [c.refs_key for c in cases if c.time_refs]
     assert len(timed) == len(set(timed)) == len({c.refs_key for c in cases})

@@ -253,9 +253,11 @@ def test_precision_sweep(case, builds, reference, coverage):
     verify_case(case, builds, reference, coverage)
 
 
-#: The tensor-core kernels in each of their precisions on both CosmoFlow sets (batch 1;
-#: layers over their CPU budget are deferred to the GPU campaign, which verifies them).
-MMA_IMPLS = ("implicitGemmMMA", "implicitGemmMMABwdData", "implicitGemmMMABwdFilter")
+#: The tensor-core kernels (mma.sync and wgmma) in each of their precisions on both
+#: CosmoFlow sets (batch 1; layers over their CPU budget are deferred to the GPU campaign,
+#: which verifies them).
+MMA_IMPLS = ("implicitGemmMMA", "implicitGemmMMABwdData", "implicitGemmMMABwdFilter",
+             "implicitGemmWGMMA", "implicitGemmWGMMABwdData")
 MMA_SWEEP = [Case(name, layer, layer_set, dtype=dtype) for name in MMA_IMPLS
              for dtype in ("float16", "bfloat16", "float32-tf32")
              for layer_set, layer in cosmoflow(batches=(1,))]

@@ -80,7 +80,7 @@ def cache_key(spec: "toolchain.BuildSpec") -> Dict[str, Any]:
     """The full key of a build: the spec plus source, DaCe and toolchain."""
     return {"format": CACHE_FORMAT, **spec.key(), "name": spec.name,
             "source_sha256": source_hash(spec.impl),
-            "toolchain": toolchain.toolchain_flags(spec.target)}
+            "toolchain": toolchain.toolchain_flags(spec.target, spec.arch)}
 
 
 def _sha256(path: Path) -> str:

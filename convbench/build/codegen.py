@@ -101,7 +101,7 @@ def generate(impl_name: str, target: str, precision: str, layer) -> Dict[str, st
     spec = toolchain.make_spec(impl, layer, precision, target=target)
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # DaCe's (a build keeps them in its log)
-        with toolchain.dace_config(target, Path(tmp), spec.dtype):
+        with toolchain.dace_config(target, Path(tmp), spec.dtype, spec.arch):
             sdfg = toolchain.make_sdfg(spec)
             sdfg.build_folder = str(Path(tmp) / "build")
             codes = sdfg.generate_code()

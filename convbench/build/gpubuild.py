@@ -31,6 +31,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 from convbench.build import sass
 from convbench.base.errors import UsageError
 from convbench.build.toolchain import PROJECT_ROOT
+from convkernels.gpu import dynamic_shared
 
 #: Compute capability 9.0 (H100, H200): the per-SM limits of the CUDA programming
 #: guide's table of technical specifications and of the occupancy calculator.
@@ -47,6 +48,8 @@ SM90 = {
     "shared_reserved_per_block": 1024,
     "shared_unit": 128,
     "static_shared_per_block": 48 * 1024,
+    # static plus dynamic, with cudaFuncAttributeMaxDynamicSharedMemorySize (227 KiB)
+    "max_shared_per_block": 232448,
 }
 
 
@@ -57,6 +60,12 @@ class Kernel:
     name: str
     registers: int = 0
     shared: int = 0
+    #: Dynamic shared memory it launches with (:mod:`convkernels.gpu.dynamic_shared`), which
+    #: ptxas does not report.
+    dynamic_shared: int = 0
+    #: ptxas's notes on its wgmma (C7509 and its kin: the asynchronous MMAs serialized, or
+    #: a wait injected), by code; empty where it made none.
+    wgmma_notes: str = ""
     stack: int = 0
     spill_stores: int = 0
     spill_loads: int = 0
@@ -91,6 +100,10 @@ _PROPS = re.compile(r"Function properties for (\S+)")
 _USED = re.compile(r"Used (\d+) registers")
 _SMEM = re.compile(r"(\d+) bytes smem")
 _STACK = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+#: ptxas's performance notes on wgmma: "(C7509) Potential Performance Loss: wgmma.mma_async
+#: instructions are serialized due to ... in the function '_Z...'", "(C7517) warpgroup.wait
+#: is injected ... in function '_Z...'".
+_WGMMA_NOTE = re.compile(r"\((C75\d\d)\).*(?:wgmma|warpgroup).* function '(\w+)'")
 _LAUNCH = re.compile(r"cudaLaunchKernel\(\(void\*\)(\w+), dim3\(([^)]*)\), dim3\(([^)]*)\)")
 
 
@@ -104,6 +117,11 @@ def parse_ptxas(text: str) -> Dict[str, Kernel]:
     kernels: Dict[str, Kernel] = {}
     current: Optional[Kernel] = None
     for line in text.splitlines():
+        m = _WGMMA_NOTE.search(line)
+        if m:  # printed before the function's own lines, and naming it
+            k = kernels.setdefault(demangle(m.group(2)), Kernel(demangle(m.group(2))))
+            k.wgmma_notes = " ".join(sorted(set(k.wgmma_notes.split()) | {m.group(1)}))
+            continue
         m = _ENTRY.search(line) or _PROPS.search(line)
         if m:
             name = demangle(m.group(1))
@@ -183,15 +201,18 @@ def describe_kernels(ptxas_text: str, cu_text: str, arch: Mapping = SM90,
     found = parse_ptxas(ptxas_text)
     linked = parse_nvlink(nvlink_text)
     readings = sass.read_listing(sass_text) if sass_text else {}
+    dynamic = dynamic_shared.kernel_bytes(cu_text)
     out = []
     for name, (blocks, threads) in parse_launches(cu_text).items():
         k = found.get(name, Kernel(name))
         if name in linked:
             k.registers, k.stack, k.shared = linked[name]
         k.sass = readings.get(name)
+        k.dynamic_shared = dynamic.get(name, 0)
         k.threads, k.blocks = threads or 0, blocks or 0
         if threads:
-            k.blocks_per_sm, k.occupancy, k.limiter = occupancy(threads, k.registers, k.shared, arch)
+            k.blocks_per_sm, k.occupancy, k.limiter = occupancy(
+                threads, k.registers, k.shared + k.dynamic_shared, arch)
             if k.blocks_per_sm and blocks:
                 k.waves = blocks / (k.blocks_per_sm * arch["sms"])
         out.append(k)
@@ -210,6 +231,10 @@ def verdict(kernels: Sequence[Kernel], arch: Mapping = SM90) -> Optional[str]:
         # program's own (49152 bytes of stages ran on an H200, 2026-11-28)
         if k.shared - arch["shared_reserved_per_block"] > arch["static_shared_per_block"]:
             return f"{k.name} needs {k.shared} bytes of static shared memory"
+        total = k.shared - arch["shared_reserved_per_block"] + k.dynamic_shared
+        if k.dynamic_shared and total > arch["max_shared_per_block"]:
+            return (f"{k.name} needs {total} bytes of shared memory ({k.dynamic_shared} "
+                    f"dynamic) > {arch['max_shared_per_block']}")
         if k.threads and k.blocks_per_sm == 0:
             return f"{k.name}: one block of {k.threads} threads does not fit an SM ({k.limiter})"
     return None
@@ -219,7 +244,17 @@ def verdict(kernels: Sequence[Kernel], arch: Mapping = SM90) -> Optional[str]:
 # Compiling one configuration
 # ---------------------------------------------------------------------------------------------
 
-def nvcc_command(cu: Path, obj: Path, dtype=None, includes: Sequence[str] = ()) -> List[str]:
+def arch_flags(arch: str) -> List[str]:
+    """nvcc's flags for machine code of ``arch``: ``-arch=sm_90``; an architecture-specific
+    target by ``-gencode`` (nvcc 13's ``-arch=sm_90a`` also emits compute_90 PTX, which
+    ptxas then assembles for sm_90 and refuses wgmma in)."""
+    if arch.endswith("a"):
+        return [f"-gencode=arch=compute_{arch},code=sm_{arch}"]
+    return [f"-arch=sm_{arch}"]
+
+
+def nvcc_command(cu: Path, obj: Path, dtype=None, includes: Sequence[str] = (),
+                 arch: Optional[str] = None) -> List[str]:
     """nvcc for the device code of one generated file, as a GPU build compiles it: DaCe's
     CMake file turns on separable compilation (``-rdc=true``), which changes what ptxas
     allocates (64 registers instead of 40 for ``implicitGemmNCDHW``'s defaults, as
@@ -227,22 +262,23 @@ def nvcc_command(cu: Path, obj: Path, dtype=None, includes: Sequence[str] = ()) 
     :func:`convbench.build.toolchain.dace_settings` for the precision ``dtype`` (architecture,
     fast math, the CUB 3 compatibility header, the 16-bit types' header), with DaCe's
     runtime headers and ``includes`` (the include folders of the DaCe environments the
-    code uses: cuBLAS's for a BLAS library node)."""
+    code uses: cuBLAS's for a BLAS library node), for ``arch`` (default the toolchain's)."""
     import dace
     from convbench.build import toolchain
-    args = toolchain.dace_settings("gpu", Path(tempfile.gettempdir()), dtype)[
+    arch = arch or toolchain.CUDA_ARCH
+    args = toolchain.dace_settings("gpu", Path(tempfile.gettempdir()), dtype, arch)[
         ("compiler", "cuda", "args")]
     include = Path(dace.__file__).parent / "runtime" / "include"
-    return (["nvcc", "-std=c++17", "-O3", f"-arch=sm_{toolchain.CUDA_ARCH}", "-rdc=true", "-c",
+    return (["nvcc", "-std=c++17", "-O3", *arch_flags(arch), "-rdc=true", "-c",
              "-Xptxas", "-v", "-w", f"-I{include}"] + [f"-I{i}" for i in includes]
             + args.split() + ["-o", str(obj), str(cu)])
 
 
-def link_command(obj: Path, out: Path) -> List[str]:
+def link_command(obj: Path, out: Path, arch: Optional[str] = None) -> List[str]:
     """The device link of a separately compiled object, which reports each kernel's final
     registers, shared memory (static shared memory is only placed here) and stack."""
     from convbench.build import toolchain
-    return ["nvcc", f"-arch=sm_{toolchain.CUDA_ARCH}", "-dlink", str(obj), "-o", str(out),
+    return ["nvcc", *arch_flags(arch or toolchain.CUDA_ARCH), "-dlink", str(obj), "-o", str(out),
             "-Xnvlink", "-v"]
 
 
@@ -312,7 +348,7 @@ def _compile(result: Probe, impl_name: str, layer, params, workdir, timeout, dty
         tmp = Path(tmp)
         try:
             spec = toolchain.make_spec(impl, layer, dtype, target="gpu", params=params)
-            with toolchain.dace_config("gpu", tmp, spec.dtype):
+            with toolchain.dace_config("gpu", tmp, spec.dtype, spec.arch):
                 sdfg = toolchain.make_sdfg(spec)
                 sdfg.build_folder = str(tmp / "build")
                 codes = sdfg.generate_code()
@@ -323,7 +359,8 @@ def _compile(result: Probe, impl_name: str, layer, params, workdir, timeout, dty
         cu, obj, linked = tmp / "kernels.cu", tmp / "kernels.o", tmp / "linked.o"
         cu.write_text(code.clean_code)
         try:
-            proc = subprocess.run(nvcc_command(cu, obj, spec.dtype, include_folders(codes)),
+            proc = subprocess.run(nvcc_command(cu, obj, spec.dtype, include_folders(codes),
+                                               spec.arch),
                                   capture_output=True, text=True, timeout=timeout)
         except FileNotFoundError:
             raise UsageError("nvcc is not on PATH: the tune space is compiled with it") from None
@@ -335,7 +372,7 @@ def _compile(result: Probe, impl_name: str, layer, params, workdir, timeout, dty
             first = next((ln for ln in text.splitlines() if "error" in ln.lower()), text.strip()[:200])
             result.error = f"nvcc: {first.strip()[:300]}"
             return
-        link = subprocess.run(link_command(obj, linked), capture_output=True, text=True,
+        link = subprocess.run(link_command(obj, linked, spec.arch), capture_output=True, text=True,
                               timeout=timeout)
         if link.returncode != 0:
             result.error = f"nvlink: {(link.stdout + link.stderr).strip()[:300]}"
@@ -393,7 +430,8 @@ def tag(params: Mapping[str, int]) -> str:
 
 
 RESOURCE_COLUMNS = ("kernel", "registers", "shared", "stack", "spill_stores", "spill_loads",
-                    "threads", "blocks", "blocks_per_sm", "occupancy", "limiter", "waves")
+                    "threads", "blocks", "blocks_per_sm", "occupancy", "limiter", "waves",
+                    "dynamic_shared", "wgmma_notes")
 def kernel_row(k: Kernel) -> Dict[str, object]:
     """One kernel's resources (:data:`RESOURCE_COLUMNS`) and its main loop's reading
     (:data:`convbench.build.sass.COLUMNS`, empty where the SASS was not read)."""
@@ -401,7 +439,8 @@ def kernel_row(k: Kernel) -> Dict[str, object]:
            "spill_stores": k.spill_stores, "spill_loads": k.spill_loads,
            "threads": k.threads, "blocks": k.blocks, "blocks_per_sm": k.blocks_per_sm,
            "occupancy": round(k.occupancy, 3), "limiter": k.limiter,
-           "waves": round(k.waves, 2)}
+           "waves": round(k.waves, 2), "dynamic_shared": k.dynamic_shared,
+           "wgmma_notes": k.wgmma_notes}
     row.update(k.sass.row() if k.sass else dict.fromkeys(sass.COLUMNS, ""))
     return row
 

@@ -319,7 +319,8 @@ class Reading:
                 "sts": self.counts.get("STS", 0), "ldg": self.counts.get("LDG", 0),
                 "ldgsts": self.counts.get("LDGSTS", 0), "int_per_fma": ratio("integer"),
                 "pred_per_fma": ratio("predicate"), "imad_wide": self.counts.get("IMAD.WIDE", 0),
-                "local": self.counts.get("local", 0), "barriers": self.counts.get("BAR", 0)}
+                "local": self.counts.get("local", 0), "barriers": self.counts.get("BAR", 0),
+                "hgmma": self.counts.get("HGMMA", 0), "hgmma_ss": self.counts.get("HGMMA.ss", 0)}
 
 
 def _column(width: str) -> str:
@@ -331,13 +332,14 @@ def _column(width: str) -> str:
 #: sass --csv`` carry them).
 COLUMNS = ("sass_loop", "sass_loops", "loop_instructions", "fma_kind", "fma", "fma_share",
            *(_column(w) for w in LDS_WIDTHS), "sts", "ldg", "ldgsts", "int_per_fma",
-           "pred_per_fma", "imad_wide", "local", "barriers")
+           "pred_per_fma", "imad_wide", "local", "barriers", "hgmma", "hgmma_ss")
 
 
 def count(instructions: Sequence[Instruction]) -> Dict[str, int]:
     """Per class, how many of ``instructions`` it holds: each FMA kind, each shared-load
     width, ``STS``, ``LDG`` (global and generic loads), ``LDGSTS``, ``integer``,
-    ``predicate``, ``IMAD.WIDE``, ``local`` (``LDL``/``STL``), ``BAR`` and ``move``
+    ``predicate``, ``IMAD.WIDE``, ``local`` (``LDL``/``STL``), ``BAR``, ``HGMMA`` and
+    ``HGMMA.ss`` (those reading A by descriptor too, not from registers) and ``move``
     (:func:`is_move`: counted there and nowhere else)."""
     out: Dict[str, int] = {}
 
@@ -370,6 +372,10 @@ def count(instructions: Sequence[Instruction]) -> Dict[str, int]:
             add("local")
         if ins.base == "BAR":
             add("BAR")
+        if ins.base == "HGMMA":
+            add("HGMMA")
+            if re.match(r"\S+,\s*gdesc\[", ins.operands):  # A by descriptor too
+                add("HGMMA.ss")
     return out
 
 

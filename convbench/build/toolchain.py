@@ -52,11 +52,18 @@ def default_cachedir() -> Path:
 PORTABLE_MARCH = "-march=x86-64-v2"
 
 
-def dace_settings(target: str, build_root: Path,
-                  dtype: Optional[DType] = None) -> Dict[Tuple[str, ...], Any]:
-    """The DaCe configuration entries a build for ``target`` (in precision ``dtype``)
-    runs under."""
+def arch_of(impl: Implementation) -> str:
+    """The CUDA architecture of ``impl``'s GPU builds: its own (``"90a"`` for ``wgmma``) or
+    :data:`CUDA_ARCH`."""
+    return impl.cuda_arch or CUDA_ARCH
+
+
+def dace_settings(target: str, build_root: Path, dtype: Optional[DType] = None,
+                  arch: Optional[str] = None) -> Dict[Tuple[str, ...], Any]:
+    """The DaCe configuration entries a build for ``target`` (in precision ``dtype``, for
+    the CUDA architecture ``arch``, default :data:`CUDA_ARCH`) runs under."""
     import dace
+    arch = arch or CUDA_ARCH
     cfg = dace.config.Config
     settings: Dict[Tuple[str, ...], Any] = {
         ("default_build_folder",): str(build_root),
@@ -87,7 +94,7 @@ def dace_settings(target: str, build_root: Path,
             ("compiler", "cuda", "backend"): "cuda",
             # nvcc 13 fix: DaCe's default cuda_arch is 60, and nvcc 13 no longer supports
             # compute_60 (its oldest is compute_75): "Unsupported gpu architecture".
-            ("compiler", "cuda", "cuda_arch"): CUDA_ARCH,
+            ("compiler", "cuda", "cuda_arch"): arch,
             ("compiler", "cuda", "args"):
                 cuda_args if compat in cuda_args else f"{cuda_args} {compat}",
             # nvcc 13 fix (C++17): DaCe's CMakeLists sets CMAKE_CUDA_STANDARD 14, but CUDA 13's
@@ -99,6 +106,12 @@ def dace_settings(target: str, build_root: Path,
             # events use (see convbench.timing).
             ("compiler", "cuda", "max_concurrent_streams"): -1,
         })
+        if arch.endswith("a"):
+            # An architecture-specific target (sm_90a: wgmma): DaCe's CMake takes cuda_arch
+            # only where it detects no GPU, and would compile for the detected sm_90 on a
+            # GPU host, where ptxas rejects wgmma; naming the architecture skips detection.
+            key = ("compiler", "extra_cmake_args")
+            settings[key] = f"{settings[key]} -DLOCAL_CUDA_ARCHITECTURES={arch}"
     if dtype is not None and dtype.half:
         # The 16-bit storage types must be declared before the first line DaCe generates
         # (the state struct that holds persistent arrays precedes its global code), so
@@ -123,7 +136,7 @@ _RELEVANT_CONFIG = {
 }
 
 
-def toolchain_flags(target: str) -> Dict[str, Any]:
+def toolchain_flags(target: str, arch: Optional[str] = None) -> Dict[str, Any]:
     """The toolchain settings that decide a ``target`` build (part of cache keys).
 
     Folders are written as ``<project>`` and ``<prefix>``, so the same checkout elsewhere
@@ -132,7 +145,7 @@ def toolchain_flags(target: str) -> Dict[str, Any]:
     """
     import dace
     keys = _RELEVANT_CONFIG["cpu"] + (_RELEVANT_CONFIG["gpu"] if target == "gpu" else [])
-    with dace_config(target, Path("<unused>")):
+    with dace_config(target, Path("<unused>"), arch=arch):
         config = {".".join(k): dace.config.Config.get(*k) for k in keys}
     flags: Dict[str, Any] = {"dace": dace.__version__, "config": config}
     if "-march=native" in config["compiler.cpu.args"]:
@@ -270,11 +283,12 @@ def _tuning_args(args: str) -> str:
 
 
 @contextlib.contextmanager
-def dace_config(target: str, build_root: Path, dtype: Optional[DType] = None) -> Iterator[None]:
+def dace_config(target: str, build_root: Path, dtype: Optional[DType] = None,
+                arch: Optional[str] = None) -> Iterator[None]:
     """Apply :func:`dace_settings` for the duration of the block."""
     import dace
     with contextlib.ExitStack() as stack:
-        for path, value in dace_settings(target, build_root, dtype).items():
+        for path, value in dace_settings(target, build_root, dtype, arch).items():
             stack.enter_context(dace.config.set_temporary(*path, value=value))
         yield
 
@@ -294,6 +308,11 @@ class BuildSpec:
     #: the source hash cannot see).  It is part of the key and of the name, so a planted
     #: build and the real one never share a cache entry.  Empty for real builds.
     planted: str = ""
+
+    @property
+    def arch(self) -> str:
+        """The CUDA architecture of a GPU build (:func:`arch_of`)."""
+        return arch_of(self.impl)
 
     def key(self) -> Dict[str, Any]:
         key = {"impl": self.impl.name, "layer": self.layer.key(), "dtype": self.dtype.name,
@@ -434,7 +453,7 @@ def compile_spec(spec: BuildSpec, folder: Path,
 
     folder = Path(folder)
     times = {}
-    with dace_config(spec.target, folder.parent, spec.dtype), _fewer_collections(), \
+    with dace_config(spec.target, folder.parent, spec.dtype, spec.arch), _fewer_collections(), \
             chatter.captured(folder / chatter.LOG_NAME, spec.name):
         t0 = time.perf_counter()
         sdfg = make_sdfg(spec)

@@ -16,11 +16,29 @@ from .folder import _load
 
 
 TIERS = ("smoke", "core", "full", "tune", "precision")
-#: The precision tier's cases of these implementations, to fit one call of its 15
-#: device-minutes: (layer set, precision).  The tensor-core filter gradient there: float16
-#: on the training step's layers (its bfloat16 is the float16 code with another MMA type;
-#: the full tier times every precision on every layer).
-PRECISION_ONLY = {"implicitGemmMMABwdFilter": {("cosmoflow_mlperf", "float16")}}
+#: The precision tier's cases of these implementations, to fit its 15 device-minutes:
+#: (layer set, precision).  The Hopper kernels (``implicitGemmWGMMA*``) run in float16
+#: and TF32 on every layer, in bfloat16 (the float16 code with another MMA type) on the
+#: training step's; of the mma.sync ones, which an earlier campaign timed in
+#: every precision (``results/gpu/2026-11-28_NVIDIA-H200``), only the filter gradient,
+#: which has no wgmma version yet, in float16 on the training step's layers (its bfloat16
+#: is the float16 code with another MMA type).  The full tier times every precision of
+#: every tensor-core kernel on every layer.
+PRECISION_ONLY = {"implicitGemmMMA": set(), "implicitGemmMMABwdData": set(),
+                  "implicitGemmMMABwdFilter": {("cosmoflow_mlperf", "float16")},
+                  **{name: {(s, p) for s in ("cosmoflow", "cosmoflow_mlperf")
+                            for p in ("float16", "float32-tf32")}
+                     | {("cosmoflow_mlperf", "bfloat16")}
+                     for name in ("implicitGemmWGMMA", "implicitGemmWGMMABwdData")}}
+#: The precision tier's candidates beside the defaults: other tiles and stages of the
+#: Hopper kernels (their tune space, ``search_space``), in float16 on these MLPerf layers.
+PRECISION_CANDIDATES = {
+    "implicitGemmWGMMA": ({"CTAtileN": 256, "stages": 4}, {"CTAtileN": 128, "stages": 3},
+                          {"CTAtileN": 128, "stages": 6}),
+    "implicitGemmWGMMABwdData": ({"CTAtileN": 256, "stages": 4},
+                                 {"CTAtileN": 128, "stages": 3}),
+}
+PRECISION_CANDIDATE_LAYERS = ("conv3", "conv4")
 PHASES = ("identity", "ceilings", "builds", "cases", "end2end", "tests", "roofline", "table")
 TARGETS = ("gpu", "cpu")
 PLANTED = ("crash", "hang", "wrong")
@@ -174,14 +192,26 @@ def plan_cases(tier: str, target: str, planted: bool, space_dir: Optional[os.Pat
                   for dtype in registry.get(impl).precisions
                   if tier == "full" or impl not in PRECISION_ONLY
                   or (s, dtype) in PRECISION_ONLY[impl]]
+    if tier == "precision":
+        pairs += [(impl, "cosmoflow_mlperf", layer, "precision", "float16", params)
+                  for layer in load_layers("cosmoflow_mlperf")
+                  if layer.name in PRECISION_CANDIDATE_LAYERS
+                  for impl, candidates in PRECISION_CANDIDATES.items()
+                  for params in candidates]
+        pairs = [(*p, ())[:6] for p in pairs]
+        layer_batch = ORIGINAL_BATCH["cosmoflow_mlperf"]
+        pairs = [(i, s, layer.with_batch(layer_batch) if p else layer, g, d, p)
+                 for i, s, layer, g, d, p in pairs]
     if tier == "tune":
         return tune_cases(target, space_dir)
     cases, seen, timed = [], set(), set()
-    for impl, layer_set, layer, group, dtype in pairs:
+    for impl, layer_set, layer, group, dtype, *params in pairs:
+        params = tuple(sorted(dict(params[0] if params else ()).items()))
         precision = dtype or registry.get(impl).precisions[0]
-        if (impl, layer_set, layer, precision) not in seen:
-            seen.add((impl, layer_set, layer, precision))
-            case = Case(impl, layer, layer_set, target, group=group, dtype=dtype)
+        if (impl, layer_set, layer, precision, params) not in seen:
+            seen.add((impl, layer_set, layer, precision, params))
+            case = Case(impl, layer, layer_set, target, group=group, dtype=dtype,
+                        params=params)
             cases.append(dataclasses.replace(case, time_refs=case.refs_key not in timed))
             timed.add(case.refs_key)
     if planted:

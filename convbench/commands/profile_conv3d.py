@@ -156,6 +156,7 @@ def prepare_experiment(args, observer: Optional[Observer] = None):
     flags ask for, every flag checked (:class:`UsageError`, one line) and nothing built
     yet.  ``convbench sweep`` runs each of its parts through this too."""
     from convbench.build import precision
+    from convbench.timing import devices
     from convbench.timing.devices import resolve_device, set_threads
     from convbench.experiment.pipeline import (Experiment, TimingOptions,
                                                resolve_implementations)
@@ -171,6 +172,9 @@ def prepare_experiment(args, observer: Optional[Observer] = None):
     reason = impl.unsupported_dtype(dtype, device)
     if reason:
         raise UsageError(f"--dtype {dtype.name}: {impl.name} {reason}")
+    reason = devices.arch_problem(impl.cuda_arch, device)
+    if reason:
+        raise UsageError(f"--implementation {impl.name} {reason}")
     exp = Experiment(impl, layers, device, overrides=overrides, policy=flags.build_policy(args),
                      cachedir=args.cachedir, seed=args.seed, verify=args.verify, timing=timing,
                      references=ReferenceOptions(args.allow_tf32, args.cudnn_algo),

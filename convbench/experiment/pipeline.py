@@ -31,6 +31,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from convbench import registry
 from convbench.build import cache, toolchain, tuned
+from convbench.timing import devices
 from convbench.base.errors import UsageError
 from convbench.base.files import WriteError
 from convbench.layersets.layer import Layer
@@ -358,6 +359,7 @@ class Experiment:
             for layer in self.layers:
                 params = self.params(impl, layer)
                 if (impl.unsupported_dtype(self.dtype, self.device)
+                        or devices.arch_problem(impl.cuda_arch, self.device)
                         or impl.unsupported_reason(layer, params)):
                     out.append("unsupported")
                     continue
@@ -414,6 +416,7 @@ class Experiment:
         record = Record(index, layer, impl.name, impl.pass_, self.device, params)
         self.observer.layer(self, record)
         reason = (impl.unsupported_dtype(self.dtype, self.device)
+                  or devices.arch_problem(impl.cuda_arch, self.device)
                   or impl.unsupported_reason(layer, params))
         if reason:
             record.status, record.reason = "unsupported", reason

@@ -27,6 +27,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from convbench import registry
 from convbench.build import tuned
+from convbench.timing import devices
 from convbench.timing.devices import synchronize
 from convbench.base.errors import UsageError
 from convbench.layersets.layer import Layer
@@ -333,13 +334,15 @@ def default_choice(layer: Layer, pass_: Pass, device: str, dtype=None) -> Tuple[
     --store`` or ``--autotune``, :func:`convbench.build.tuned.best_implementation`), else
     the highest-ranked implementation whose rule applies
     (:func:`convbench.registry.by_rule`, "rule <name>").  Then (and on the GPU) the one that
-    declares ``network-cpu`` (CPU), ``network-tensor-cores`` (GPU, 16 bits or TF32),
+    declares ``network-cpu`` (CPU), ``network-hopper`` (a Hopper GPU, 16 bits or TF32: the
+    wgmma kernels, refused elsewhere), ``network-tensor-cores`` (GPU, 16 bits or TF32),
     ``network``, ``cli``, else the general one (:data:`GENERAL`): the first that supports
     ``layer``.  In a precision other than float32 (``dtype``, a
     :class:`~convbench.build.precision.DType`), only implementations that build for it count."""
     def usable(impl) -> bool:
         return (impl.pass_ == pass_ and device in impl.targets
                 and (dtype is None or not impl.unsupported_dtype(dtype, device))
+                and not devices.arch_problem(impl.cuda_arch, device)
                 and not impl.unsupported_reason(layer, tuned.tuned_params(impl, layer, device)))
 
     impls = registry.all_implementations()
@@ -352,7 +355,7 @@ def default_choice(layer: Layer, pass_: Pass, device: str, dtype=None) -> Tuple[
             return ruled[0].name, f"rule {ruled[1].name}"
     tensor = device == "gpu" and dtype is not None and dtype.label != "float32"
     roles = (["network-cpu"] if device == "cpu" else []) + (
-        ["network-tensor-cores"] if tensor else []) + ["network", "cli"]
+        ["network-hopper", "network-tensor-cores"] if tensor else []) + ["network", "cli"]
     candidates = [(registry.default(role, pass_), f"{role} default") for role in roles
                   if registry.members(role, pass_)] + [(GENERAL[Pass(pass_)], "general")]
     for name, why in candidates:
@@ -492,7 +495,8 @@ def validate_choice(choice: Choice, layers: Sequence[Layer], device: str, dtype=
             if dtype is not None and impl.unsupported_dtype(dtype, device):
                 raise UsageError(f"{where}: {name} {impl.unsupported_dtype(dtype, device)}; "
                                  "choose another with --impl-map")
-            reason = impl.unsupported_reason(layer, impl.resolve_params({}))
+            reason = (devices.arch_problem(impl.cuda_arch, device)
+                      or impl.unsupported_reason(layer, impl.resolve_params({})))
             if reason:
                 raise UsageError(f"{where}: {name} does not support {layer.describe()}: "
                                  f"{reason}; choose another with --impl-map")

@@ -28,6 +28,20 @@ def gpu_problem():
     return None
 
 
+def arch_problem(arch: str, device: str = "gpu") -> Optional[str]:
+    """Why this machine's GPU cannot run a build for the architecture-specific target
+    ``sm_<arch>`` (``"90a"``: ``wgmma``, Hopper only), or None (also for other targets,
+    for the CPU, and where no GPU is usable: :func:`gpu_problem` says so)."""
+    if device != "gpu" or not arch or not arch.endswith("a") or gpu_problem():
+        return None
+    import torch
+    major, minor = torch.cuda.get_device_capability()
+    if f"{major}{minor}" == arch[:-1]:
+        return None
+    return (f"is built for sm_{arch} (Hopper's wgmma: H100, H200, GH200); this GPU, "
+            f"{torch.cuda.get_device_name()}, is sm_{major}{minor}: use the mma.sync kernels")
+
+
 def synchronize(device: str) -> None:
     """Wait for the work queued on ``device`` (nothing to wait for on the CPU)."""
     if device == "gpu":

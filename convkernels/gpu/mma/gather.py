@@ -175,9 +175,10 @@ def _packed_stage_code(s: Shape) -> str:
     return _staged(s, a, _kmajor_b(s, "", s.RF, vb), f"if (c0 >= {s.RF}) kd = {s.KD};")
 
 
-def prologue_code(s: Shape, gpu: bool) -> str:
+def prologue_code(s: Shape, gpu: bool, ahead: int = 0, after: str = "") -> str:
     """Zero the accumulators, decode the staged pixel and filter row, issue the first
-    ``stages - 1`` K tiles, and wait for the first."""
+    ``ahead`` K tiles (default ``stages - 1``), wait for the first, then run ``after``."""
+    ahead = ahead or s.S - 1
     if s.flip:
         bset = "bbase = 0;"  # its rows are reduction values; columns checked per chunk
         n = ""
@@ -193,11 +194,11 @@ for (int i = 0; i < {s.RR}; ++i) acco[tp * {s.RR} + i] = 0.0f;
 }}
 int kd = 0, kh = 0, kw = 0, c0 = 0, sslot = 0;
 const int cslot = 0;
-for (int j = 0; j < {s.S - 1}; ++j) {{
+for (int j = 0; j < {ahead}; ++j) {{
 {indent(stage_code(s), 4)}
 }}
 {simt_gather.store_state(ST)}
 sbo[tp * {len(SB)}] = abase;
 sbo[tp * {len(SB)} + 1] = bbase;
-cb_cp_wait<{s.S - 2}>();
-"""
+cb_cp_wait<{ahead - 1}>();
+{after}"""
