@@ -476,3 +476,16 @@ def test_the_end_to_end_section_reads_the_runs_files(tmp_path):
     assert "TF32 off" not in text
     assert "| train.conv1.bwd | implicitGemmPipelinedBwdFilter | 4.00 | 6.00 | 1.50 | 3.00 | 2.00 |" in text
     assert "DaCe 66.7 samples/s, torch AMP 100.0 samples/s (batch 2)" in text
+
+
+def test_the_report_measures_each_precision_against_its_own_ceiling():
+    """A 16-bit case's share of peak is of the FP16 tensor-core GEMM, a TF32 case's of the
+    TF32 one, a float32 case's of SGEMM; DaCe's and the fastest vendor's side by side."""
+    from convbench.campaign import report
+    ceilings = {"peak_gflops": 50_000.0, "fp16_gflops": 800_000.0, "tf32_gflops": 400_000.0}
+    assert report._peak(ceilings, "float16") == report._peak(ceilings, "bfloat16") == 800_000.0
+    assert report._peak(ceilings, "float32-tf32") == 400_000.0
+    assert report._peak(ceilings, "float32") == 50_000.0
+    assert report._share(400.0, 1.0, 800_000.0) == "50.0"   # 400 GFLOP in 1 ms
+    assert report._share(400.0, None, 800_000.0) == "—"
+    assert report._peak({"peak_gflops": 1.0}, "float16") is None

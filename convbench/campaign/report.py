@@ -142,6 +142,21 @@ def write_tuning(folder: Folder, meta: dict, records: Sequence[dict]) -> Tuple[P
     return path, won["rows"]
 
 
+def _peak(ceilings: dict, dtype: str):
+    """The measured ceiling of a case's precision (GFLOP/s): the FP32 SGEMM's, the FP16
+    tensor-core GEMM's (float16, bfloat16), the TF32 one's; None where not measured."""
+    key = {"float16": "fp16_gflops", "bfloat16": "fp16_gflops",
+           "float32-tf32": "tf32_gflops"}.get(dtype, "peak_gflops")
+    return ceilings.get(key)
+
+
+def _share(gflop, ms, peak) -> str:
+    """``gflop`` done in ``ms`` as a percentage of ``peak`` GFLOP/s ("—" where unknown)."""
+    if not gflop or not ms or not peak:
+        return _fmt(None, ".1f")
+    return _fmt(100 * gflop / (ms * 1e-3) / peak, ".1f")
+
+
 def write_table(folder: Folder, target: str, meta: dict) -> Path:
     """``README.md`` and ``summary.csv`` of the campaign folder, from what is recorded."""
     records = folder.records()
@@ -151,7 +166,7 @@ def write_table(folder: Folder, target: str, meta: dict) -> Path:
     git = meta.get("git", {})
     header = (["set", "layer", "batch", "pass", "best DaCe", "DaCe ms"]
               + (["cudnn ms", "torch ms", "fastest vendor", "vendor ms"] if gpu
-                 else ["torch ms"]) + ["ratio", "% of FP32 peak"])
+                 else ["torch ms"]) + ["ratio", "% of peak", "vendor % of peak"])
     best = []
     for (lset, lname, batch, pass_, dtype), row in sorted(best_per_layer(records).items()):
         if dtype != "float32":
@@ -159,14 +174,14 @@ def write_table(folder: Folder, target: str, meta: dict) -> Path:
         d = row["best"]["timings"]["dace"]["median_ms"]
         refs = row["refs"] if gpu else {"torch": row["refs"].get("torch")}
         winner, v = writer.fastest_vendor(refs)
-        gfs = row["gflop"] / (d * 1e-3) if row["gflop"] else None
+        top = _peak(ceilings, dtype)
         case = row["best"]["case"]
         name = case["impl"] + (f" `{_tag(case)}`" if case.get("params") else "")
         best.append([lset, lname, batch, pass_, name, f"{d:.3f}"]
                     + ([_fmt(row["refs"].get("cudnn"), ".3f"), _fmt(row["refs"].get("torch"), ".3f"),
                         winner or "—", _fmt(v, ".3f")] if gpu else [_fmt(v, ".3f")])
                     + [_fmt(d / v if v else None, ".2f") + ("x" if v else ""),
-                       _fmt(100 * gfs / peak if gfs and peak else None, ".1f")])
+                       _share(row["gflop"], d, top), _share(row["gflop"], v, top)])
     best = best or [["(no case was timed)"] + [""] * (len(header) - 1)]
     state, phases = folder.state()["phases"], []
     for p in PHASES:
@@ -186,8 +201,11 @@ def write_table(folder: Folder, target: str, meta: dict) -> Path:
              + ("the fastest vendor path: cuDNN (this project's bindings, Find) or torch, each "
                 "in both memory formats (`-ndhwc`/`-ncdhw`: the layout other than the DaCe "
                 "kernel's)" if gpu else "torch")
-             + f" (below 1: DaCe is faster). % of peak: GFLOP/s over the measured FP32 SGEMM "
-             f"ceiling ({_fmt(peak, '.0f')} GFLOP/s).", "",
+             + f" (below 1: DaCe is faster). % of peak: GFLOP/s over the measured ceiling of "
+             f"the case's precision, DaCe's and the fastest vendor's: the FP32 SGEMM "
+             f"({_fmt(peak, '.0f')} GFLOP/s), the FP16 tensor-core GEMM for float16 and "
+             f"bfloat16 ({_fmt(ceilings.get('fp16_gflops'), '.0f')}), the TF32 one "
+             f"({_fmt(ceilings.get('tf32_gflops'), '.0f')}).", "",
              tables.markdown(header, best, "llrll" + "r" * (len(header) - 5)), "",
              f"The original work (DaCe 0.14 on a V100) reported forward ratios to cuDNN of "
              + "; ".join(f"{s} {r}" for s, r in V100_RATIOS.items()) + ".", ""]

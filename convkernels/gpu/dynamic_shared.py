@@ -55,7 +55,8 @@ _OPT_IN = r"""
 // Allow `kernel` `bytes` of dynamic shared memory (beyond the 48 KiB default) and return
 // them, for the launch: a failure is printed here and the launch then reports its error.
 static inline size_t cb_dynamic_shared_opt_in(const void* kernel, const char* name, int bytes) {
-    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    const cudaError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
     if (e != cudaSuccess)
         fprintf(stderr, "%s: %d bytes of dynamic shared memory refused: %s\n", name, bytes,
                 cudaGetErrorString(e));

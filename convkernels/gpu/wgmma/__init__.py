@@ -1,1 +1,1 @@
-"""The Hopper tensor-core main loop (wgmma from shared-memory descriptors, sm_90a) and its emulation."""
+"""Hopper's tensor-core main loop: wgmma by shared-memory descriptors (sm_90a), and its emulation."""

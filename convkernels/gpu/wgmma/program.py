@@ -81,6 +81,7 @@ def shape(layer: Layer, ctype: str, params, flip: bool = False) -> mma_tiles.Sha
 
 
 def check_params(params):
+    """Why the tiles and stages of ``params`` cannot be built, or None."""
     tm, tn, tk, s = (params[k] for k in ("CTAtileM", "CTAtileN", "CTAtileK", "stages"))
     nt = tm // GROUP_ROWS * WARPGROUP
     smem = s * (tm + tn) * wptx.ROW_BYTES
@@ -101,26 +102,20 @@ def supports(layer: Layer, params):
     return mma_tiles.supports(layer, params)
 
 
-def _sums(s) -> str:
-    return f"float* acc = acco + tp * {s.RR};"
-
-
 def step_code(s, gpu: bool) -> str:
     """Step ``kt`` (the module docstring): stage a tile two steps ahead, issue this
     tile's wgmma group, wait for the previous group and for the next tile's copies."""
     group = f"(warp / 4) * {GROUP_ROWS * wptx.ROW_BYTES}"
     steps = s.TK // (2 * s.CE)  # a wgmma reads 32 bytes of each row
-    if gpu:
-        mma = (f"cb_wgmma_n{s.TN}(acc, cb_wgmma_desc(a_c + kk * 32, as), "
-               f"cb_wgmma_desc(b_c + kk * 32, bs));")
-    else:
-        mma = (f"cb_wgmma_n{s.TN}(acc, (int)t % {WARPGROUP}, as, cb_wgmma_desc(a_c + kk * 32, as), "
-               f"bs, cb_wgmma_desc(b_c + kk * 32, bs));")
+    da, db = "cb_wgmma_desc(a_c + kk * 32, as)", "cb_wgmma_desc(b_c + kk * 32, bs)"
+    # the CPU's emulation also takes the thread's lane in its warpgroup and the arrays
+    args = f"{da}, {db}" if gpu else f"(int)t % {WARPGROUP}, as, {da}, bs, {db}"
+    mma = f"cb_wgmma_n{s.TN}(acc, {args});"
     return f"""{gather.thread_code(s, gpu)}
 {simt_gather.load_state(s, writable=True)}
 {gather.stage_code(s)}
 {{
-    {_sums(s)}
+    float* acc = acco + tp * {s.RR};
     const char* a_c = as + cslot * {s.ASB} + {group};
     const char* b_c = bs + cslot * {s.BSB};
     {wptx.fence_operands(s.RR)}
@@ -146,7 +141,8 @@ def prologue_code(s, gpu: bool) -> str:
 
 def epilogue_code(s, gpu: bool) -> str:
     """Wait for the last wgmma group, then the mma kernels' epilogue."""
-    return (f"{{\n    float* acc = const_cast<float*>(acci) + {'0' if gpu else f'(int)t * {s.RR}'};\n"
+    row = "0" if gpu else f"(int)t * {s.RR}"
+    return (f"{{\n    float* acc = const_cast<float*>(acci) + {row};\n"
             f"    cb_wgmma_wait<0>();\n    {wptx.fence_operands(s.RR)}\n}}\n"
             + epilogue.epilogue_code(s, gpu))
 
