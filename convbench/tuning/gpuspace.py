@@ -54,6 +54,12 @@ SPACES: Dict[str, str] = {
     # (C x 27), K tiles of 8 or 16 pixels; the slices found by the automatic split.
     "implicitGemmPipelinedBwdFilter": ("CTAtileM=32,64,128;CTAtileN=64,128;CTAtileK=8,16;"
                                        "threadTileM=4,8;threadTileN=8;stages=2,3;splitK=0"),
+    # The Hopper tensor-core kernels (convkernels/gpu/wgmma/, probed in float16, sm_90a):
+    # one or two warpgroups, the N of each wgmma, 3 to 6 stages in dynamic shared memory;
+    # no clusters yet.  Their FMA-share score means nothing for HGMMA: the precision tier
+    # times its own candidates (convbench.campaign.plan.PRECISION_CANDIDATES) instead.
+    "implicitGemmWGMMA": "CTAtileM=64,128;CTAtileN=64,128,256;stages=3,4,5,6",
+    "implicitGemmWGMMABwdData": "CTAtileM=64,128;CTAtileN=64,128,256;stages=3,4,5,6",
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -292,7 +298,8 @@ def write_space(out: Path, probes: Sequence[Probe], toolchain_info: Mapping[str,
     write_atomic(out / "space.json", json.dumps(summary, indent=1) + "\n")
     lines = ["# The GPU tune space, compiled on a host without a GPU", "",
              f"Every configuration of the GPU search spaces (`convbench/tuning/gpuspace.py`, SPACES), "
-             f"compiled for {SM90['name']} by `scripts/gpu_campaign.py space` "
+             f"compiled for {SM90['name']} (the wgmma kernels for sm_90a) by "
+             "`scripts/gpu_campaign.py space` "
              f"({', '.join(f'{k} {v}' for k, v in toolchain_info.items())}) as a GPU build "
              "compiles it: separable compilation (`-rdc=true`, DaCe's CMake setting) and the "
              "device link, whose report gives the registers and shared memory the GPU runs "
@@ -319,11 +326,14 @@ def write_space(out: Path, probes: Sequence[Probe], toolchain_info: Mapping[str,
                   f"configurations, {len(ok)} pass, {len(configs) - len(ok)} refused.", ""]
         body = [r for r in table if r["impl"] == impl]
         lines.append(tables.markdown(
-            ["config", "layer", "verdict", "regs", "smem B", "stack", "spills", "threads",
+            ["config", "layer", "verdict", "regs", "smem B (+ dynamic)", "stack", "spills",
+             "threads",
              "blocks/SM", "occupancy", "limiter", "waves", "loop instr", "FMA share",
              "shared loads / FMA", "int / FMA", "BAR"],
             [[r["config"], f"{r['layer_set']}/{r['layer']} b{r['batch']}",
-              str(r["verdict"]).replace("|", "/")[:90], r["registers"], r["shared"],
+              str(r["verdict"]).replace("|", "/")[:90], r["registers"],
+              (f"{r['shared']}+{r['dynamic_shared']}" if r.get("dynamic_shared") not in
+               (None, "", "0", 0) else r["shared"]),
               r["stack"], f"{r['spill_stores']}/{r['spill_loads']}", r["threads"],
               r["blocks_per_sm"], r["occupancy"], r["limiter"], r["waves"],
               r.get("loop_instructions", ""), share_text(r), per_fma_text(r),
