@@ -23,5 +23,5 @@ register(Implementation(**wgmma.fields(
     schedules={t: wgmma.schedule(t) for t in ("cpu", "gpu")},
     supports=wgmma.supports,
     constraints="one image of the input below 2^31 elements",
-    search_space="CTAtileN=64,128,256;stages=3,4,5",
+    search_space=wgmma.SEARCH_SPACE,
 )))

@@ -23,5 +23,5 @@ register(Implementation(**wgmma.fields(
     schedules={t: wgmma.schedule(t, layer_of=transposed_layer) for t in ("cpu", "gpu")},
     supports=wgmma.data_gradient_supports,
     constraints="stride 1, padding at most kernel - 1; one image of dL/dy below 2^31 elements",
-    search_space="CTAtileN=64,128,256;stages=3,4,5",
+    search_space=wgmma.SEARCH_SPACE,
 )))

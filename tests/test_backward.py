@@ -355,7 +355,8 @@ def test_blocked_bwd_filter_reads_only_the_input(rows, plant, builds, reference)
      "bwd_data: directConvNCDHWBwdData, directConvNDHWCblockedBwdData, "
      "directConvNDHWCdotBwdData, implicitGemmBwdData, implicitGemmMMABwdData, "
      "implicitGemmPipelinedBwdData, implicitGemmPipelinedNCDHWBwdData, "
-     "winogradF2BwdData, winogradF2BwdDataAdjoint, winogradF2TiledBwdData)"),
+     "implicitGemmWGMMABwdData, winogradF2BwdData, winogradF2BwdDataAdjoint, "
+     "winogradF2TiledBwdData)"),
     (["--pass", "fwd", "--implementation", "implicitGemmBwdFilter"],
      "--pass fwd: implicitGemmBwdFilter computes bwd_filter, not fwd"),
 ])

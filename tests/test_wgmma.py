@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from convbench.build import gpubuild, toolchain
+from convbench.build import gpubuild, nvcc, toolchain
 from convbench.check import verify
 from convbench.layersets.layer import Layer
 from convkernels.gpu import dynamic_shared
@@ -105,6 +105,8 @@ def test_wgmma_plants_fail(plant, name, dtype, layer, builds, reference, monkeyp
     ({"CTAtileN": 512}, "64 to 256"),
     ({"stages": 2}, "3 to 6"),
     ({"CTAtileN": 256, "stages": 6}, "shared memory"),
+    ({"CTAtileM": 64, "CTAtileN": 64, "stages": 3}, "more than 49152"),
+    ({"CTAtileM": 512, "CTAtileN": 64}, "split evenly"),
 ])
 def test_tiles_that_do_not_fit_are_refused(params, words):
     values = {p.name: p.default for p in wgmma.PARAMS}
@@ -130,7 +132,7 @@ def test_wgmma_kernels_build_for_sm_90a():
         settings = toolchain.dace_settings("gpu", Path("/tmp"), arch=toolchain.arch_of(impl))
         assert settings[("compiler", "cuda", "cuda_arch")] == "90a"
         assert "-DLOCAL_CUDA_ARCHITECTURES=90a" in settings[("compiler", "extra_cmake_args")]
-    assert gpubuild.arch_flags("90a") == ["-gencode=arch=compute_90a,code=sm_90a"]
+    assert nvcc.arch_flags("90a") == ["-gencode=arch=compute_90a,code=sm_90a"]
     other = registry.get("implicitGemmMMA")
     assert toolchain.arch_of(other) == toolchain.CUDA_ARCH
     plain = toolchain.dace_settings("gpu", Path("/tmp"))
@@ -199,13 +201,33 @@ def test_a_kernel_over_48_kib_launches_with_dynamic_shared_memory():
     need = 16384 * 4 + dynamic_shared.ALIGN
     assert dynamic_shared.kernel_bytes(code) == {kernel: need}
     assert re.search(rf"#define __cb_dsmem_{kernel} .*cb_dynamic_shared_opt_in\(\(const void\*\)"
-                     rf"{kernel}, \"{kernel}\", {need}\)", code)
+                     rf"{kernel}, \"{kernel}\", {need}, done\)", code)
     launch = re.search(rf"cudaLaunchKernel\(\(void\*\){kernel}, dim3\([^)]*\), dim3\([^)]*\), "
                        rf"\w+_args, (\w+), ", code)
     assert launch and launch.group(1) == f"__cb_dsmem_{kernel}", launch
     assert "cudaFuncAttributeMaxDynamicSharedMemorySize" in code
     kernels = gpubuild.describe_kernels("", code)
     assert [k.dynamic_shared for k in kernels] == [need]
+
+
+@pytest.mark.parametrize("name", ["implicitGemmWGMMA", "implicitGemmWGMMABwdData"])
+def test_the_wgmma_kernels_launch_with_their_stages_bytes(name):
+    """The real kernels (their stages written in two places, two access nodes each): the
+    launch passes exactly the opt-in's bytes, the stages' plus the alignment slack, where
+    DaCe would sum every access node's size."""
+    from convbench.build import codegen
+    layer = DEEP_LAYER
+    files = codegen.generate(name, "gpu", "float16", layer)
+    code = next(text for path, text in files.items() if path.endswith(".cu"))
+    values = {p.name: p.default for p in wgmma.PARAMS}
+    stages = values["stages"] * (values["CTAtileM"] + values["CTAtileN"]) * 128
+    recorded = dynamic_shared.kernel_bytes(code)
+    assert list(recorded.values()) == [stages + dynamic_shared.ALIGN], recorded
+    kernel = next(iter(recorded))
+    launch = re.search(rf"cudaLaunchKernel\(\(void\*\){kernel}, dim3\([^)]*\), dim3\([^)]*\), "
+                       rf"\w+_args, ([^,]+), ", code)
+    assert launch and launch.group(1) == f"__cb_dsmem_{kernel}", launch and launch.group(1)
+    assert code.count("extern __shared__") == 1
 
 
 def test_kernels_within_48_kib_are_generated_as_dace_generates_them():

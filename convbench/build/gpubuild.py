@@ -31,6 +31,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 from convbench.build import sass
 from convbench.base.errors import UsageError
 from convbench.build.toolchain import PROJECT_ROOT
+from convbench.build.nvcc import include_folders, link_command, nvcc_command
 from convkernels.gpu import dynamic_shared
 
 #: Compute capability 9.0 (H100, H200): the per-SM limits of the CUDA programming
@@ -244,44 +245,6 @@ def verdict(kernels: Sequence[Kernel], arch: Mapping = SM90) -> Optional[str]:
 # Compiling one configuration
 # ---------------------------------------------------------------------------------------------
 
-def arch_flags(arch: str) -> List[str]:
-    """nvcc's flags for machine code of ``arch``: ``-arch=sm_90``; an architecture-specific
-    target by ``-gencode`` (nvcc 13's ``-arch=sm_90a`` also emits compute_90 PTX, which
-    ptxas then assembles for sm_90 and refuses wgmma in)."""
-    if arch.endswith("a"):
-        return [f"-gencode=arch=compute_{arch},code=sm_{arch}"]
-    return [f"-arch=sm_{arch}"]
-
-
-def nvcc_command(cu: Path, obj: Path, dtype=None, includes: Sequence[str] = (),
-                 arch: Optional[str] = None) -> List[str]:
-    """nvcc for the device code of one generated file, as a GPU build compiles it: DaCe's
-    CMake file turns on separable compilation (``-rdc=true``), which changes what ptxas
-    allocates (64 registers instead of 40 for ``implicitGemmNCDHW``'s defaults, as
-    Nsight Compute measured on the H100 and the H200), and the flags of
-    :func:`convbench.build.toolchain.dace_settings` for the precision ``dtype`` (architecture,
-    fast math, the CUB 3 compatibility header, the 16-bit types' header), with DaCe's
-    runtime headers and ``includes`` (the include folders of the DaCe environments the
-    code uses: cuBLAS's for a BLAS library node), for ``arch`` (default the toolchain's)."""
-    import dace
-    from convbench.build import toolchain
-    arch = arch or toolchain.CUDA_ARCH
-    args = toolchain.dace_settings("gpu", Path(tempfile.gettempdir()), dtype, arch)[
-        ("compiler", "cuda", "args")]
-    include = Path(dace.__file__).parent / "runtime" / "include"
-    return (["nvcc", "-std=c++17", "-O3", *arch_flags(arch), "-rdc=true", "-c",
-             "-Xptxas", "-v", "-w", f"-I{include}"] + [f"-I{i}" for i in includes]
-            + args.split() + ["-o", str(obj), str(cu)])
-
-
-def link_command(obj: Path, out: Path, arch: Optional[str] = None) -> List[str]:
-    """The device link of a separately compiled object, which reports each kernel's final
-    registers, shared memory (static shared memory is only placed here) and stack."""
-    from convbench.build import toolchain
-    return ["nvcc", *arch_flags(arch or toolchain.CUDA_ARCH), "-dlink", str(obj), "-o", str(out),
-            "-Xnvlink", "-v"]
-
-
 @dataclasses.dataclass
 class Probe:
     """One configuration on one layer: its kernels, or why it was not compiled."""
@@ -391,28 +354,6 @@ def _compile(result: Probe, impl_name: str, layer, params, workdir, timeout, dty
                                           sass_text=listing)
 
 
-def include_folders(codes) -> List[str]:
-    """The include folders of the DaCe environments the generated code uses (the frame
-    code names them, the CUDA file includes their headers)."""
-    import dace
-    folders: List[str] = []
-    names = set().union(*(getattr(c, "environments", ()) or () for c in codes))
-    for name in sorted(names):
-        try:
-            env = dace.library.get_environment(name)
-        except (KeyError, ValueError):
-            continue
-        found = getattr(env, "cmake_includes", ())
-        try:  # the project's environments compute them; DaCe's own list them
-            found = found() if callable(found) else found
-        except Exception:  # noqa: BLE001 - a folder it cannot name is one nvcc will miss
-            found = ()
-        for folder in found or ():
-            if folder not in folders:
-                folders.append(folder)
-    return folders
-
-
 def tag(params: Mapping[str, int]) -> str:
     """A short, file-name-safe name of a configuration: ``M128N64K16r8x4`` (+ ``s4`` split-K chunks, ``p3`` pipeline stages)."""
     short = [("CTAtileM", "M"), ("CTAtileN", "N"), ("CTAtileK", "K")]
@@ -494,9 +435,12 @@ def run_probes(todo: Sequence[tuple], jobs: int, say=print) -> List[Probe]:
 
 
 def share_text(row: Mapping[str, object]) -> str:
-    """``FFMA 47%`` of a row, or empty where its SASS was not read."""
+    """``FFMA 47%`` of a row (``4 HGMMA`` for a wgmma loop, whose instruction share says
+    little: one HGMMA does 16 HMMAs' work per warp), or empty where its SASS was not read."""
     if row.get("fma_share") in (None, ""):
         return ""
+    if str(row.get("hgmma") or "0") != "0":
+        return f"{row['hgmma']} HGMMA"
     if not float(row["fma_share"]):
         return "no FMA"
     return f"{row.get('fma_kind') or 'FMA'} {100 * float(row['fma_share']):.0f}%"

@@ -226,9 +226,10 @@ def report(probe, rows, tool: str) -> str:
     from convbench.build import gpubuild, sass, toolchain
     from convbench.base import tables
     params = ", ".join(f"{k}={v}" for k, v in probe.params.items()) or "no parameters"
+    arch = toolchain.arch_of(registry.get(probe.impl))
     lines = [f"{probe.impl} on {probe.layer_set}/{probe.layer} at batch {probe.batch}, "
              f"{probe.dtype}, {params}",
-             f"sm_{toolchain.arch_of(registry.get(probe.impl))}: nvcc (-rdc=true, the flags of a GPU build) and the "
+             f"sm_{arch}: nvcc (-rdc=true, the flags of a GPU build) and the "
              f"device link, cuobjdump {tool}; {probe.seconds:.1f} s", ""]
     header = ["kernel", "regs", "smem B", "spills", "loop instr", "FMA share",
               *(f"{w}/FMA" for w in sass.LDS_WIDTHS), "LDG", "LDGSTS", "int/FMA",

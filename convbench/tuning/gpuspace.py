@@ -26,6 +26,7 @@ from convbench.build.gpubuild import (SM90, Kernel, Probe, RESOURCE_COLUMNS, ker
                                       per_fma_text, probe_layers, read_csv, run_probes,
                                       share_text, tag)
 from convbench.build.toolchain import PROJECT_ROOT
+from convkernels.gpu.wgmma import program as wgmma_program
 
 #: The GPU search space per implementation, in ``--space`` syntax (``P=a,b;Q=c``): the
 #: block tile (64-128 x 32-128), the K step, the register tile (4x4 to 8x8), and for
@@ -58,8 +59,8 @@ SPACES: Dict[str, str] = {
     # one or two warpgroups, the N of each wgmma, 3 to 6 stages in dynamic shared memory;
     # no clusters yet.  Their FMA-share score means nothing for HGMMA: the precision tier
     # times its own candidates (convbench.campaign.plan.PRECISION_CANDIDATES) instead.
-    "implicitGemmWGMMA": "CTAtileM=64,128;CTAtileN=64,128,256;stages=3,4,5,6",
-    "implicitGemmWGMMABwdData": "CTAtileM=64,128;CTAtileN=64,128,256;stages=3,4,5,6",
+    "implicitGemmWGMMA": wgmma_program.SEARCH_SPACE,
+    "implicitGemmWGMMABwdData": wgmma_program.SEARCH_SPACE,
 }
 
 # ---------------------------------------------------------------------------------------------

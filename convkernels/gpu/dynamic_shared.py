@@ -16,10 +16,12 @@ shared memory.**  For such a kernel it
   and TMA read), the buffer itself aligned at run time, so no static declaration or
   compiler placement can misalign it;
 - launches with the buffer's bytes as the launch's dynamic shared memory, through DaCe's own
-  launch statement: DaCe passes the sum of its symbolic-sized shared arrays there, so while
-  the kernel is generated its first array's size reads as the symbol ``__cb_dsmem_<kernel>``,
-  which a macro written after the kernel defines as a call that sets the opt-in attribute
-  (once per kernel and process) and returns the bytes.
+  launch statement: DaCe passes there the sum, over the kernel's access nodes, of the sizes
+  of shared arrays of symbolic size, so while the kernel is generated its first array's
+  size reads as the symbol ``__cb_dsmem_<kernel>`` divided by the number of times that sum
+  meets the array (an array written in two places has two access nodes), and a macro
+  written after the kernel defines the symbol as a call that sets the opt-in attribute
+  (once per kernel and device) and returns the bytes.
 
 Kernels within the static limit are generated exactly as DaCe generates them (the project's
 code digests, ``convbench codegen-hashes``, check that).  The bytes of each dynamic kernel
@@ -52,14 +54,21 @@ _OPT_IN = r"""
 #ifndef CB_DYNAMIC_SHARED
 #define CB_DYNAMIC_SHARED
 #include <cstdio>
-// Allow `kernel` `bytes` of dynamic shared memory (beyond the 48 KiB default) and return
-// them, for the launch: a failure is printed here and the launch then reports its error.
-static inline size_t cb_dynamic_shared_opt_in(const void* kernel, const char* name, int bytes) {
-    const cudaError_t e =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    if (e != cudaSuccess)
-        fprintf(stderr, "%s: %d bytes of dynamic shared memory refused: %s\n", name, bytes,
-                cudaGetErrorString(e));
+// Allow `kernel` `bytes` of dynamic shared memory (beyond the 48 KiB default) on the
+// current device, once per device (`done`: the kernel's flags), and return them, for the
+// launch: a failure is printed here and the launch then reports its error.
+static inline size_t cb_dynamic_shared_opt_in(const void* kernel, const char* name, int bytes,
+                                              bool (&done)[64]) {
+    int device = 0;
+    cudaGetDevice(&device);
+    if (!done[device & 63]) {
+        const cudaError_t e =
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+        if (e != cudaSuccess)
+            fprintf(stderr, "%s: %d bytes of dynamic shared memory refused: %s\n", name,
+                    bytes, cudaGetErrorString(e));
+        done[device & 63] = e == cudaSuccess;
+    }
     return (size_t)bytes;
 }
 #endif
@@ -87,6 +96,14 @@ def _shared_arrays(sdfg, dfg_scope):
             return None  # symbolic sizes: DaCe's own path (which refuses them)
         out.append((sd, name, desc, int(size)))
     return out
+
+
+def _launch_sum_count(dfg_scope, name) -> int:
+    """How many times DaCe's sum of a kernel's symbolic shared memory (CUDACodeGen's
+    launch, ``dynsmem_size``) meets array ``name`` of the kernel's own SDFG: once per access
+    node of it in the scope."""
+    return sum(1 for node in dfg_scope.nodes()
+               if isinstance(node, nodes.AccessNode) and node.data == name)
 
 
 def layout(arrays) -> Tuple[Dict[Tuple[int, str], int], int]:
@@ -134,11 +151,16 @@ class DynamicSharedCodeGen(dace_cuda.CUDACodeGen):
         if not self._cb_helpers:
             self._globalcode.write(_OPT_IN)
             self._cb_helpers = True
-        # DaCe launches with the sum of the symbolic-sized shared arrays: while this kernel
-        # is generated, its first array's size reads as the symbol the macro defines
-        first = arrays[0][2]
+        # DaCe launches with the sum of the symbolic-sized shared arrays over the scope's
+        # access nodes: while this kernel is generated, its first array's size reads as the
+        # symbol the macro defines over the times the sum meets it, so the sum is the symbol
+        first_sdfg, first_name, first, _ = arrays[0]
+        meets = _launch_sum_count(dfg_scope, first_name) if first_sdfg is sdfg else 0
+        if not meets:
+            raise NotImplementedError(f"dynamic shared memory: {first_name} is not in the "
+                                      f"scope of kernel {self._cb_kernel}")
         shape = first.shape
-        first.shape = (dace.symbolic.symbol(f"__cb_dsmem_{self._cb_kernel}"),)
+        first.shape = (dace.symbolic.symbol(f"__cb_dsmem_{self._cb_kernel}") / meets,)
         try:
             super().generate_scope(sdfg, cfg, dfg_scope, state_id, function_stream,
                                    callsite_stream)
@@ -155,9 +177,9 @@ class DynamicSharedCodeGen(dace_cuda.CUDACodeGen):
             # at namespace scope between the kernel and the function that launches it
             self.scope_exit_stream.write(
                 f"// cb-dynamic-shared {kernel_name} {self._cb_bytes}\n"
-                f"#define __cb_dsmem_{kernel_name} ([] {{ static const size_t n = "
-                f"cb_dynamic_shared_opt_in((const void*){kernel_name}, \"{kernel_name}\", "
-                f"{self._cb_bytes}); return n; }}())\n")
+                f"#define __cb_dsmem_{kernel_name} ([] {{ static bool done[64] = {{}}; "
+                f"return cb_dynamic_shared_opt_in((const void*){kernel_name}, "
+                f"\"{kernel_name}\", {self._cb_bytes}, done); }}())\n")
         return super().generate_kernel_scope(sdfg, cfg, dfg_scope, state_id, kernel_map,
                                              kernel_name, *args, **kwargs)
 
@@ -169,6 +191,9 @@ class DynamicSharedCodeGen(dace_cuda.CUDACodeGen):
             return super().allocate_array(sdfg, cfg, dfg, state_id, node, nodedesc,
                                           function_stream, declaration_stream,
                                           allocation_stream)
+        if node.setzero:
+            raise NotImplementedError(f"dynamic shared memory: {node.data} is zeroed at "
+                                      "allocation (setzero), which this extension does not do")
         name = dace.codegen.targets.cpp.ptr(node.data, nodedesc, sdfg, self._frame)
         try:
             self._dispatcher.defined_vars.get(name)

@@ -9,6 +9,8 @@ tap's channel blocks (``Shape.packed``, :func:`_packed_stage_code`): no tile is 
 zeros, and each copy decodes its own tap.
 """
 
+from typing import Optional
+
 from convkernels.gpu.mma.layout import CHUNK, blocked, blocked_thread, swizzle
 from convkernels.gpu.mma.tiles import WARP, Shape
 from convkernels.gpu.pipeline.skeleton import SB, ST
@@ -175,10 +177,10 @@ def _packed_stage_code(s: Shape) -> str:
     return _staged(s, a, _kmajor_b(s, "", s.RF, vb), f"if (c0 >= {s.RF}) kd = {s.KD};")
 
 
-def prologue_code(s: Shape, gpu: bool, ahead: int = 0, after: str = "") -> str:
+def prologue_code(s: Shape, gpu: bool, ahead: Optional[int] = None, after: str = "") -> str:
     """Zero the accumulators, decode the staged pixel and filter row, issue the first
     ``ahead`` K tiles (default ``stages - 1``), wait for the first, then run ``after``."""
-    ahead = ahead or s.S - 1
+    ahead = s.S - 1 if ahead is None else ahead
     if s.flip:
         bset = "bbase = 0;"  # its rows are reduction values; columns checked per chunk
         n = ""

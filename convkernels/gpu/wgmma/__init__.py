@@ -1,1 +1,1 @@
-"""Hopper's tensor-core main loop: wgmma by shared-memory descriptors (sm_90a), and its emulation."""
+"""Hopper's tensor-core main loop: wgmma by shared-memory descriptors (sm_90a), emulated too."""

@@ -11,14 +11,15 @@ is the one the descriptors name (:mod:`convkernels.gpu.wgmma.ptx`).  In the mma 
 terms a warp's tile is 16 x ``CTAtileN``: their gather, which stages the tiles, and their
 epilogue, which stores a warp's 16-row MMA tiles, serve unchanged.
 
-**Stages** (``stages`` >= 3, in dynamic shared memory beyond 48 KiB:
-:mod:`convkernels.gpu.dynamic_shared`).  Step ``kt`` stages tile ``kt + stages - 2`` into
-the stage that step ``kt - 2`` read, issues the ``wgmma`` of tile ``kt`` and waits until at
-most one group (this one) is in flight, so the tensor cores work on tile ``kt`` while the
-next step's copies are issued; the block's barrier at each step's start orders the
-warpgroups (a stage is written two steps after it was read, and the group that read it
-was waited for one step after).  Then it waits for tile ``kt + 1``'s copies and fences
-them for the async proxy that ``wgmma`` reads through.
+**Stages** (``stages`` >= 3, always more than 48 KiB, so in dynamic shared memory, each
+stage at a multiple of 1024 bytes: :mod:`convkernels.gpu.dynamic_shared`).  Step ``kt``
+stages tile ``kt + stages - 2`` into the stage that step ``kt - 2`` read, issues the
+``wgmma`` of tile ``kt`` and waits until at most one group (this one) is in flight, so the
+tensor cores work on tile ``kt`` while the next step's copies are issued; the barrier DaCe
+places after each step (and after the prologue) orders the warpgroups (a stage is written
+two steps after it was read, and the group that read it was waited for one step
+after).  Then it waits for tile ``kt + 1``'s copies and fences them for the async proxy
+that ``wgmma`` reads through.
 
 **CPU emulation.**  The same tasklet code runs thread by thread: ``cp.async`` is a copy,
 the fences and waits do nothing, and each thread's ``wgmma`` decodes both descriptors and
@@ -57,6 +58,10 @@ PARAMS = (
           "when 4)"),
 )
 
+#: The tiles and stages a search tries (``Implementation.search_space``; the GPU tune
+#: space, ``convbench.tuning.gpuspace.SPACES``, is the same).
+SEARCH_SPACE = "CTAtileM=64,128;CTAtileN=64,128,256;stages=3,4,5,6"
+
 #: The precisions (by label, :mod:`convbench.build.precision`).
 PRECISIONS = mma_tiles.PRECISIONS
 
@@ -92,6 +97,13 @@ def check_params(params):
         (3 <= s <= 6, f"stages={s}: 3 to 6"),
         (nt <= T.MAX_THREADS, f"{nt} threads > {T.MAX_THREADS}"),
         (nt >= tn, f"{nt} threads: at least one per row of the B tile ({tn})"),
+        (nt and tn * 8 >= nt and tn * 8 % nt == 0,
+         f"the {tn} rows of 8 chunks of B must split evenly over {nt} threads"),
+        # dynamic shared memory puts each stage at a multiple of 1024 bytes, which the
+        # swizzle the descriptors name needs; DaCe's static arrays are 16-byte aligned
+        (smem > dynamic_shared.STATIC_LIMIT,
+         f"{s} stages of tiles take {smem} bytes: more than "
+         f"{dynamic_shared.STATIC_LIMIT} (in dynamic shared memory, 1024-byte aligned)"),
         (smem <= SHARED_BYTES, f"{s} stages of tiles need {smem} bytes of shared memory "
                                f"> {SHARED_BYTES}"),
     )
@@ -192,7 +204,6 @@ def fields(**given):
     """What a wgmma kernel registers with: ``given`` and what every one shares."""
     return dict(layout=Layout.NDHWC, params=PARAMS, check_params=check_params,
                 precisions=PRECISIONS, cuda_arch=CUDA_ARCH, **given)
-
 
 
 def data_gradient(layer: Layer, dtype, params) -> dace.SDFG:

@@ -37,7 +37,6 @@ LBO_BYTES = 16
 ROW_BYTES = 128
 
 
-
 def descriptor_code(gpu: bool, mode: int = SWIZZLE_MODE, sbo: int = SBO_BYTES,
                     lbo: int = LBO_BYTES) -> str:
     """C++ ``cb_wgmma_desc(p, base)``: the descriptor of the operand tile at ``p`` (on the
