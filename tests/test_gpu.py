@@ -16,7 +16,8 @@ FIRST = cases(GPU_IMPLS, [("cosmoflow", load_layers("cosmoflow")[1].with_batch(1
 
 
 def _verify_on_gpu(case, builds, reference, coverage):
-    reason = case.refused()
+    from convbench.timing import devices
+    reason = case.refused() or devices.arch_problem(case.implementation.cuda_arch)
     if reason:
         coverage.record(case, "refused", reason)
         pytest.skip(reason)
