@@ -193,20 +193,15 @@ def plan_cases(tier: str, target: str, planted: bool, space_dir: Optional[os.Pat
                   if tier == "full" or impl not in PRECISION_ONLY
                   or (s, dtype) in PRECISION_ONLY[impl]]
     if tier == "precision":
-        pairs += [(impl, "cosmoflow_mlperf", layer, "precision", "float16", params)
-                  for layer in load_layers("cosmoflow_mlperf")
-                  if layer.name in PRECISION_CANDIDATE_LAYERS
+        pairs += [(impl, s, layer, "precision", "float16", params) for s, layer in sets
+                  if s == "cosmoflow_mlperf" and layer.name in PRECISION_CANDIDATE_LAYERS
                   for impl, candidates in PRECISION_CANDIDATES.items()
                   for params in candidates]
-        pairs = [(*p, ())[:6] for p in pairs]
-        layer_batch = ORIGINAL_BATCH["cosmoflow_mlperf"]
-        pairs = [(i, s, layer.with_batch(layer_batch) if p else layer, g, d, p)
-                 for i, s, layer, g, d, p in pairs]
     if tier == "tune":
         return tune_cases(target, space_dir)
     cases, seen, timed = [], set(), set()
-    for impl, layer_set, layer, group, dtype, *params in pairs:
-        params = tuple(sorted(dict(params[0] if params else ()).items()))
+    for impl, layer_set, layer, group, dtype, *given in pairs:  # given: a candidate's params
+        params = tuple(sorted(given[0].items())) if given else ()
         precision = dtype or registry.get(impl).precisions[0]
         if (impl, layer_set, layer, precision, params) not in seen:
             seen.add((impl, layer_set, layer, precision, params))

@@ -6,6 +6,20 @@ CPU the same calls building every lane's registers as the hardware distributes t
 ``cb_mma_emulated``, one lane's share of an ``mma.sync`` from PTX's fragment layout."""
 
 
+#: The CPU's TF32 operand (both tensor-core main loops' emulations): a float32 register as
+#: the tensor cores read it, its low 13 bits ignored.
+TF32_CPU = r"""
+#ifndef CB_TF32_CPU
+#define CB_TF32_CPU
+#include <cstring>
+static inline float cb_tf32_value(unsigned u) {
+    u &= 0xffffe000u;
+    float f; std::memcpy(&f, &u, 4); return f;
+}
+#endif
+"""
+
+
 def helpers(s, gpu: bool) -> str:
     """C++ the tasklets call, for the constants ``s`` of a tensor-core build (its ``ptx``
     type and MMA reduction ``KM``): ``cb_ldsm_x4<trans>`` (registers of lane ``lane``
@@ -90,13 +104,8 @@ template <class F>
 static inline void cb_lds_x4(unsigned (&r)[4], const char* base, F addr, int lane) {
     for (int j = 0; j < 4; ++j) std::memcpy(&r[j], base + addr(lane, j), 4);
 }
-// A TF32 operand as the tensor cores read a float32 register: its low 13 bits ignored.
-static inline float cb_tf32_value(unsigned u) {
-    u &= 0xffffe000u;
-    float f; std::memcpy(&f, &u, 4); return f;
-}
 #endif
-""" + f"""
+""" + TF32_CPU + f"""
 // mma.sync m16n8k{k} as lane `lane` sees it: its sums C[g + 8 (i / 2)][2 t + i % 2] of
 // tile (fm, fn), each A[r][k] and B[k][n] taken from the lane and register where PTX's
 // fragment layout puts it.

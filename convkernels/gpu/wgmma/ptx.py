@@ -27,6 +27,8 @@ thread at lane ``l`` of warp ``w`` of the warpgroup holds rows ``16 w + l / 4`` 
 ``+ 8``, columns ``8 j + 2 (l % 4)`` and ``+ 1``, in registers ``4 j`` to ``4 j + 3``.
 """
 
+from convkernels.gpu.mma.ptx import TF32_CPU
+
 #: The swizzle mode of the descriptors (1: 128 bytes) and the byte offsets they carry.
 SWIZZLE_MODE = 1
 #: Distance of two 8-row atoms along M or N, in bytes.
@@ -114,11 +116,11 @@ __device__ __forceinline__ void cb_fence_operand(float& r) {
 #endif
 """ + desc + _wgmma_asm(ptx, k, n)
     value = {"f16": "cb_half_to_float(bits)", "bf16": "cb_bf16_to_float(bits)",
-             "tf32": "cb_tf32_from_bits(bits)"}[ptx]
+             "tf32": "cb_tf32_value(bits)"}[ptx]
     eb = 4 if ptx == "tf32" else 2
     load = ("unsigned bits; std::memcpy(&bits, p, 4);" if eb == 4
             else "uint16_t bits; std::memcpy(&bits, p, 2);")
-    return r"""
+    return TF32_CPU + r"""
 #ifndef CB_WGMMA_HELPERS_CPU
 #define CB_WGMMA_HELPERS_CPU
 #include <cstring>
@@ -127,11 +129,6 @@ static inline void cb_wgmma_commit() {}
 template <int N> static inline void cb_wgmma_wait() {}
 static inline void cb_fence_proxy_async() {}
 #define CB_WGMMA_FENCE_OPERANDS(a, n) (void)(a);
-// A TF32 operand as the tensor cores read a float32: its low 13 bits ignored.
-static inline float cb_tf32_from_bits(unsigned u) {
-    u &= 0xffffe000u;
-    float f; std::memcpy(&f, &u, 4); return f;
-}
 // The byte of element (row r, byte kb along K) of a K-major operand that descriptor d
 // names: see convkernels.gpu.wgmma.ptx.
 static inline unsigned cb_wgmma_byte(uint64_t d, int r, int kb) {
