@@ -418,7 +418,9 @@ def _metadata(session, coverage):
             "totals": coverage.totals(),
             # interrupted (2), an internal error (3) or workers lost: part of the tier only
             "exitstatus": coverage.exitstatus,
-            "workers_lost": list(coverage.lost)}
+            "workers_lost": list(coverage.lost),
+            # a raised CPU budget (tests/cases.py RAISE_BUDGET), where one was set
+            "cpu_check_gflop": os.environ.get("CONVBENCH_CPU_CHECK_GFLOP")}
 
 
 @pytest.fixture(scope="session")

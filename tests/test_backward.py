@@ -373,8 +373,8 @@ def test_list_filters_by_pass(capsys):
     assert names == ["directConvNCDHWBwdFilter", "directConvNDHWCblockedBwdFilter",
                      "implicitGemmBwdFilter", "implicitGemmMMABwdFilter",
                      "implicitGemmPipelinedBwdFilter",
-                     "implicitGemmPipelinedNCDHWBwdFilter", "implicitGemmsplitKBwdFilter",
-                     "winogradF2BwdFilter"]
+                     "implicitGemmPipelinedNCDHWBwdFilter", "implicitGemmWGMMABwdFilter",
+                     "implicitGemmsplitKBwdFilter", "winogradF2BwdFilter"]
     assert "pass: bwd_filter" in out
 
 

@@ -51,21 +51,23 @@ def test_core_plan_covers_every_gpu_implementation_and_all_cosmoflow_layers():
 
 def test_precision_plan_times_the_tensor_core_kernels_in_each_precision(main):
     """The precision tier: the Hopper tensor-core kernels in float16 and TF32 on every
-    CosmoFlow layer and in bfloat16 on the training step's, with their candidate tiles
-    and stages on two MLPerf layers; the mma.sync filter gradient in float16 on the
-    training step's layers; each layer's references timed once per precision; it fits
-    its budget."""
+    CosmoFlow layer and in bfloat16 on the training step's (the filter gradient in
+    float16 and TF32 on the training step's), with their candidate tiles and stages on
+    two MLPerf layers; no mma.sync kernel; each layer's references timed once per
+    precision; it fits its budget."""
     cases = campaign.plan_cases("precision", "gpu", planted=False)
     only = campaign.plan.PRECISION_ONLY
     for impl in ("implicitGemmMMA", "implicitGemmMMABwdData", "implicitGemmMMABwdFilter",
-                 "implicitGemmWGMMA", "implicitGemmWGMMABwdData"):
+                 "implicitGemmWGMMA", "implicitGemmWGMMABwdData",
+                 "implicitGemmWGMMABwdFilter"):
         ran = {(c.precision, c.layer_set, c.layer.name) for c in cases
                if c.impl == impl and not c.params}
         assert ran == {(p, s, layer.name) for p in registry.get(impl).precisions
                        for s in campaign.ORIGINAL_BATCH for layer in campaign.load_layers(s)
                        if impl not in only or (s, p) in only[impl]}, impl
-    assert {c.precision for c in cases if c.impl == "implicitGemmMMABwdFilter"} == {"float16"}
-    assert not [c for c in cases if c.impl in ("implicitGemmMMA", "implicitGemmMMABwdData")]
+    assert {c.precision for c in cases if c.impl == "implicitGemmWGMMABwdFilter"} == {
+        "float16", "float32-tf32"}
+    assert not [c for c in cases if c.impl.startswith("implicitGemmMMA")]
     for impl, candidates in campaign.plan.PRECISION_CANDIDATES.items():
         tried = {(c.layer.name, c.params) for c in cases if c.impl == impl and c.params}
         assert tried == {(n, tuple(sorted(p.items()))) for p in candidates

@@ -257,7 +257,7 @@ def test_precision_sweep(case, builds, reference, coverage):
 #: CosmoFlow sets (batch 1; layers over their CPU budget are deferred to the GPU campaign,
 #: which verifies them).
 MMA_IMPLS = ("implicitGemmMMA", "implicitGemmMMABwdData", "implicitGemmMMABwdFilter",
-             "implicitGemmWGMMA", "implicitGemmWGMMABwdData")
+             "implicitGemmWGMMA", "implicitGemmWGMMABwdData", "implicitGemmWGMMABwdFilter")
 MMA_SWEEP = [Case(name, layer, layer_set, dtype=dtype) for name in MMA_IMPLS
              for dtype in ("float16", "bfloat16", "float32-tf32")
              for layer_set, layer in cosmoflow(batches=(1,))]

@@ -26,18 +26,33 @@ DEEP_LAYER = Layer("wgmma_deep", 2, 40, 72, 5, 6, 5, 3, 3, 3, pad=1)
 #: A stride-1 layer for the data gradient: 40 reduction channels, 24 output channels.
 BWD_LAYER = Layer("wgmma_bwd", 2, 24, 40, 6, 7, 5, 3, 3, 3, pad=1)
 
+#: The filter gradient's: 40 output channels (a row tail of the M tile), 24 x 27 filter
+#: values (a column tail), output rows of 5 pixels (a K tile's tail), stride 2 on one.
+WGRAD_LAYER = Layer("wgmma_wgrad", 2, 24, 40, 6, 7, 9, 3, 3, 3, pad=1)
+#: 6 input channels (filter values in 8-byte and 4-byte copies), stride 2, 70 outputs.
+WGRAD_SMALL_C = Layer("wgmma_wgrad_c6", 2, 6, 70, 7, 6, 9, 3, 3, 3, stride=2, pad=1)
+
+#: The three passes' kernels.
+WGMMA_KERNELS = ("implicitGemmWGMMA", "implicitGemmWGMMABwdData", "implicitGemmWGMMABwdFilter")
+
 CASES = [("implicitGemmWGMMA", "float16", LAYER),
          ("implicitGemmWGMMA", "float32-tf32", DEEP_LAYER),
-         ("implicitGemmWGMMABwdData", "bfloat16", BWD_LAYER)]
+         ("implicitGemmWGMMABwdData", "bfloat16", BWD_LAYER),
+         ("implicitGemmWGMMABwdFilter", "float16", WGRAD_LAYER),
+         ("implicitGemmWGMMABwdFilter", "float32-tf32", WGRAD_LAYER)]
 FULL = [("implicitGemmWGMMA", "bfloat16", DEEP_LAYER),
         ("implicitGemmWGMMA", "float16", DEEP_LAYER),
         ("implicitGemmWGMMA", "float32-tf32", LAYER),
         ("implicitGemmWGMMABwdData", "float16", BWD_LAYER),
-        ("implicitGemmWGMMABwdData", "float32-tf32", BWD_LAYER)]
+        ("implicitGemmWGMMABwdData", "float32-tf32", BWD_LAYER),
+        ("implicitGemmWGMMABwdFilter", "bfloat16", WGRAD_LAYER),
+        ("implicitGemmWGMMABwdFilter", "float16", WGRAD_SMALL_C),
+        ("implicitGemmWGMMABwdFilter", "float32-tf32", WGRAD_SMALL_C)]
 
 
 def _pass(name):
-    return "bwd_data" if name.endswith("BwdData") else "fwd"
+    return ("bwd_data" if name.endswith("BwdData") else "bwd_filter"
+            if name.endswith("BwdFilter") else "fwd")
 
 
 def _ids(cases):
@@ -72,26 +87,43 @@ _STORE = mma_epilogue.store_code
 #: Each plant: what it changes (a descriptor field, or a function of the epilogue).
 PLANTS = {"swizzle_mode_64B": ("DESCRIPTOR", {"mode": 2}),
           "stride_byte_offset_512": ("DESCRIPTOR", {"sbo": 512}),
+          "leading_byte_offset_4096": ("DESCRIPTOR", {"lbo": 4096}),
           "accumulator_rows_swapped": ("store_code", _swapped_halves)}
 
+#: The kernels the plants run on; the leading byte offset only where it is read (the
+#: 16-bit filter gradient's N-major B: 128 columns in two slabs, LBO apart; K-major
+#: operands with a swizzle have no LBO, for the hardware or the emulation).
+PLANTED = [pytest.param(plant, name, dtype, layer, id=f"{plant}-{tag}", marks=marks)
+           for name, dtype, layer, tag, marks in (
+               ("implicitGemmWGMMA", "float16", DEEP_LAYER, "fwd-f16", ()),
+               ("implicitGemmWGMMABwdFilter", "bfloat16", WGRAD_LAYER, "bwd_filter-bf16", ()),
+               ("implicitGemmWGMMABwdData", "float32-tf32", BWD_LAYER, "bwd_data-tf32",
+                pytest.mark.full),
+               ("implicitGemmWGMMABwdFilter", "float32-tf32", WGRAD_LAYER, "bwd_filter-tf32",
+                pytest.mark.full))
+           for plant in PLANTS
+           if plant != "leading_byte_offset_4096" or (name.endswith("Filter") and "tf32" not in dtype)]
 
-@pytest.mark.parametrize("plant", list(PLANTS))
-@pytest.mark.parametrize("name, dtype, layer",
-                         [pytest.param("implicitGemmWGMMA", "float16", DEEP_LAYER, id="fwd-f16"),
-                          pytest.param("implicitGemmWGMMABwdData", "float32-tf32", BWD_LAYER,
-                                       id="bwd_data-tf32", marks=pytest.mark.full)])
+
+def _module(name):
+    from convkernels.gpu.wgmma import filter_gradient
+    return filter_gradient if name.endswith("BwdFilter") else wgmma
+
+
+@pytest.mark.parametrize("plant, name, dtype, layer", PLANTED)
 def test_wgmma_plants_fail(plant, name, dtype, layer, builds, reference, monkeypatch):
     """A 64-byte swizzle mode in the descriptors (the stages are written with the 128-byte
-    one), a stride byte offset of 512 (the atoms are 1024 bytes apart) and the
+    one), a stride byte offset of 512 (the atoms are 1024 bytes apart), a leading byte
+    offset of 4096 (the filter gradient's 16-bit slabs are 8 KiB apart) and the
     accumulators' row halves exchanged in the epilogue each fail the emulation: it reads
-    shared memory and places sums as the hardware does.  (The leading byte offset is not
-    read for K-major operands with a swizzle, by the hardware or the emulation.)"""
+    shared memory and places sums as the hardware does."""
     from convbench import registry
     impl = registry.get(name)
     truth = reference(layer, pass_=_pass(name), dtype=dtype)
     what, change = PLANTS[plant]
     if what == "DESCRIPTOR":
-        monkeypatch.setattr(wgmma, "DESCRIPTOR", {**wgmma.DESCRIPTOR, **change})
+        module = _module(name)
+        monkeypatch.setattr(module, "DESCRIPTOR", {**module.DESCRIPTOR, **change})
     else:
         monkeypatch.setattr(mma_epilogue, what, change)
     spec = toolchain.make_spec(impl, layer, dtype, planted=f"wgmma_{plant}")
@@ -126,7 +158,7 @@ def test_wgmma_kernels_build_for_sm_90a():
     """Their GPU builds name sm_90a (DaCe's setting, the CMake architecture that skips
     detection, nvcc's -gencode); the other GPU kernels keep sm_90."""
     from convbench import registry
-    for name in ("implicitGemmWGMMA", "implicitGemmWGMMABwdData"):
+    for name in WGMMA_KERNELS:
         impl = registry.get(name)
         assert toolchain.arch_of(impl) == "90a"
         settings = toolchain.dace_settings("gpu", Path("/tmp"), arch=toolchain.arch_of(impl))
@@ -210,7 +242,7 @@ def test_a_kernel_over_48_kib_launches_with_dynamic_shared_memory():
     assert [k.dynamic_shared for k in kernels] == [need]
 
 
-@pytest.mark.parametrize("name", ["implicitGemmWGMMA", "implicitGemmWGMMABwdData"])
+@pytest.mark.parametrize("name", WGMMA_KERNELS)
 def test_the_wgmma_kernels_launch_with_their_stages_bytes(name):
     """The real kernels (their stages written in two places, two access nodes each): the
     launch passes exactly the opt-in's bytes, the stages' plus the alignment slack, where
@@ -257,13 +289,13 @@ def test_the_dynamic_kernel_compiles(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
-@pytest.mark.parametrize("capability, forward, data", [
-    ((9, 0), "implicitGemmWGMMA", "implicitGemmWGMMABwdData"),
-    ((8, 9), "implicitGemmMMA", "implicitGemmMMABwdData")])
+@pytest.mark.parametrize("capability, forward, data, weights", [
+    ((9, 0), *WGMMA_KERNELS),
+    ((8, 9), "implicitGemmMMA", "implicitGemmMMABwdData", "implicitGemmMMABwdFilter")])
 def test_the_network_picks_tensor_core_kernels_by_architecture(capability, forward, data,
-                                                               monkeypatch):
-    """In 16 bits on the GPU the network runs the wgmma kernels on Hopper and the mma.sync
-    ones elsewhere; the filter gradient, which has no wgmma kernel yet, stays mma.sync."""
+                                                               weights, monkeypatch):
+    """In 16 bits on the GPU the network runs the wgmma kernels of all three passes on
+    Hopper and the mma.sync ones elsewhere."""
     import torch
     from convbench.build import precision
     from convbench.network import cosmoflow
@@ -275,8 +307,7 @@ def test_the_network_picks_tensor_core_kernels_by_architecture(capability, forwa
     f16 = precision.get_dtype("float16")
     picks = {p: cosmoflow.default_choice(DEEP_LAYER, p, "gpu", f16)[0]
              for p in (Pass.FWD, Pass.BWD_DATA, Pass.BWD_FILTER)}
-    assert picks == {Pass.FWD: forward, Pass.BWD_DATA: data,
-                     Pass.BWD_FILTER: "implicitGemmMMABwdFilter"}, picks
+    assert picks == {Pass.FWD: forward, Pass.BWD_DATA: data, Pass.BWD_FILTER: weights}, picks
 
 
 # -- the committed SASS tables ------------------------------------------------------------

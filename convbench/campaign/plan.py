@@ -17,26 +17,30 @@ from .folder import _load
 
 TIERS = ("smoke", "core", "full", "tune", "precision")
 #: The precision tier's cases of these implementations, to fit its 15 device-minutes:
-#: (layer set, precision).  The Hopper kernels (``implicitGemmWGMMA*``) run in float16
-#: and TF32 on every layer, in bfloat16 (the float16 code with another MMA type) on the
-#: training step's; of the mma.sync ones, which an earlier campaign timed in
-#: every precision (``results/gpu/2026-11-28_NVIDIA-H200``), only the filter gradient,
-#: which has no wgmma version yet, in float16 on the training step's layers (its bfloat16
-#: is the float16 code with another MMA type).  The full tier times every precision of
-#: every tensor-core kernel on every layer.
+#: (layer set, precision).  The Hopper kernels of the forward and the data gradient
+#: (``implicitGemmWGMMA*``) run in float16 and TF32 on every layer, in bfloat16 (the
+#: float16 code with another MMA type) on the training step's; the Hopper filter gradient
+#: in float16 and TF32 on the training step's layers (its transposed 16-bit staging and
+#: its K-major TF32 one are different code).  The mma.sync kernels, which an earlier
+#: campaign timed in every precision (``results/gpu/2026-11-28_NVIDIA-H200``), are left
+#: to the full tier, which times every precision of every tensor-core kernel on every
+#: layer.
 PRECISION_ONLY = {"implicitGemmMMA": set(), "implicitGemmMMABwdData": set(),
-                  "implicitGemmMMABwdFilter": {("cosmoflow_mlperf", "float16")},
+                  "implicitGemmMMABwdFilter": set(),
                   **{name: {(s, p) for s in ("cosmoflow", "cosmoflow_mlperf")
                             for p in ("float16", "float32-tf32")}
                      | {("cosmoflow_mlperf", "bfloat16")}
-                     for name in ("implicitGemmWGMMA", "implicitGemmWGMMABwdData")}}
+                     for name in ("implicitGemmWGMMA", "implicitGemmWGMMABwdData")},
+                  "implicitGemmWGMMABwdFilter": {("cosmoflow_mlperf", "float16"),
+                                                 ("cosmoflow_mlperf", "float32-tf32")}}
 #: The precision tier's candidates beside the defaults: other tiles and stages of the
-#: Hopper kernels (their tune space, ``search_space``), in float16 on these MLPerf layers.
+#: Hopper kernels (their tune space, ``search_space``), in float16 on these MLPerf layers
+#: (as many as fit beside the three passes' defaults: the data gradient runs the forward's
+#: main loop, so it tries one tile of the forward's two).
 PRECISION_CANDIDATES = {
-    "implicitGemmWGMMA": ({"CTAtileN": 256, "stages": 4}, {"CTAtileN": 128, "stages": 3},
-                          {"CTAtileN": 128, "stages": 6}),
-    "implicitGemmWGMMABwdData": ({"CTAtileN": 256, "stages": 4},
-                                 {"CTAtileN": 128, "stages": 3}),
+    "implicitGemmWGMMA": ({"CTAtileN": 256, "stages": 4}, {"CTAtileN": 128, "stages": 3}),
+    "implicitGemmWGMMABwdData": ({"CTAtileN": 256, "stages": 4},),
+    "implicitGemmWGMMABwdFilter": ({"CTAtileN": 256, "stages": 3},),
 }
 PRECISION_CANDIDATE_LAYERS = ("conv3", "conv4")
 PHASES = ("identity", "ceilings", "builds", "cases", "end2end", "tests", "roofline", "table")

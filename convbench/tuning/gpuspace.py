@@ -61,6 +61,7 @@ SPACES: Dict[str, str] = {
     # times its own candidates (convbench.campaign.plan.PRECISION_CANDIDATES) instead.
     "implicitGemmWGMMA": wgmma_program.SEARCH_SPACE,
     "implicitGemmWGMMABwdData": wgmma_program.SEARCH_SPACE,
+    "implicitGemmWGMMABwdFilter": wgmma_program.SEARCH_SPACE + ";splitK=0",
 }
 
 # ---------------------------------------------------------------------------------------------

@@ -53,7 +53,9 @@ class WTShape(mma_tiles.Warps, wg.WShape):
     VK = property(lambda s: gather.vector(s.K, s.CE))  # A values per copy
 
 
-def wtshape(layer: Layer, ctype: str, params) -> WTShape:
+def wtshape(layer: Layer, ctype: str, params, cls=WTShape) -> WTShape:
+    """The constants of ``layer`` with the tiles of ``params`` (``cls``: the constants'
+    class, another main loop's subclass)."""
     ptx, _ = mma_tiles.PTX[ctype]
     eb = 4 if ptx == "tf32" else 2
     tk = params["CTAtileK"] * 2 // eb
@@ -64,7 +66,7 @@ def wtshape(layer: Layer, ctype: str, params) -> WTShape:
     z = params["splitK"] or -(-wg.AUTO_BLOCKS // blocks)
     tps = -(-kt // max(1, min(z, kt)))
     L = layer_constants(layer, Layout.NDHWC)
-    return WTShape(Layout.NDHWC, L.N, L.C, L.K, L.D, L.H, L.W, L.KD, L.KH, L.KW, L.SD, L.SH,
+    return cls(Layout.NDHWC, L.N, L.C, L.K, L.D, L.H, L.W, L.KD, L.KH, L.KW, L.SD, L.SH,
                    L.SW, L.PD, L.PH, L.PW, L.OD, L.OH, L.OW, params["CTAtileM"],
                    params["CTAtileN"], tk, 1, 1, params["stages"], Z=-(-kt // tps), TPS=tps,
                    WM=params["warpTileM"], WN=params["warpTileN"], EB=eb, ptx=ptx)
@@ -103,7 +105,7 @@ def _rows(s: WTShape, operand: str, chunk: str, row: str, cpr: int) -> str:
     return f"const int {chunk} = (int)t % {cpr}, {row} = (int)t / {cpr};"
 
 
-def _thread_code(s: WTShape, gpu: bool) -> str:
+def thread_code(s: WTShape, gpu: bool) -> str:
     return f"""const int tp = {"0" if gpu else "(int)t"};
 const int lane = (int)t % {mma_tiles.WARP}, warp = (int)t / {mma_tiles.WARP};
 const int wm = warp % {s.WARPS_M}, wn = warp / {s.WARPS_M};
@@ -115,14 +117,14 @@ const int wm = warp % {s.WARPS_M}, wn = warp / {s.WARPS_M};
 def _stage_code(s: WTShape) -> str:
     """C++ staging the next K tile of this slice (zeros past it) into stage ``sslot``;
     then the counters step (``advance_code``)."""
-    return _stage_nmajor(s) + f"""
+    return stage_nmajor(s) + f"""
 {indent(wg.advance_code(s), 4)}
 }}
 sslot = sslot + 1 == {s.S} ? 0 : sslot + 1;
 cb_cp_commit();"""
 
 
-def _b_tap(s: WTShape, n: str) -> str:
+def b_tap(s: WTShape, n: str) -> str:
     """C++ decoding filter value ``n`` (tap ``n / C``, channel ``n % C``) into the input
     row's offsets and whether its row is inside the input (``tapok``)."""
     return f"""const int tap = {n} / {s.C}, c = {n} - tap * {s.C};
@@ -142,7 +144,7 @@ def _row_chunk(s: WTShape, operand: str, cpr: int, row: str, chunk: str, rows: i
     return s.swizzle(operand, cpr, "r", chunk)
 
 
-def _stage_nmajor(s: WTShape) -> str:
+def stage_nmajor(s: WTShape) -> str:
     """Per pixel row of this thread, a chunk of dL/dy's channels (A) and of the input's
     channels at this chunk's taps (B).  A copy outside the tensors gets its address all
     the same, never read: ``cp.async`` with a source size of 0 reads nothing (and the
@@ -169,7 +171,7 @@ def _stage_nmajor(s: WTShape) -> str:
     #pragma unroll
     for (int v = 0; v < {s.CE}; v += {s.VC}) {{
         const int n = blk_n + bc * {s.CE} + v;  // this copy's filter value
-{indent(_b_tap(s, "n"), 8)}
+{indent(b_tap(s, "n"), 8)}
         #pragma unroll
         for (int i = 0; i < {s.TK // s.GB}; ++i) {{
             const int r = br + i * {s.GB};
@@ -183,12 +185,12 @@ def _stage_nmajor(s: WTShape) -> str:
 
 #: dL/dy and the input as the filter gradient's tasklets name them (the program passes
 #: them as the forward's ``xa`` and ``wb``), and the stages as bytes.
-_PREAMBLE = ("const auto* yb = xa;\nconst auto* xb = wb;\n"
+PREAMBLE = ("const auto* yb = xa;\nconst auto* xb = wb;\n"
              "char* as = reinterpret_cast<char*>(ao);\nchar* bs = reinterpret_cast<char*>(bo);\n")
 
 
 def prologue_code(s: WTShape, gpu: bool) -> str:
-    return f"""{_PREAMBLE}{_thread_code(s, gpu)}
+    return f"""{PREAMBLE}{thread_code(s, gpu)}
 #pragma unroll
 for (int i = 0; i < {s.RR}; ++i) acco[tp * {s.RR} + i] = 0.0f;
 {wg.slice_start(s)}
@@ -205,8 +207,8 @@ cb_cp_wait<{s.S - 2}>();
 
 
 def step_code(s: WTShape, gpu: bool) -> str:
-    return f"""{_PREAMBLE}int64_t* sbo = sbs;
-{_thread_code(s, gpu)}
+    return f"""{PREAMBLE}int64_t* sbo = sbs;
+{thread_code(s, gpu)}
 {wg.wstate(writable=True)}
 {_stage_code(s)}
 {{
@@ -221,7 +223,7 @@ cb_cp_wait<{s.S - 2}>();
 
 def epilogue_code(s: WTShape, gpu: bool) -> str:
     """Each accumulator to slice ``blk_z``'s float32 partial of its filter value."""
-    return f"{_thread_code(s, gpu)}\n" + epilogue.store_code(
+    return f"{thread_code(s, gpu)}\n" + epilogue.store_code(
         s, s.K, s.CT, f"yo[((int64_t)blk_z * {s.K} + m) * {s.CT} + n]")
 
 

@@ -114,19 +114,16 @@ def supports(layer: Layer, params):
     return mma_tiles.supports(layer, params)
 
 
-def step_code(s, gpu: bool) -> str:
-    """Step ``kt`` (the module docstring): stage a tile two steps ahead, issue this
-    tile's wgmma group, wait for the previous group and for the next tile's copies."""
-    group = f"(warp / 4) * {GROUP_ROWS * wptx.ROW_BYTES}"
-    steps = s.TK // (2 * s.CE)  # a wgmma reads 32 bytes of each row
-    da, db = "cb_wgmma_desc(a_c + kk * 32, as)", "cb_wgmma_desc(b_c + kk * 32, bs)"
+def group_code(s, gpu: bool, group: str, steps: int, step: int) -> str:
+    """C++ issuing one wgmma group on the K tile in stage ``cslot``: ``steps`` wgmma, the
+    operands of step ``kk`` starting ``kk * step`` bytes into the stage (A: ``group``
+    bytes on, this warpgroup's rows), then waiting until only this group is in flight.
+    The main loop of every wgmma kernel."""
+    da, db = f"cb_wgmma_desc(a_c + kk * {step}, as)", f"cb_wgmma_desc(b_c + kk * {step}, bs)"
     # the CPU's emulation also takes the thread's lane in its warpgroup and the arrays
     args = f"{da}, {db}" if gpu else f"(int)t % {WARPGROUP}, as, {da}, bs, {db}"
     mma = f"cb_wgmma_n{s.TN}(acc, {args});"
-    return f"""{gather.thread_code(s, gpu)}
-{simt_gather.load_state(s, writable=True)}
-{gather.stage_code(s)}
-{{
+    return f"""{{
     float* acc = acco + tp * {s.RR};
     const char* a_c = as + cslot * {s.ASB} + {group};
     const char* b_c = bs + cslot * {s.BSB};
@@ -139,11 +136,26 @@ def step_code(s, gpu: bool) -> str:
     cb_wgmma_wait<1>();
     {wptx.fence_operands(s.RR)}
 }}
-cslot = cslot + 1 == {s.S} ? 0 : cslot + 1;
+cslot = cslot + 1 == {s.S} ? 0 : cslot + 1;"""
+
+
+def step_wait(s) -> str:
+    """C++ closing every step: wait for the next K tile's copies (``stages - 3`` younger
+    ones stay in flight) and make them visible to the async proxy ``wgmma`` reads through."""
+    return f"cb_cp_wait<{s.S - 3}>();\ncb_fence_proxy_async();\n"
+
+
+def step_code(s, gpu: bool) -> str:
+    """Step ``kt`` (the module docstring): stage a tile two steps ahead, issue this
+    tile's wgmma group, wait for the previous group and for the next tile's copies."""
+    group = f"(warp / 4) * {GROUP_ROWS * wptx.ROW_BYTES}"
+    steps = s.TK // (2 * s.CE)  # a wgmma reads 32 bytes of each row
+    return f"""{gather.thread_code(s, gpu)}
+{simt_gather.load_state(s, writable=True)}
+{gather.stage_code(s)}
+{group_code(s, gpu, group, steps, 32)}
 {simt_gather.store_state(("kd", "kh", "kw", "c0", "sslot", "cslot"))}
-cb_cp_wait<{s.S - 3}>();
-cb_fence_proxy_async();
-"""
+{step_wait(s)}"""
 
 
 def prologue_code(s, gpu: bool) -> str:
@@ -151,12 +163,16 @@ def prologue_code(s, gpu: bool) -> str:
     return gather.prologue_code(s, gpu, ahead=s.S - 2, after="cb_fence_proxy_async();\n")
 
 
-def epilogue_code(s, gpu: bool) -> str:
-    """Wait for the last wgmma group, then the mma kernels' epilogue."""
+def drain_code(s, gpu: bool) -> str:
+    """C++ waiting for the last wgmma group (every wgmma kernel's epilogue starts so)."""
     row = "0" if gpu else f"(int)t * {s.RR}"
     return (f"{{\n    float* acc = const_cast<float*>(acci) + {row};\n"
-            f"    cb_wgmma_wait<0>();\n    {wptx.fence_operands(s.RR)}\n}}\n"
-            + epilogue.epilogue_code(s, gpu))
+            f"    cb_wgmma_wait<0>();\n    {wptx.fence_operands(s.RR)}\n}}\n")
+
+
+def epilogue_code(s, gpu: bool) -> str:
+    """Wait for the last wgmma group, then the mma kernels' epilogue."""
+    return drain_code(s, gpu) + epilogue.epilogue_code(s, gpu)
 
 
 _PREAMBLE = ("char* as = reinterpret_cast<char*>(ao);\n"
@@ -202,8 +218,8 @@ def schedule(target: str, flip: bool = False, layer_of=lambda layer: layer):
 
 def fields(**given):
     """What a wgmma kernel registers with: ``given`` and what every one shares."""
-    return dict(layout=Layout.NDHWC, params=PARAMS, check_params=check_params,
-                precisions=PRECISIONS, cuda_arch=CUDA_ARCH, **given)
+    return {**dict(layout=Layout.NDHWC, params=PARAMS, check_params=check_params,
+                   precisions=PRECISIONS, cuda_arch=CUDA_ARCH), **given}
 
 
 def data_gradient(layer: Layer, dtype, params) -> dace.SDFG:
