@@ -373,8 +373,8 @@ def test_list_filters_by_pass(capsys):
     assert names == ["directConvNCDHWBwdFilter", "directConvNDHWCblockedBwdFilter",
                      "implicitGemmBwdFilter", "implicitGemmMMABwdFilter",
                      "implicitGemmPipelinedBwdFilter",
-                     "implicitGemmPipelinedNCDHWBwdFilter", "implicitGemmWGMMABwdFilter",
-                     "implicitGemmsplitKBwdFilter", "winogradF2BwdFilter"]
+                     "implicitGemmPipelinedNCDHWBwdFilter", "implicitGemmsplitKBwdFilter",
+                     "implicitGemmWGMMABwdFilter", "winogradF2BwdFilter"]
     assert "pass: bwd_filter" in out
 
 

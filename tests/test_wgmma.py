@@ -314,7 +314,7 @@ def test_the_network_picks_tensor_core_kernels_by_architecture(capability, forwa
 
 SASS_DIR = Path(__file__).resolve().parent.parent / "results" / "gpu" / "sass" / "wgmma"
 TABLES = [f"{impl}-{layer_set}{suffix}.csv"
-          for impl in ("implicitGemmWGMMA", "implicitGemmWGMMABwdData")
+          for impl in WGMMA_KERNELS
           for layer_set in ("cosmoflow", "cosmoflow_mlperf")
           for suffix in ("", "-bf16", "-tf32")]
 #: Layers of one K tile (v1 conv1: 27 reduction values; its data gradient's transposed

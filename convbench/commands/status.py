@@ -56,9 +56,10 @@ def case_key(row: Dict[str, str]) -> Tuple[str, ...]:
 
 def coverage_runs(results: Path) -> List[Path]:
     """The CPU coverage tables: the full tier's (``verify/cpu/coverage.csv``) and those of
-    separate runs in its subfolders (a sweep run on its own), oldest run first."""
+    separate runs in its subfolders at any depth (a sweep run on its own, a rerun of some
+    of its cases beside it), oldest run first."""
     root = results / "verify" / "cpu"
-    paths = [p for p in [root / "coverage.csv", *sorted(root.glob("*/coverage.csv"))]
+    paths = [p for p in [root / "coverage.csv", *sorted(root.glob("*/**/coverage.csv"))]
              if p.is_file()]
 
     def date(path: Path) -> str:

@@ -9,7 +9,7 @@ rows = ["| implementation | precision | layer | regs | spills | loop instr | HGM
         "descriptor) | shared loads in the loop | LDGSTS | stages | dynamic shared | blocks "
         "/ SM | ptxas wgmma notes |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-IMPLS = ("implicitGemmWGMMA", "implicitGemmWGMMABwdData")
+IMPLS = ("implicitGemmWGMMA", "implicitGemmWGMMABwdData", "implicitGemmWGMMABwdFilter")
 for suffix, impl, layer_set in itertools.product(("", "-bf16", "-tf32"), IMPLS,
                                                  ("cosmoflow", "cosmoflow_mlperf")):
     for r in csv.DictReader(open(HERE / f"{impl}-{layer_set}{suffix}.csv")):
