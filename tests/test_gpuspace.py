@@ -249,10 +249,14 @@ def _space_dir(tmp_path, verdict=lambda impl, c: "ok"):
 
 
 def test_tune_plan_times_defaults_and_ranked_configurations_that_passed(tmp_path, monkeypatch):
-    """On the training step's layers, most work first: every pass's pipelined kernel
-    (but the first layer's data gradient, which the step leaves out), its defaults
-    whatever their verdict, and candidates only from the configurations that passed
-    (no stored winners here: those are timed again whatever their verdict, see below)."""
+    """On the training step's layers, most work first, then on the v1 set's at batch 16:
+    every pass's pipelined kernel (but the first layer's data gradient, which the step
+    leaves out), its defaults whatever their verdict, candidates only from the
+    configurations that passed (no stored winners here: those are timed again whatever
+    their verdict, see below), and the defaults split (``splitK=0``) exactly where their
+    tiles give fewer than 264 blocks."""
+    from convbench.tuning.gpuspace import gemm_shape
+    from convkernels.gpu.simt.tiles import AUTO_BLOCKS
     monkeypatch.setenv("CONVBENCH_TUNING", "off")
     refused = {"CTAtileK": 16}  # the defaults' K tile is 8: timed whatever its verdict
     space = _space_dir(tmp_path, lambda impl, c: "x spills" if c["CTAtileK"] == 16 and
@@ -260,15 +264,35 @@ def test_tune_plan_times_defaults_and_ranked_configurations_that_passed(tmp_path
     cases = campaign.plan_cases("tune", "gpu", planted=False, space_dir=space)
     assert len({c.id for c in cases}) == len(cases)
     steps = campaign.plan.end2end_layers()
+    v1 = [layer.with_batch(16) for layer in campaign.load_layers("cosmoflow")]
     assert [(c.layer_set, c.layer) for c in cases[:1]] == [("cosmoflow_mlperf", steps[1])]
-    flops = [c.layer.flops() for c in cases]
-    assert flops == sorted(flops, reverse=True)
-    assert {c.layer for c in cases} == set(steps)
-    for layer in steps:
+    first = [c for c in cases if c.layer_set == "cosmoflow_mlperf"]
+    assert cases[:len(first)] == first  # the training step's layers first
+    for group in (first, cases[len(first):]):
+        flops = [c.layer.flops() for c in group]
+        assert flops == sorted(flops, reverse=True)
+    assert {c.layer for c in cases} == set(steps) | set(v1)
+    for c in cases:
+        params = dict(c.params)
+        if registry.get(c.impl).pass_ == "bwd_filter":
+            continue
+        rows, cols, _ = gemm_shape(c.layer, registry.get(c.impl).pass_)
+        blocks = -(-rows // params["CTAtileM"]) * -(-cols // params["CTAtileN"])
+        default = dict(registry.get(c.impl).resolve_params({}))
+        few = -(-rows // default["CTAtileM"]) * -(-cols // default["CTAtileN"]) < AUTO_BLOCKS
+        twins = [d for d in cases if d.impl == c.impl and d.layer == c.layer
+                 and dict(d.params) == {**default, "splitK": 0}]
+        assert len(twins) == few, (c.id, few)
+        if params["splitK"] == 0:
+            assert blocks < AUTO_BLOCKS, c.id
+    for layer in steps + v1:
         for impl in campaign.plan.TUNE_PER_LAYER:
             mine = [c for c in cases if c.layer == layer and c.impl == impl]
-            if layer == steps[0] and registry.get(impl).pass_ == "bwd_data":
+            if layer in (steps[0], v1[0]) and registry.get(impl).pass_ == "bwd_data":
                 assert not mine
+                continue
+            if not gpuspace.rank(impl, layer, gpuspace.passed(space).get(impl, [])):
+                assert not mine  # no tile of the space fits the layer (v1 conv1's 16 x 27)
                 continue
             defaults = dict(registry.get(impl).resolve_params({}))
             assert any(dict(c.params) == defaults for c in mine)

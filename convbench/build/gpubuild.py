@@ -355,7 +355,11 @@ def _compile(result: Probe, impl_name: str, layer, params, workdir, timeout, dty
 
 
 def tag(params: Mapping[str, int]) -> str:
-    """A short, file-name-safe name of a configuration: ``M128N64K16r8x4`` (+ ``s4`` split-K chunks, ``p3`` pipeline stages)."""
+    """A short, file-name-safe name of a configuration: ``M128N64K16r8x4`` (+ ``s4`` split-K
+    chunks, ``p3`` pipeline stages, ``_name value`` the others; ``splitK=1``, one slice,
+    is left out: the pipelined forward's configurations were named so before it had the
+    parameter)."""
+    params = {k: v for k, v in params.items() if not (k == "splitK" and v == 1)}
     short = [("CTAtileM", "M"), ("CTAtileN", "N"), ("CTAtileK", "K")]
     text = "".join(f"{s}{params[k]}" for k, s in short if k in params)
     if "threadTileM" in params:

@@ -119,6 +119,10 @@ TUNE_PER_LAYER = {"implicitGemmPipelined": 2, "implicitGemmPipelinedBwdData": 2,
 #: weighs most in the step; the first layer's data gradient is left out, as the step
 #: leaves it out (the network's input needs no gradient).
 END2END = ("mlperf", 128, 2)
+#: The tune tier's other layers: CosmoFlow v1 at its original batch, after the training
+#: step's, with this many candidates per layer beside the defaults and incumbents.
+TUNE_V1 = ("cosmoflow", 16)
+TUNE_V1_PER_LAYER = 1
 #: Timing of a tune case: fewer samples than core (a ranking, not the reported figure;
 #: the winners are timed again by the next core campaign with the full count).
 TUNE_TIMING = {"iterations": 20, "warmup": 3}
@@ -234,10 +238,13 @@ def tune_cases(target: str, space_dir: Optional[os.PathLike] = None) -> List[Cas
     passed = gpuspace.passed(Path(space_dir) if space_dir else gpuspace.DEFAULT_OUT)
     if target == "gpu":
         layers = [("cosmoflow_mlperf", layer) for layer in end2end_layers()]
+        v1 = [(TUNE_V1[0], layer.with_batch(TUNE_V1[1])) for layer in load_layers(TUNE_V1[0])]
     else:
-        layers = [(SMOKE_LAYER[0], _layer(*SMOKE_LAYER))]
-    pairs = sorted(((layer.flops(), layer_set, layer, impl_name) for layer_set, layer in layers
-                    for impl_name in TUNE_PER_LAYER), key=lambda p: -p[0])
+        layers, v1 = [(SMOKE_LAYER[0], _layer(*SMOKE_LAYER))], []
+    # the training step's pairs first, most work first; then the v1 set's
+    pairs = [p for group in (layers, v1) for p in sorted(
+        ((layer.flops(), layer_set, layer, impl_name) for layer_set, layer in group
+         for impl_name in TUNE_PER_LAYER), key=lambda p: -p[0])]
     cases, timed = [], set()
     first = layers[0][1].name if target == "gpu" else None
     for _, layer_set, layer, impl_name in pairs:
@@ -263,14 +270,35 @@ def tune_cases(target: str, space_dir: Optional[os.PathLike] = None) -> List[Cas
                 continue
             if params not in chosen:
                 chosen.append(params)
-        room = max(0, 1 + TUNE_PER_LAYER[impl_name] - len(chosen))
+        per_layer = TUNE_V1_PER_LAYER if layer_set == TUNE_V1[0] else TUNE_PER_LAYER[impl_name]
+        room = max(0, 1 + per_layer - len(chosen))
+        # resolved, as the defaults and incumbents are (a parameter added since the space
+        # was compiled takes its default)
+        ranked = [dict(impl.resolve_params(p)) for p in ranked]
         chosen += [p for p in ranked if p not in chosen][:room]
+        # split-K where the defaults' tiles leave SMs idle (the rule of splitK=0)
+        split = split_candidate(impl, layer, chosen[0])
+        if split and split not in chosen:
+            chosen.append(split)
         for params in chosen:
             case = Case(impl_name, layer, layer_set, target, group="tune",
                         params=tuple(params.items()))
             cases.append(dataclasses.replace(case, time_refs=case.refs_key not in timed))
             timed.add(case.refs_key)
     return cases
+
+
+def split_candidate(impl, layer: Layer, params) -> Optional[dict]:
+    """``params`` with the automatic split (``splitK=0``) where ``impl`` has the parameter
+    and its tiles on ``layer`` give fewer blocks than the rule aims at (so that the split
+    changes the kernel), else None."""
+    if "splitK" not in params or params["splitK"] == 0 or impl.pass_ == "bwd_filter":
+        return None
+    from convbench.tuning import gpuspace
+    from convkernels.gpu.simt.tiles import AUTO_BLOCKS
+    rows, cols, _ = gpuspace.gemm_shape(layer, impl.pass_)
+    blocks = -(-rows // params["CTAtileM"]) * -(-cols // params["CTAtileN"])
+    return {**params, "splitK": 0} if blocks < AUTO_BLOCKS else None
 
 
 def end2end_layers() -> List[Layer]:

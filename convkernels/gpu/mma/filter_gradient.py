@@ -189,8 +189,14 @@ PREAMBLE = ("const auto* yb = xa;\nconst auto* xb = wb;\n"
              "char* as = reinterpret_cast<char*>(ao);\nchar* bs = reinterpret_cast<char*>(bo);\n")
 
 
-def prologue_code(s: WTShape, gpu: bool) -> str:
-    return f"""{PREAMBLE}{thread_code(s, gpu)}
+def prologue_code(s: WTShape, gpu: bool, thread=None, stage=None, ahead=None,
+                  wait=None) -> str:
+    """Zero the sums, decode the slice's first K tile, stage ``ahead`` K tiles (default
+    ``stages - 1``) and ``wait`` for the first.  ``thread`` and ``stage``: another main
+    loop's thread coordinates and staging (the wgmma filter gradient's)."""
+    ahead = s.S - 1 if ahead is None else ahead
+    wait = f"cb_cp_wait<{ahead - 1}>();\n" if wait is None else wait
+    return f"""{PREAMBLE}{(thread or thread_code)(s, gpu)}
 #pragma unroll
 for (int i = 0; i < {s.RR}; ++i) acco[tp * {s.RR} + i] = 0.0f;
 {wg.slice_start(s)}
@@ -198,12 +204,11 @@ const int64_t arow = 0, bcol = 0;
 const int kdp = 0, khp = 0, kwp = 0;
 int sslot = 0;
 const int cslot = 0;
-for (int j = 0; j < {s.S - 1}; ++j) {{
-{indent(_stage_code(s), 4)}
+for (int j = 0; j < {ahead}; ++j) {{
+{indent((stage or _stage_code)(s), 4)}
 }}
 {wg.wstore(wg.WST, wg.WSB)}
-cb_cp_wait<{s.S - 2}>();
-"""
+{wait}"""
 
 
 def step_code(s: WTShape, gpu: bool) -> str:

@@ -105,6 +105,87 @@ def program(layer: Layer, layout: Layout, dtype, params, flip: bool = False,
     return sdfg
 
 
+def sliced_program(shapes, dtype, *, s, code, state) -> dace.SDFG:
+    """The pipelined program with its reduction cut into ``s.Z`` slices of ``s.TPS`` K
+    tiles (split-K): block ``(blk_z, blk_n, blk_m)`` sums slice ``blk_z`` of its output tile
+    into the float32 partial ``ws[blk_z]`` (``s.PS`` values each), and a second kernel adds
+    each value's partials in slice order (the ``reduce`` tasklet), so the result does not
+    depend on the order the blocks run in.  ``shapes``: those of the arguments ``x``,
+    ``y`` and ``w``, in the filter gradient's roles: the tasklets read A from ``y`` (as
+    ``xa``) and B from ``x`` (as ``wb``), and the sum goes to ``w`` (the forward renames
+    them, :func:`convkernels.gpu.simt.forward.program`).  ``s``: the tiles' constants
+    (``GMp``, ``GNp``: the GEMM's rows and columns in whole tiles); ``code``: the tasklet
+    code by role; ``state``: the int32 and int64 values of each thread's state."""
+    x_shape, y_shape, w_shape = (tuple(v) for v in shapes)
+    XS, YS, WS = int(np.prod(x_shape)), int(np.prod(y_shape)), s.PS
+    dt, at = dtype.dace, dtype.acc_dace
+    NT, RR, Z = s.NT, s.RR, s.Z
+    GMp, GNp = s.GMp, s.GNp
+    NSI, NSB = state
+    AS, BS = s.AS, s.BS
+
+    @stable_program
+    def wgrad_pipelined(x: dt[x_shape], y: dt[y_shape], w: dt[w_shape]):
+        xf = np.reshape(x, [XS])
+        yf = np.reshape(y, [YS])
+        wf = np.reshape(w, [WS])
+        ws = np.ndarray([Z * WS], dace.float32)
+        for blk_z, blk_n, blk_m in dace.map[0:Z, 0:GNp:s.TN, 0:GMp:s.TM]:
+            acc = np.ndarray([NT, RR], at)
+            st = np.ndarray([NT, NSI], dace.int32)
+            sb = np.ndarray([NT, NSB], dace.int64)
+            As = np.ndarray([AS], dace.float32)
+            Bs = np.ndarray([BS], dace.float32)
+            for t in dace.map[0:NT]:
+                with dace.tasklet:  # the prologue: its C++ is set by the schedule
+                    xa << yf(1)[:]
+                    wb << xf(1)[:]
+                    acco >> acc(-1)[:, :]
+                    sto >> st(-1)[:, :]
+                    sbo >> sb(-1)[:, :]
+                    ao >> As(-1)[:]
+                    bo >> Bs(-1)[:]
+                    acco[0, 0] = xa[0] + wb[0]
+                    sto[0, 0] = 0
+                    sbo[0, 0] = 0
+                    ao[0] = 0
+                    bo[0] = 0
+            for kt in dace.map[0:s.TPS]:
+                for t in dace.map[0:NT]:
+                    with dace.tasklet:  # one step of the slice's K loop
+                        xa << yf(1)[:]
+                        wb << xf(1)[:]
+                        sti << st(1)[:, :]
+                        sbi << sb(1)[:, :]
+                        ai << As(1)[:]
+                        bi << Bs(1)[:]
+                        acci << acc(1)[:, :]
+                        acco >> acc(-1)[:, :]
+                        sto >> st(-1)[:, :]
+                        sbs >> sb(-1)[:, :]
+                        ao >> As(-1)[:]
+                        bo >> Bs(-1)[:]
+                        acco[0, 0] = acci[0, 0] + ai[0] * bi[0] + xa[0] + wb[0] + sbi[0, 0]
+                        sto[0, 0] = sti[0, 0]
+                        sbs[0, 0] = sbi[0, 0]
+                        ao[0] = 0
+                        bo[0] = 0
+            for t in dace.map[0:NT]:
+                with dace.tasklet:  # the epilogue: into slice blk_z's partial
+                    acci << acc(1)[:, :]
+                    yo >> ws(-1)[:]
+                    yo[0] = acci[0, 0]
+        for i in dace.map[0:WS]:
+            with dace.tasklet:  # the slices added in order
+                wsi << ws(1)[:]
+                wo >> wf(-1)[:]
+                wo = wsi[0]
+
+    sdfg = wgrad_pipelined.to_sdfg(simplify=True)
+    set_code(sdfg, s, gpu=False, code=code)
+    return sdfg
+
+
 def unpadded(layer: Layer, layout: Layout):
     """The unpadded input as ``layout`` stores it (what the program takes)."""
     return stored_shape(layout, "x", layer.input_shape)

@@ -41,11 +41,12 @@ def fields(**given):
     layout = given["layout"]
 
     def kernel(layer, params):
-        return tiles.shape(transposed_layer(layer), layout, params, flip=True), forward.code()
+        s = tiles.shape(transposed_layer(layer), layout, params, flip=True)
+        return s, forward.code(s.split)
     return dict(
         pass_=Pass.BWD_DATA,
         algorithm=lambda layer, dtype, values: program(layer, layout, dtype, values),
         schedules={t: skeleton.schedule(t, layout, kernel) for t in ("cpu", "gpu")},
-        params=tiles.PARAMS, check_params=tiles.check_params, supports=supports,
+        params=forward.FORWARD_PARAMS, check_params=tiles.check_params, supports=supports,
         constraints="stride 1, padding at most kernel - 1; one image of dL/dy below 2^31 "
                     "elements", **given)

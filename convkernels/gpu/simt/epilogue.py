@@ -9,11 +9,13 @@ from convkernels.layouts import Layout
 def epilogue_code(s: Shape, gpu: bool) -> str:
     """Store each accumulator to its output element."""
     plane = s.OD * s.OH * s.OW
+    # split-K: into slice blk_z's partial, laid out as the output
+    at = f"(int64_t)blk_z * {s.PS} + " if s.split else ""
     if s.layout == Layout.NDHWC:
-        store = f"yo[m * {s.K} + n] = acc[r * {s.RN} + c];"
+        store = f"yo[{at}m * {s.K} + n] = acc[r * {s.RN} + c];"
     else:
         store = (f"{{ const int64_t b = m / {plane}; "
-                 f"yo[(b * {s.K} + n) * {plane} + (m - b * {plane})] = acc[r * {s.RN} + c]; }}")
+                 f"yo[{at}(b * {s.K} + n) * {plane} + (m - b * {plane})] = acc[r * {s.RN} + c]; }}")
     return f"""{gather.thread_code(s, gpu)}
 const float* acc = acci + tp * {s.RM * s.RN};
 #pragma unroll

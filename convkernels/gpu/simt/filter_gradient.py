@@ -25,22 +25,19 @@ import dataclasses
 from typing import Optional
 
 import dace
-import numpy as np
 
 from convkernels.declarations import Param
 from convkernels.gpu import tiling as T
 from convkernels.gpu.pipeline import skeleton
-from convkernels.gpu.pipeline.tasklets import indent, set_code
+from convkernels.gpu.pipeline.tasklets import indent
 from convkernels.gpu.simt import mainloop
 from convkernels.gpu.simt import tiles as simt_tiles
 from convkernels.layer import Layer, layer_constants
 from convkernels.layouts import Layout, Pass
-from convkernels.programs import stable_program
 
 
-#: Blocks the automatic split aims at: two per SM of an H100 or H200 (132 SMs), so that
-#: the grid's last wave is at most half idle.
-AUTO_BLOCKS = 264
+#: Blocks the automatic split aims at (the forward's rule, :data:`simt_tiles.AUTO_BLOCKS`).
+AUTO_BLOCKS = simt_tiles.AUTO_BLOCKS
 
 
 #: The forward's parameters, with K tiles of 16 pixels in 2 stages by default: the copies
@@ -72,6 +69,9 @@ class WShape(simt_tiles.Tiles):
     TPS: int = 1    # K tiles per slice (the last slice may have fewer)
 
     CT = property(lambda s: s.C * s.taps)               # GEMM columns: one filter row
+    PS = property(lambda s: s.K * s.CT)                 # one slice's partial: a filter
+    GMp = property(lambda s: T.round_up(s.K, s.TM))     # the GEMM's rows, whole tiles
+    GNp = property(lambda s: T.round_up(s.CT, s.TN))
     OP = property(lambda s: s.OD * s.OH * s.OW)
     DHW = property(lambda s: s.D * s.H * s.W)
     OWT = property(lambda s: -(-s.OW // s.TK))          # K tiles per output row
@@ -314,7 +314,7 @@ for (int r = 0; r < {s.RM}; ++r) {{
 def wgrad_reduce(s: WShape, gpu: bool) -> str:
     """Filter value ``i``: its slices' partials added in slice order (deterministic)."""
     return f"""float total = 0.0f;
-for (int z = 0; z < {s.Z}; ++z) total += wsi[(int64_t)z * {s.K * s.CT} + i];
+for (int z = 0; z < {s.Z}; ++z) total += wsi[(int64_t)z * {s.PS} + i];
 wo[i] = total;
 """
 
@@ -334,74 +334,9 @@ def wgrad_program(layer: Layer, layout: Layout, dtype, params, s=None,
     accumulators are ``dtype``'s sums, its stages 4-byte words."""
     s = s or wshape(layer, layout, params)
     L = layer_constants(layer, layout)
-    x_shape = skeleton.unpadded(layer, layout)
-    XS, YS, WS = int(np.prod(x_shape)), int(np.prod(L.y_shape)), s.K * s.CT
-    dt, at = dtype.dace, dtype.acc_dace
-    NT, RR, S, Z = s.NT, s.RR, s.S, s.Z
-    GMp, GNp = T.round_up(s.K, s.TM), T.round_up(s.CT, s.TN)
-    NSI, NSB = len(WST), len(WSB)
-    AS, BS = s.AS, s.BS
-
-    @stable_program
-    def wgrad_pipelined(x: dt[x_shape], y: dt[L.y_shape], w: dt[L.w_shape]):
-        xf = np.reshape(x, [XS])
-        yf = np.reshape(y, [YS])
-        wf = np.reshape(w, [WS])
-        ws = np.ndarray([Z * WS], dace.float32)
-        for blk_z, blk_n, blk_m in dace.map[0:Z, 0:GNp:s.TN, 0:GMp:s.TM]:
-            acc = np.ndarray([NT, RR], at)
-            st = np.ndarray([NT, NSI], dace.int32)
-            sb = np.ndarray([NT, NSB], dace.int64)
-            As = np.ndarray([AS], dace.float32)
-            Bs = np.ndarray([BS], dace.float32)
-            for t in dace.map[0:NT]:
-                with dace.tasklet:  # the prologue: its C++ is set by the schedule
-                    xa << yf(1)[:]
-                    wb << xf(1)[:]
-                    acco >> acc(-1)[:, :]
-                    sto >> st(-1)[:, :]
-                    sbo >> sb(-1)[:, :]
-                    ao >> As(-1)[:]
-                    bo >> Bs(-1)[:]
-                    acco[0, 0] = xa[0] + wb[0]
-                    sto[0, 0] = 0
-                    sbo[0, 0] = 0
-                    ao[0] = 0
-                    bo[0] = 0
-            for kt in dace.map[0:s.TPS]:
-                for t in dace.map[0:NT]:
-                    with dace.tasklet:  # one step of the slice's K loop
-                        xa << yf(1)[:]
-                        wb << xf(1)[:]
-                        sti << st(1)[:, :]
-                        sbi << sb(1)[:, :]
-                        ai << As(1)[:]
-                        bi << Bs(1)[:]
-                        acci << acc(1)[:, :]
-                        acco >> acc(-1)[:, :]
-                        sto >> st(-1)[:, :]
-                        sbs >> sb(-1)[:, :]
-                        ao >> As(-1)[:]
-                        bo >> Bs(-1)[:]
-                        acco[0, 0] = acci[0, 0] + ai[0] * bi[0] + xa[0] + wb[0] + sbi[0, 0]
-                        sto[0, 0] = sti[0, 0]
-                        sbs[0, 0] = sbi[0, 0]
-                        ao[0] = 0
-                        bo[0] = 0
-            for t in dace.map[0:NT]:
-                with dace.tasklet:  # the epilogue: into slice blk_z's partial
-                    acci << acc(1)[:, :]
-                    yo >> ws(-1)[:]
-                    yo[0] = acci[0, 0]
-        for i in dace.map[0:WS]:
-            with dace.tasklet:  # the slices added in order
-                wsi << ws(1)[:]
-                wo >> wf(-1)[:]
-                wo = wsi[0]
-
-    sdfg = wgrad_pipelined.to_sdfg(simplify=True)
-    set_code(sdfg, s, gpu=False, code=code or wgrad_code())
-    return sdfg
+    return skeleton.sliced_program((skeleton.unpadded(layer, layout), L.y_shape, L.w_shape),
+                                   dtype, s=s, code=code or wgrad_code(),
+                                   state=(len(WST), len(WSB)))
 
 
 def fields(**given):

@@ -16,30 +16,49 @@ import dace
 
 from convkernels.gpu.pipeline import skeleton
 from convkernels.gpu.simt import epilogue, gather, mainloop
-from convkernels.gpu.simt.tiles import PARAMS, check_params, shape, supports
-from convkernels.layer import Layer
+from convkernels.gpu.simt.filter_gradient import wgrad_reduce
+from convkernels.gpu.simt.tiles import PARAMS, SPLIT_K, check_params, shape, supports
+from convkernels.gpu.pipeline.skeleton import SB, ST
+from convkernels.layer import Layer, layer_constants
 from convkernels.layouts import Layout, Pass
 
+#: The tiles' parameters and the split of the reduction.
+FORWARD_PARAMS = PARAMS + (SPLIT_K,)
 
-def code():
+
+def code(split: bool = False):
     """The forward's tasklet code, by role (looked up when called, so that a test can
-    plant a bug in one of the functions)."""
-    return {"prologue": gather.prologue_code, "step": mainloop.step_code,
-            "epilogue": epilogue.epilogue_code}
+    plant a bug in one of the functions); with split-K, the sum of the slices."""
+    roles = {"prologue": gather.prologue_code, "step": mainloop.step_code,
+             "epilogue": epilogue.epilogue_code}
+    return {**roles, "reduce": wgrad_reduce} if split else roles
 
 
 def program(layer: Layer, layout: Layout, dtype, params, flip: bool = False,
             w_shape=None) -> dace.SDFG:
     """The SIMT kernel's program for ``layer`` in ``layout`` (``flip``, ``w_shape``: a data
-    gradient's, :func:`convkernels.gpu.pipeline.skeleton.program`)."""
-    return skeleton.program(layer, layout, dtype, params, flip, w_shape,
-                            s=shape(layer, layout, params, flip), code=code())
+    gradient's, :func:`convkernels.gpu.pipeline.skeleton.program`); with split-K the
+    sliced program (:func:`convkernels.gpu.pipeline.skeleton.sliced_program`)."""
+    s = shape(layer, layout, params, flip)
+    if not s.split:
+        return skeleton.program(layer, layout, dtype, params, flip, w_shape, s=s, code=code())
+    L = layer_constants(layer, layout)
+    shapes = (tuple(w_shape or L.w_shape), skeleton.unpadded(layer, layout), L.y_shape)
+    sdfg = skeleton.sliced_program(shapes, dtype, s=s, code=code(True),
+                                   state=(len(ST), len(SB)))
+    # the sliced program's roles: A (the input) is "y", B (the filter) "x", the sum "w"
+    for old, new in (("x", "__w"), ("y", "x"), ("w", "y"), ("__w", "w")):
+        sdfg.replace(old, new)
+    sdfg.arg_names = ["x", "w", "y"]
+    return sdfg
 
 
 def schedule(target: str, layout: Layout):
     """The forward's schedule for ``target``: the skeleton's, with this kernel's C++."""
-    return skeleton.schedule(target, layout,
-                             lambda layer, params: (shape(layer, layout, params), code()))
+    def kernel(layer, params):
+        s = shape(layer, layout, params)
+        return s, code(s.split)
+    return skeleton.schedule(target, layout, kernel)
 
 
 def fields(**given):
@@ -49,7 +68,7 @@ def fields(**given):
     return dict(
         pass_=Pass.FWD, algorithm=lambda layer, dtype, values: program(layer, layout, dtype,
                                                                          values),
-        schedules={t: schedule(t, layout) for t in ("cpu", "gpu")}, params=PARAMS,
+        schedules={t: schedule(t, layout) for t in ("cpu", "gpu")}, params=FORWARD_PARAMS,
         check_params=check_params, supports=supports,
         constraints="one image of the input below 2^31 elements",
         **dict({"default_for": ("best-of",)}, **given))

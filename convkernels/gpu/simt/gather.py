@@ -34,12 +34,67 @@ def store_state(names) -> str:
     return "\n".join(f"sto[tp * {len(ST)} + {ST.index(n)}] = {n};" for n in names)
 
 
-def stage_code(s: Shape) -> str:
+def _carry(kd: str, kh: str, kw: str, s: Shape, times: int) -> str:
+    """C++ carrying ``kw`` past the filter's width into ``kh`` and ``kd``, at most
+    ``times`` times (a tap counter stepped by up to ``times * KW``)."""
+    one = f"if ({kw} >= {s.KW}) {{ {kw} -= {s.KW}; if (++{kh} == {s.KH}) {{ {kh} = 0; ++{kd}; }} }}"
+    return "\n".join([one] * times)
+
+
+def packed_stage_code(s: Shape, live: str = "") -> str:
+    """C++ staging the K tile of flat reduction values ``c0..`` (taps packed,
+    ``Shape.packed``): this thread's run of A is ``KVA / C`` whole taps from its counters
+    (``kd, kh, kw``: the run's first tap), each tap's ``C`` channels one copy of a pixel
+    (zeros outside the input and past the last tap); its run of B is contiguous in the
+    filter's row (zeros past its end).  Then the counters step by ``TK / C`` taps."""
+    per_run = s.KVA // s.C
+    first = (f"if (c0 < {s.RF}) {{ // a K tile is left: values c0.. of the flat (tap, channel) "
+             f"reduction" if not live else
+             "{ // this slice's next K tile (zeros past it): values c0.. of (tap, channel)")
+    pre = f"{live} && " if live else ""
+    return f"""{first}
+    float* adst = As_ + sslot * {s.TM * s.TKP} + am * {s.TKP} + akv;
+    #pragma unroll
+    for (int j = 0; j < {per_run}; ++j) {{  // tap j of the run
+        int jd = kd, jh = kh, jw = kw + j;
+{indent(_carry("jd", "jh", "jw", s, -(-(per_run - 1) // s.KW)), 8)}
+        const int dd = d0 + jd, hh = h0 + jh, ww = w0 + jw;
+        const bool ok = {pre}abase >= 0 && jd < {s.KD} && (unsigned)dd < {s.D}u
+                        && (unsigned)hh < {s.H}u && (unsigned)ww < {s.W}u;
+        // the pixel's offset ends in an add (a product widened to 64 bits alone would
+        // take an IMAD.WIDE)
+        const float* src = ok ? xa + (abase + (int64_t)((dd * {s.H} + hh) * {s.W * s.C} + ww * {s.C})) : xa;
+        #pragma unroll
+        for (int e = 0; e < {s.C}; e += {s.VA})
+            cb_cp_async<{4 * s.VA}>(adst + j * {s.C} + e, src + e, ok);
+    }}
+    float* bdst = Bs_ + sslot * {s.TN * s.TKP} + bn * {s.TKP} + bkv;
+    #pragma unroll
+    for (int e = 0; e < {s.KVB}; e += {s.VB}) {{
+        const bool oke = {pre}bbase >= 0 && c0 + bkv + e < {s.RF};
+        // the offset selected before the pointer is formed: a pointer stepped by c0 alone
+        // would take an IMAD.WIDE per tile
+        const int64_t boff = oke ? bbase + (int64_t)(c0 + bkv + e) : 0;
+        cb_cp_async<{4 * s.VB}>(bdst + e, wb + boff, oke);
+    }}
+    c0 += {s.TK};
+    kw += {s.TK // s.C};
+{indent(_carry("kd", "kh", "kw", s, -(-(s.TK // s.C) // s.KW)), 4)}
+}}
+sslot = sslot + 1 == {s.S} ? 0 : sslot + 1;
+cb_cp_commit();"""
+
+
+def stage_code(s: Shape, live: str = "") -> str:
     """C++ that stages the K tile at (``kd, kh, kw``, ``c0``) into stage ``sslot`` (this
     thread's part), then advances those to the next tile and stage: no division, the
     reduction walks channel blocks, then taps.  Where the channels fill whole K tiles,
     a run never passes the last channel: one address and one predicate per run, the
-    run's copies at constant distances from it."""
+    run's copies at constant distances from it.  ``live`` (split-K): C++ of whether the
+    tile is in this slice; a tile past it is staged as zeros (its step still computes).
+    With taps packed, :func:`packed_stage_code`."""
+    if s.packed:
+        return packed_stage_code(s, live)
     ndhwc = s.layout == Layout.NDHWC
     full = s.C % s.TK == 0
     spatial = "((dd * {H} + hh) * {W} + ww)".format(H=s.H, W=s.W)
@@ -71,9 +126,13 @@ def stage_code(s: Shape) -> str:
         const bool oke = {ok} && c0 + {dst[0]}kv + e < {s.C};
         cb_cp_async<{4 * vec}>({dst} + e, oke ? src + e * {step} : base, oke);
     }}"""
-    return f"""if (kd < {s.KD}) {{ // a K tile is left to stage: tap (kd, kh, kw), channels c0..
+    # split-K: every step stages (zeros past the slice); else only while tiles are left
+    first = (f"if (kd < {s.KD}) {{ // a K tile is left to stage: tap (kd, kh, kw), channels c0.."
+             if not live else "{ // this slice's next K tile (zeros past it): tap (kd, kh, kw)")
+    b_ok = f"{live} && bbase >= 0" if live else "bbase >= 0"
+    return f"""{first}
     const int dd = d0 + kd, hh = h0 + kh, ww = w0 + kw;
-    const bool inside = abase >= 0 && (unsigned)dd < {s.D}u && (unsigned)hh < {s.H}u
+    const bool inside = {live + " && " if live else ""}abase >= 0 && (unsigned)dd < {s.D}u && (unsigned)hh < {s.H}u
                         && (unsigned)ww < {s.W}u;
     float* adst = As_ + sslot * {s.TM * s.TKP} + am * {s.TKP} + akv;
     {{
@@ -84,8 +143,8 @@ def stage_code(s: Shape) -> str:
     float* bdst = Bs_ + sslot * {s.TN * s.TKP} + bn * {s.TKP} + bkv;
     {{
     const float* base = wb;
-    const float* src = bbase >= 0 ? wb + ({b_off}) : wb;
-{copies("bdst", s.KVB, s.VB, b_step, "bbase >= 0")}
+    const float* src = {b_ok} ? wb + ({b_off}) : wb;
+{copies("bdst", s.KVB, s.VB, b_step, b_ok)}
     }}
     c0 += {s.TK};
     if (c0 >= {s.C}) {{
@@ -139,16 +198,41 @@ for (int i = 0; i < {s.RM * s.RN}; ++i) acco[tp * {s.RM * s.RN} + i] = 0.0f;
     const int64_t n = (int64_t)blk_n + bn;
     if (n < {s.K}) bbase = n * {b_row_stride(s)};
 }}
-int kd = 0, kh = 0, kw = 0, c0 = 0, sslot = 0;
+{first_tile(s)}
 const int cslot = 0;
 for (int j = 0; j < {s.S - 1}; ++j) {{
-{indent(stage_code(s), 4)}
+{indent(stage_code(s, "j < tiles" if s.split else ""), 4)}
 }}
 {store_state(ST)}
 sbo[tp * {len(SB)}] = abase;
 sbo[tp * {len(SB)} + 1] = bbase;
 cb_cp_wait<{s.S - 2}>();
 """
+
+
+def slice_tiles(s: Shape) -> str:
+    """C++ declaring ``tiles``: the K tiles of slice ``blk_z`` (split-K)."""
+    return (f"const int tiles = {s.KT} - (int)blk_z * {s.TPS} < {s.TPS} ? "
+            f"{s.KT} - (int)blk_z * {s.TPS} : {s.TPS};")
+
+
+def first_tile(s: Shape) -> str:
+    """C++ declaring the counters of the first K tile to stage: 0, or with split-K slice
+    ``blk_z``'s first (tap ``first / CB``, channel block ``first % CB``) and its ``tiles``.
+    With taps packed, ``c0`` is the tile's first flat value and ``kd, kh, kw`` the tap of
+    this thread's run in it."""
+    if s.packed:
+        start = (f"{slice_tiles(s)}\nconst int first = (int)blk_z * {s.TPS};\n"
+                 if s.split else "const int first = 0;\n")
+        return start + f"""int c0 = first * {s.TK}, sslot = 0;
+const int tap0 = (c0 + akv) / {s.C};
+int kd = tap0 / {s.KH * s.KW}, kh = (tap0 / {s.KW}) % {s.KH}, kw = tap0 % {s.KW};"""
+    if not s.split:
+        return "int kd = 0, kh = 0, kw = 0, c0 = 0, sslot = 0;"
+    return f"""{slice_tiles(s)}
+const int first = (int)blk_z * {s.TPS}, tap0 = first / {s.CB};
+int kd = tap0 / {s.KH * s.KW}, kh = (tap0 / {s.KW}) % {s.KH}, kw = tap0 % {s.KW};
+int c0 = (first - tap0 * {s.CB}) * {s.TK}, sslot = 0;"""
 
 
 def staged_pixel(s) -> str:

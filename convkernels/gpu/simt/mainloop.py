@@ -50,9 +50,12 @@ for (int k4 = 0; k4 < {s.TK}; k4 += 4) {{
 def step_code(s: Shape, gpu: bool) -> str:
     """Step ``kt`` of the K loop: issue the next K tile, compute the K tile in stage
     ``cslot``, wait for the tile after it."""
+    # split-K: step kt stages the slice's tile kt + stages - 1 (zeros past the slice)
+    live = f"(int)kt + {s.S - 1} < tiles" if s.split else ""
+    tiles = gather.slice_tiles(s) + "\n" if s.split else ""
     return f"""{gather.thread_code(s, gpu)}
 {gather.load_state(s, writable=True)}
-{gather.stage_code(s)}
+{tiles}{gather.stage_code(s, live)}
 {{
     float* acc = acco + tp * {s.RM * s.RN};
 {indent(fma_loop(s), 4)}

@@ -26,6 +26,17 @@ PARAMS = (
 )
 
 
+#: Blocks an automatic split aims at: two per SM of an H100 or H200 (132 SMs), so that
+#: the grid's last wave is at most half idle.
+AUTO_BLOCKS = 264
+
+#: The forward's and the data gradient's split of the reduction (split-K).
+SPLIT_K = Param("splitK", 1, "slices of the reduction (split-K), each summed into its own "
+                "float32 partial and added in slice order by a second kernel (1: none; 0: "
+                f"where the output tiles give fewer than {AUTO_BLOCKS} blocks, as many as "
+                "make that many, each of at least `stages` K tiles)", minimum=0)
+
+
 @dataclasses.dataclass(frozen=True)
 class Tiles:
     """The constants of one build: the layer's and the tiles'; what every pass shares."""
@@ -85,9 +96,21 @@ class Shape(Tiles):
     #: the forward filter flipped in space with its channel dimensions swapped, read so
     #: while it is staged (no copy): B[(tap, c), n] = w[c, n, taps - 1 - tap].
     flip: bool = False
+    #: Split-K: slices of the reduction, and K tiles per slice (the last may have fewer)
+    Z: int = 1
+    TPS: int = 0
 
+    split = property(lambda s: s.Z > 1)
+    PS = property(lambda s: s.GM * s.K)       # one slice's partial: the whole output
     CB = property(lambda s: -(-s.C // s.TK))
-    KT = property(lambda s: s.taps * s.CB)
+    #: Taps packed into K tiles (the NDHWC forward of a layer with at most half a K tile
+    #: of channels, such as CosmoFlow's first layers): the reduction is the filter's flat
+    #: (tap, channel) index, K tiles of TK of it, so no tile is mostly zeros; each
+    #: thread's run of A values is whole taps (C divides it)
+    packed = property(lambda s: s.layout == Layout.NDHWC and not s.flip and 2 * s.C <= s.TK
+                      and s.KVA % s.C == 0)
+    RF = property(lambda s: s.taps * s.C)     # the flat reduction's length
+    KT = property(lambda s: -(-s.RF // s.TK) if s.packed else s.taps * s.CB)
     GM = property(lambda s: s.N * s.OD * s.OH * s.OW)
     GMp = property(lambda s: T.round_up(s.GM, s.TM))
     GNp = property(lambda s: T.round_up(s.K, s.TN))
@@ -97,6 +120,8 @@ class Shape(Tiles):
 
     @property
     def VB(self):  # the flipped filter's reduction channels are a whole filter apart
+        if self.packed:  # a filter row is the flat reduction, RF values
+            return vector_width(self.KVB, self.RF)
         return vector_width(self.KVB, self.C if self.layout == Layout.NDHWC and not self.flip
                             else 1)
 
@@ -108,7 +133,21 @@ def vector_width(run: int, contiguous: int) -> int:
 
 
 def shape(layer: Layer, layout: Layout, params, flip: bool = False) -> Shape:
-    return Shape.of(layer, layout, params, flip=flip)
+    """The constants of ``layer`` with the tiles of ``params``, and its slices where
+    ``params`` has ``splitK`` (:data:`SPLIT_K`)."""
+    s = Shape.of(layer, layout, params, flip=flip)
+    return split(s, params.get("splitK", 1))
+
+
+def split(s: Shape, wanted: int) -> Shape:
+    """``s`` with its reduction in ``wanted`` slices (0: :data:`SPLIT_K`'s rule), as many
+    K tiles in each but the last; unchanged where that is one slice."""
+    if wanted == 0:
+        blocks = (s.GMp // s.TM) * (s.GNp // s.TN)
+        wanted = min(-(-AUTO_BLOCKS // blocks), max(1, s.KT // s.S))
+    tps = -(-s.KT // max(1, min(wanted, s.KT)))
+    z = -(-s.KT // tps)
+    return dataclasses.replace(s, Z=z, TPS=tps) if z > 1 else s
 
 
 def check_params(params) -> Optional[str]:

@@ -34,9 +34,7 @@ SBO, LBO or accumulator mapping fails on the CPU.
 import dataclasses
 from typing import Optional
 
-from convkernels.declarations import Param
 from convkernels.gpu import dynamic_shared
-from convkernels.gpu import tiling as T
 from convkernels.gpu.mma import epilogue
 from convkernels.gpu.mma import filter_gradient as mma_wgrad
 from convkernels.gpu.pipeline import skeleton
@@ -47,19 +45,14 @@ from convkernels.gpu.wgmma import ptx as wptx
 from convkernels.layer import Layer
 from convkernels.layouts import Layout, Pass
 
-PARAMS = (
-    Param("CTAtileM", 128, "output channels (GEMM rows) per thread block: 64 per warpgroup",
-          T.power_of_two),
-    Param("CTAtileN", 128, "filter values (GEMM columns, of C x taps) per thread block: the "
-          "N of each wgmma (64 to 256)", T.power_of_two),
-    Param("CTAtileK", 64, "output pixels of one output row per K tile in 16 bits (TF32: 32): "
-          "128 bytes, the width of the 128-byte swizzle (fixed)", T.power_of_two),
-    Param("stages", 4, "K tiles in shared memory (3 to 6; two ahead of the one computed "
-          "when 4)"),
-    Param("splitK", 0, "slices of the batch x output-pixel reduction, each summed into its "
-          f"own float32 partial and added in order by a second kernel (0: as many as give "
-          f"{wg.AUTO_BLOCKS} blocks, at most one per K tile)", minimum=0),
-)
+#: The forward's tiles and stages, read as the filter gradient's GEMM, and the slices.
+_HELP = {"CTAtileM": "output channels (GEMM rows) per thread block: 64 per warpgroup",
+         "CTAtileN": "filter values (GEMM columns, of C x taps) per thread block: the N of "
+                     "each wgmma (64 to 256)",
+         "CTAtileK": "output pixels of one output row per K tile in 16 bits (TF32: 32): 128 "
+                     "bytes, the width of the 128-byte swizzle (fixed)"}
+PARAMS = tuple(dataclasses.replace(p, help=_HELP.get(p.name, p.help)) for p in wgmma.PARAMS) \
+    + tuple(p for p in mma_wgrad.PARAMS if p.name == "splitK")
 
 #: The tiles and stages a search tries (the GPU tune space is the same).
 SEARCH_SPACE = wgmma.SEARCH_SPACE
@@ -210,21 +203,10 @@ def _group(s: WGShape, gpu: bool) -> str:
 
 
 def prologue_code(s: WGShape, gpu: bool) -> str:
-    """Zero the sums, decode the slice's first K tile, stage ``stages - 2`` tiles, wait
-    for the first and fence it for the async proxy."""
-    return f"""{mma_wgrad.PREAMBLE}{_thread_code(s, gpu)}
-#pragma unroll
-for (int i = 0; i < {s.RR}; ++i) acco[tp * {s.RR} + i] = 0.0f;
-{wg.slice_start(s)}
-const int64_t arow = 0, bcol = 0;
-const int kdp = 0, khp = 0, kwp = 0;
-int sslot = 0;
-const int cslot = 0;
-for (int j = 0; j < {s.S - 2}; ++j) {{
-{indent(_stage_code(s), 4)}
-}}
-{wg.wstore(wg.WST, wg.WSB)}
-{wgmma.step_wait(s)}"""
+    """The mma.sync filter gradient's prologue with this staging: ``stages - 2`` tiles
+    ahead, the first waited for and fenced for the async proxy."""
+    return mma_wgrad.prologue_code(s, gpu, thread=_thread_code, stage=_stage_code,
+                                   ahead=s.S - 2, wait=wgmma.step_wait(s))
 
 
 def step_code(s: WGShape, gpu: bool) -> str:
