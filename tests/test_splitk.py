@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from cases import Case, case_params, cosmoflow, verify_case
 from convbench import registry
 from convbench.build import toolchain
 from convbench.check import verify
@@ -127,3 +128,18 @@ def test_the_split_main_loops_meet_the_bar(impl, layer_set, batch):
         assert not meets(row), (layer.name, meets(row))
         split += "wgrad_pipelined" in row["kernel"]  # the sliced program's kernel
     assert split, "no layer of the table is split"
+
+
+# -- the full tier: every CosmoFlow layer, split where the rule splits ------------------------
+
+#: The four sliced kernels with the automatic split on both CosmoFlow sets at batch 1
+#: (where a block row is the most often split: the tiles give fewest blocks).
+SPLIT_SWEEP = [Case(name, layer, layer_set, params=(("splitK", 0),))
+               for name in ("implicitGemmPipelined", "implicitGemmPipelinedNCDHW",
+                            "implicitGemmPipelinedBwdData", "implicitGemmPipelinedNCDHWBwdData")
+               for layer_set, layer in cosmoflow(batches=(1,))]
+
+
+@pytest.mark.parametrize("case", case_params([], SPLIT_SWEEP))
+def test_split_sweep(case, builds, reference, coverage):
+    verify_case(case, builds, reference, coverage)
