@@ -52,8 +52,10 @@ SPACES: Dict[str, str] = {
     # The data gradient runs the forward's main loop: the forward's space.
     "implicitGemmPipelinedBwdData": _PIPELINED,
     # The filter gradient: M = output channels (32 to 512 on CosmoFlow), N = filter values
-    # (C x 27), K tiles of 8 or 16 pixels; the slices found by the automatic split.
-    "implicitGemmPipelinedBwdFilter": ("CTAtileM=32,64,128;CTAtileN=64,128;CTAtileK=8,16;"
+    # (C x 27), K tiles of 8 or 16 pixels; the slices found by the automatic split.  N
+    # tiles of 32 for the first layers' few filter values (v1 conv1: 16 x 27, which no
+    # larger tile fits: gpuspace.fits_layer).
+    "implicitGemmPipelinedBwdFilter": ("CTAtileM=32,64,128;CTAtileN=32,64,128;CTAtileK=8,16;"
                                        "threadTileM=4,8;threadTileN=8;stages=2,3;splitK=0"),
     # The Hopper tensor-core kernels (convkernels/gpu/wgmma/, probed in float16, sm_90a):
     # one or two warpgroups, the N of each wgmma, 3 to 6 stages in dynamic shared memory;

@@ -41,7 +41,8 @@ def program(layer: Layer, layout: Layout, dtype, params, flip: bool = False,
     sliced program (:func:`convkernels.gpu.pipeline.skeleton.sliced_program`)."""
     s = shape(layer, layout, params, flip)
     if not s.split:
-        return skeleton.program(layer, layout, dtype, params, flip, w_shape, s=s, code=code())
+        sdfg = skeleton.program(layer, layout, dtype, params, flip, w_shape, s=s, code=code())
+        return _with_tap_table(sdfg, s, "cpu")
     L = layer_constants(layer, layout)
     shapes = (tuple(w_shape or L.w_shape), skeleton.unpadded(layer, layout), L.y_shape)
     sdfg = skeleton.sliced_program(shapes, dtype, s=s, code=code(True),
@@ -50,6 +51,15 @@ def program(layer: Layer, layout: Layout, dtype, params, flip: bool = False,
     for old, new in (("x", "__w"), ("y", "x"), ("w", "y"), ("__w", "w")):
         sdfg.replace(old, new)
     sdfg.arg_names = ["x", "w", "y"]
+    return _with_tap_table(sdfg, s, "cpu")
+
+
+def _with_tap_table(sdfg, s, target: str):
+    """``sdfg`` with the packed gather's table of tap offsets for ``target``, where it
+    has one (``Shape.tap_table``)."""
+    if s.tap_table:
+        gpu = target == "gpu"
+        sdfg.append_global_code(gather.tap_table_code(s, gpu), "cuda" if gpu else "frame")
     return sdfg
 
 
@@ -58,7 +68,12 @@ def schedule(target: str, layout: Layout):
     def kernel(layer, params):
         s = shape(layer, layout, params)
         return s, code(s.split)
-    return skeleton.schedule(target, layout, kernel)
+    base = skeleton.schedule(target, layout, kernel)
+
+    def apply(sdfg, layer, params):
+        base(sdfg, layer, params)
+        _with_tap_table(sdfg, shape(layer, layout, params), target)
+    return apply
 
 
 def fields(**given):

@@ -52,11 +52,13 @@ def packed_stage_code(s: Shape, live: str = "") -> str:
              f"reduction" if not live else
              "{ // this slice's next K tile (zeros past it): values c0.. of (tap, channel)")
     pre = f"{live} && " if live else ""
+    if s.tap_table:
+        return first + "\n" + _table_taps(s, pre) + _packed_b(s, pre)
     return f"""{first}
     float* adst = As_ + sslot * {s.TM * s.TKP} + am * {s.TKP} + akv;
     #pragma unroll
-    for (int j = 0; j < {per_run}; ++j) {{  // tap j of the run
-        int jd = kd, jh = kh, jw = kw + j;
+    for (int q = 0; q < {per_run}; ++q) {{  // tap q of the run (not j: the prologue's)
+        int jd = kd, jh = kh, jw = kw + q;
 {indent(_carry("jd", "jh", "jw", s, -(-(per_run - 1) // s.KW)), 8)}
         const int dd = d0 + jd, hh = h0 + jh, ww = w0 + jw;
         const bool ok = {pre}abase >= 0 && jd < {s.KD} && (unsigned)dd < {s.D}u
@@ -66,9 +68,17 @@ def packed_stage_code(s: Shape, live: str = "") -> str:
         const float* src = ok ? xa + (abase + (int64_t)((dd * {s.H} + hh) * {s.W * s.C} + ww * {s.C})) : xa;
         #pragma unroll
         for (int e = 0; e < {s.C}; e += {s.VA})
-            cb_cp_async<{4 * s.VA}>(adst + j * {s.C} + e, src + e, ok);
+            cb_cp_async<{4 * s.VA}>(adst + q * {s.C} + e, src + e, ok);
     }}
-    float* bdst = Bs_ + sslot * {s.TN * s.TKP} + bn * {s.TKP} + bkv;
+""" + _packed_b(s, pre)
+
+
+def _packed_b(s: Shape, pre: str) -> str:
+    """C++ of a packed tile's B run (contiguous in the filter row, zeros past its end)
+    and the counters' step (``TK / C`` taps; with the tap table, one counter)."""
+    step = (f"    kd += {s.TK // s.C};" if s.tap_table else
+            f"    kw += {s.TK // s.C};\n{indent(_carry('kd', 'kh', 'kw', s, -(-(s.TK // s.C) // s.KW)), 4)}")
+    return f"""    float* bdst = Bs_ + sslot * {s.TN * s.TKP} + bn * {s.TKP} + bkv;
     #pragma unroll
     for (int e = 0; e < {s.KVB}; e += {s.VB}) {{
         const bool oke = {pre}bbase >= 0 && c0 + bkv + e < {s.RF};
@@ -78,11 +88,63 @@ def packed_stage_code(s: Shape, live: str = "") -> str:
         cb_cp_async<{4 * s.VB}>(bdst + e, wb + boff, oke);
     }}
     c0 += {s.TK};
-    kw += {s.TK // s.C};
-{indent(_carry("kd", "kh", "kw", s, -(-(s.TK // s.C) // s.KW)), 4)}
+{step}
 }}
 sslot = sslot + 1 == {s.S} ? 0 : sslot + 1;
 cb_cp_commit();"""
+
+
+#: The table of the taps' offsets from a pixel's window origin (``Shape.tap_table``).
+TAP_TABLE = "cb_packed_taps"
+
+
+def _table_taps(s: Shape, pre: str) -> str:
+    """C++ of a packed tile's A run with the tap table: tap ``kd + j`` is inside where its
+    bit of the pixel's mask (``d0``) is set, at ``h0`` (the window origin's offset) plus its
+    entry of :data:`TAP_TABLE`."""
+    return f"""    float* adst = As_ + sslot * {s.TM * s.TKP} + am * {s.TKP} + akv;
+    #pragma unroll
+    for (int q = 0; q < {s.KVA // s.C}; ++q) {{  // tap kd + q: its bit of the mask, its offset
+        const int tap = kd + q;
+        const bool ok = {pre}tap < {s.taps} && (((unsigned)d0 >> tap) & 1u);
+        const float* src = ok ? xa + (abase + (int64_t)(h0 + {TAP_TABLE}[tap])) : xa;
+        #pragma unroll
+        for (int e = 0; e < {s.C}; e += {s.VA})
+            cb_cp_async<{4 * s.VA}>(adst + q * {s.C} + e, src + e, ok);
+    }}
+"""
+
+
+def tap_table_code(s: Shape, gpu: bool) -> str:
+    """C++ of :data:`TAP_TABLE`: tap ``t``'s offset ``((kd H + kh) W + kw) C`` (constant
+    memory on the GPU)."""
+    offsets = [((t // (s.KH * s.KW) * s.H + t // s.KW % s.KH) * s.W + t % s.KW) * s.C
+               for t in range(s.taps)]
+    qual = "__constant__" if gpu else "static const"
+    guard = "CB_PACKED_TAPS_GPU" if gpu else "CB_PACKED_TAPS_CPU"
+    return (f"\n#ifndef {guard}\n#define {guard}\n{qual} int {TAP_TABLE}[{s.taps}] = "
+            f"{{{', '.join(map(str, offsets))}}};\n#endif\n")
+
+
+def tap_mask(s: Shape) -> str:
+    """C++ (in the prologue, after the staged pixel's decode) replacing ``d0, h0, w0`` by
+    the tap table's state: the mask of the pixel's taps inside the input, the window
+    origin's offset in its image, 0."""
+    if not s.tap_table:
+        return ""
+    return f"""{{ // the taps of this pixel's window inside the input, a bit each
+    unsigned mask = 0u;
+    if (abase >= 0)
+        for (int t = 0; t < {s.taps}; ++t) {{
+            const int dd = d0 + t / {s.KH * s.KW}, hh = h0 + (t / {s.KW}) % {s.KH}, ww = w0 + t % {s.KW};
+            if ((unsigned)dd < {s.D}u && (unsigned)hh < {s.H}u && (unsigned)ww < {s.W}u) mask |= 1u << t;
+        }}
+    const int origin = ((d0 * {s.H} + h0) * {s.W} + w0) * {s.C};
+    d0 = (int)mask;
+    h0 = origin;
+    w0 = 0;
+}}
+"""
 
 
 def stage_code(s: Shape, live: str = "") -> str:
@@ -198,7 +260,7 @@ for (int i = 0; i < {s.RM * s.RN}; ++i) acco[tp * {s.RM * s.RN} + i] = 0.0f;
     const int64_t n = (int64_t)blk_n + bn;
     if (n < {s.K}) bbase = n * {b_row_stride(s)};
 }}
-{first_tile(s)}
+{tap_mask(s)}{first_tile(s)}
 const int cslot = 0;
 for (int j = 0; j < {s.S - 1}; ++j) {{
 {indent(stage_code(s, "j < tiles" if s.split else ""), 4)}
@@ -224,6 +286,9 @@ def first_tile(s: Shape) -> str:
     if s.packed:
         start = (f"{slice_tiles(s)}\nconst int first = (int)blk_z * {s.TPS};\n"
                  if s.split else "const int first = 0;\n")
+        if s.tap_table:  # one counter: the run's first tap
+            return start + f"""int c0 = first * {s.TK}, sslot = 0;
+int kd = (c0 + akv) / {s.C}, kh = 0, kw = 0;"""
         return start + f"""int c0 = first * {s.TK}, sslot = 0;
 const int tap0 = (c0 + akv) / {s.C};
 int kd = tap0 / {s.KH * s.KW}, kh = (tap0 / {s.KW}) % {s.KH}, kw = tap0 % {s.KW};"""

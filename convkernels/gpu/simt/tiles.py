@@ -110,6 +110,9 @@ class Shape(Tiles):
     packed = property(lambda s: s.layout == Layout.NDHWC and not s.flip and 2 * s.C <= s.TK
                       and s.KVA % s.C == 0)
     RF = property(lambda s: s.taps * s.C)     # the flat reduction's length
+    #: Packed with several taps per thread run (1 or 2 channels): each thread keeps a mask
+    #: of its pixel's taps inside the input and reads each tap's offset from a table
+    tap_table = property(lambda s: s.packed and s.C < s.KVA and s.taps <= 32)
     KT = property(lambda s: -(-s.RF // s.TK) if s.packed else s.taps * s.CB)
     GM = property(lambda s: s.N * s.OD * s.OH * s.OW)
     GMp = property(lambda s: T.round_up(s.GM, s.TM))
