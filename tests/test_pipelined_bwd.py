@@ -65,6 +65,22 @@ def test_the_filter_gradient_is_bit_identical_from_run_to_run(name, builds, refe
     assert torch.equal(first, second)
 
 
+#: v1 conv1's filter gradient in small: 16 output channels, 1 input channel (27 filter
+#: values), the shape the space's N tiles of 32 are for.
+FEW_FILTER_VALUES = Layer("k16_c1", 2, 1, 16, 9, 8, 10, 3, 3, 3, pad=1)
+
+
+@pytest.mark.parametrize("name", FILTER)
+def test_the_small_filter_tile_verifies(name, builds, reference):
+    """A 32 x 32 block tile (32 threads of 4 x 8) on 16 x 27 filter values."""
+    params = {"CTAtileM": 32, "CTAtileN": 32, "CTAtileK": 16, "threadTileM": 4,
+              "threadTileN": 8, "stages": 2}
+    spec = toolchain.make_spec(registry.get(name), FEW_FILTER_VALUES, params=params)
+    check = verify.verify_build(builds(spec), reference(FEW_FILTER_VALUES,
+                                                        pass_=Pass.BWD_FILTER))[0]
+    assert check.ok, check.summary()
+
+
 def test_the_split_covers_the_reduction_once():
     """Every K tile is in exactly one slice, and no slice is empty."""
     for layer in (LAYER, next(x for x in load_layers("cosmoflow") if x.name == "conv1")):
