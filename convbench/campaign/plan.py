@@ -295,10 +295,10 @@ def split_candidate(impl, layer: Layer, params) -> Optional[dict]:
     if "splitK" not in params or params["splitK"] == 0 or impl.pass_ == "bwd_filter":
         return None
     from convbench.tuning import gpuspace
-    from convkernels.gpu.simt.tiles import AUTO_BLOCKS
+    from convkernels.gpu.simt import tiles
     rows, cols, _ = gpuspace.gemm_shape(layer, impl.pass_)
-    blocks = -(-rows // params["CTAtileM"]) * -(-cols // params["CTAtileN"])
-    return {**params, "splitK": 0} if blocks < AUTO_BLOCKS else None
+    few = tiles.blocks(rows, cols, params["CTAtileM"], params["CTAtileN"]) < tiles.AUTO_BLOCKS
+    return {**params, "splitK": 0} if few else None
 
 
 def end2end_layers() -> List[Layer]:

@@ -15,10 +15,10 @@ threads (``t``; ``ti = t % NTM`` along M, ``tj = t / NTM`` along N) the gather
 import dace
 
 from convkernels.gpu.pipeline import skeleton
+from convkernels.gpu.pipeline.skeleton import SB, ST
 from convkernels.gpu.simt import epilogue, gather, mainloop
 from convkernels.gpu.simt.filter_gradient import wgrad_reduce
 from convkernels.gpu.simt.tiles import PARAMS, SPLIT_K, check_params, shape, supports
-from convkernels.gpu.pipeline.skeleton import SB, ST
 from convkernels.layer import Layer, layer_constants
 from convkernels.layouts import Layout, Pass
 
@@ -65,14 +65,10 @@ def _with_tap_table(sdfg, s, target: str):
 
 def schedule(target: str, layout: Layout):
     """The forward's schedule for ``target``: the skeleton's, with this kernel's C++."""
-    def kernel(layer, params):
-        s = shape(layer, layout, params)
-        return s, code(s.split)
-    base = skeleton.schedule(target, layout, kernel)
-
     def apply(sdfg, layer, params):
-        base(sdfg, layer, params)
-        _with_tap_table(sdfg, shape(layer, layout, params), target)
+        s = shape(layer, layout, params)
+        skeleton.schedule(target, layout, lambda *_: (s, code(s.split)))(sdfg, layer, params)
+        _with_tap_table(sdfg, s, target)
     return apply
 
 

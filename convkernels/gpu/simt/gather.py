@@ -132,11 +132,12 @@ def tap_mask(s: Shape) -> str:
     origin's offset in its image, 0."""
     if not s.tap_table:
         return ""
+    td, th, tw = tap_parts(s, "t")
     return f"""{{ // the taps of this pixel's window inside the input, a bit each
     unsigned mask = 0u;
     if (abase >= 0)
         for (int t = 0; t < {s.taps}; ++t) {{
-            const int dd = d0 + t / {s.KH * s.KW}, hh = h0 + (t / {s.KW}) % {s.KH}, ww = w0 + t % {s.KW};
+            const int dd = d0 + {td}, hh = h0 + {th}, ww = w0 + {tw};
             if ((unsigned)dd < {s.D}u && (unsigned)hh < {s.H}u && (unsigned)ww < {s.W}u) mask |= 1u << t;
         }}
     const int origin = ((d0 * {s.H} + h0) * {s.W} + w0) * {s.C};
@@ -278,11 +279,17 @@ def slice_tiles(s: Shape) -> str:
             f"{s.KT} - (int)blk_z * {s.TPS} : {s.TPS};")
 
 
+def tap_parts(s: Shape, tap: str):
+    """C++ of filter tap ``tap``'s (kd, kh, kw)."""
+    return (f"{tap} / {s.KH * s.KW}", f"({tap} / {s.KW}) % {s.KH}", f"{tap} % {s.KW}")
+
+
 def first_tile(s: Shape) -> str:
     """C++ declaring the counters of the first K tile to stage: 0, or with split-K slice
     ``blk_z``'s first (tap ``first / CB``, channel block ``first % CB``) and its ``tiles``.
     With taps packed, ``c0`` is the tile's first flat value and ``kd, kh, kw`` the tap of
     this thread's run in it."""
+    kd, kh, kw = tap_parts(s, "tap0")
     if s.packed:
         start = (f"{slice_tiles(s)}\nconst int first = (int)blk_z * {s.TPS};\n"
                  if s.split else "const int first = 0;\n")
@@ -291,12 +298,12 @@ def first_tile(s: Shape) -> str:
 int kd = (c0 + akv) / {s.C}, kh = 0, kw = 0;"""
         return start + f"""int c0 = first * {s.TK}, sslot = 0;
 const int tap0 = (c0 + akv) / {s.C};
-int kd = tap0 / {s.KH * s.KW}, kh = (tap0 / {s.KW}) % {s.KH}, kw = tap0 % {s.KW};"""
+int kd = {kd}, kh = {kh}, kw = {kw};"""
     if not s.split:
         return "int kd = 0, kh = 0, kw = 0, c0 = 0, sslot = 0;"
     return f"""{slice_tiles(s)}
 const int first = (int)blk_z * {s.TPS}, tap0 = first / {s.CB};
-int kd = tap0 / {s.KH * s.KW}, kh = (tap0 / {s.KW}) % {s.KH}, kw = tap0 % {s.KW};
+int kd = {kd}, kh = {kh}, kw = {kw};
 int c0 = (first - tap0 * {s.CB}) * {s.TK}, sslot = 0;"""
 
 

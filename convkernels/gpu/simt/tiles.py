@@ -142,12 +142,17 @@ def shape(layer: Layer, layout: Layout, params, flip: bool = False) -> Shape:
     return split(s, params.get("splitK", 1))
 
 
+def blocks(rows: int, cols: int, tm: int, tn: int) -> int:
+    """Thread blocks of a ``rows x cols`` output in tiles of ``tm x tn`` (what the
+    automatic split compares with :data:`AUTO_BLOCKS`)."""
+    return -(-rows // tm) * -(-cols // tn)
+
+
 def split(s: Shape, wanted: int) -> Shape:
     """``s`` with its reduction in ``wanted`` slices (0: :data:`SPLIT_K`'s rule), as many
     K tiles in each but the last; unchanged where that is one slice."""
     if wanted == 0:
-        blocks = (s.GMp // s.TM) * (s.GNp // s.TN)
-        wanted = min(-(-AUTO_BLOCKS // blocks), max(1, s.KT // s.S))
+        wanted = min(-(-AUTO_BLOCKS // blocks(s.GM, s.K, s.TM, s.TN)), max(1, s.KT // s.S))
     tps = -(-s.KT // max(1, min(wanted, s.KT)))
     z = -(-s.KT // tps)
     return dataclasses.replace(s, Z=z, TPS=tps) if z > 1 else s
