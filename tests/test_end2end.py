@@ -20,6 +20,7 @@ from convbench.plots import plot_breakdown, read_breakdown
 
 SCRIPT = str(ROOT / "scripts" / "cosmoflow_end2end.py")
 SMALL = ["--device", "cpu", "--size", "32", "--batch", "2"]
+SLEEP_S = 0.5  # a planted slow torch forward: far above the step's own noise on a 2-core machine
 
 
 def _run(args, cachedir, timeout=900):
@@ -239,7 +240,7 @@ def test_a_slower_torch_format_is_not_the_baseline(small_run, monkeypatch, cache
         forward = slow.forward
 
         def slower(x):
-            time.sleep(0.2)
+            time.sleep(SLEEP_S)
             return forward(x)
         slow.forward = slower
     monkeypatch.setattr(end2end.Run, "_models", models)
@@ -253,7 +254,10 @@ def test_a_slower_torch_format_is_not_the_baseline(small_run, monkeypatch, cache
     faster = ({"torch-ncdhw", "torch-ndhwc"} - {planted}).pop()
     assert meta["torch_best"] == {"forward": faster, "train": faster}
     c = meta["comparison"]["train"]
-    assert c["step_ms"][planted] > c["step_ms"][faster] + 100  # the planted sleeps
+    # each planted step sleeps once; the margin over the other format is not asserted: on a
+    # 2-core CI machine an unwarmed torch step varies by more than 100 ms (CI of 2b68015)
+    assert c["step_ms"][planted] >= 1000 * SLEEP_S
+    assert c["step_ms"][planted] > c["step_ms"][faster]
     assert c["ratio"] == pytest.approx(c["step_ms"]["dace"] / c["step_ms"][faster])
     assert f"({faster[6:]}; {planted[6:]} " in out.splitlines()[-1]
 
