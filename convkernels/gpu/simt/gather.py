@@ -76,17 +76,17 @@ def packed_stage_code(s: Shape, live: str = "") -> str:
 def _packed_b(s: Shape, pre: str) -> str:
     """C++ of a packed tile's B run (contiguous in the filter row, zeros past its end)
     and the counters' step (``TK / C`` taps; with the tap table, one counter)."""
-    step = (f"    kd += {s.TK // s.C};" if s.tap_table else
+    # with split-K a slice stages past the reduction's end (as zeros): the tap counter
+    # wraps there, so that the table and the mask's shift stay in range
+    wrap = f"\n    if (kd >= {s.table_taps}) kd = 0;" if s.split else ""
+    step = (f"    kd += {s.TK // s.C};{wrap}" if s.tap_table else
             f"    kw += {s.TK // s.C};\n{indent(_carry('kd', 'kh', 'kw', s, -(-(s.TK // s.C) // s.KW)), 4)}")
     return f"""    float* bdst = Bs_ + sslot * {s.TN * s.TKP} + bn * {s.TKP} + bkv;
+    // one address a run, its copies at constant distances (a zero fill reads nothing)
+    const float* bsrc = (const float*)((const char*)(wb + (bbase >= 0 ? bbase : 0)) + 4 * (c0 + bkv));
     #pragma unroll
-    for (int e = 0; e < {s.KVB}; e += {s.VB}) {{
-        const bool oke = {pre}bbase >= 0 && c0 + bkv + e < {s.RF};
-        // the offset selected before the pointer is formed: a pointer stepped by c0 alone
-        // would take an IMAD.WIDE per tile
-        const int64_t boff = oke ? bbase + (int64_t)(c0 + bkv + e) : 0;
-        cb_cp_async<{4 * s.VB}>(bdst + e, wb + boff, oke);
-    }}
+    for (int e = 0; e < {s.KVB}; e += {s.VB})
+        cb_cp_async<{4 * s.VB}>(bdst + e, bsrc + e, {pre}bbase >= 0 && c0 + bkv + e < {s.RF});
     c0 += {s.TK};
 {step}
 }}
@@ -99,15 +99,18 @@ TAP_TABLE = "cb_packed_taps"
 
 
 def _table_taps(s: Shape, pre: str) -> str:
-    """C++ of a packed tile's A run with the tap table: tap ``kd + j`` is inside where its
-    bit of the pixel's mask (``d0``) is set, at ``h0`` (the window origin's offset) plus its
-    entry of :data:`TAP_TABLE`."""
+    """C++ of a packed tile's A run with the tap table: tap ``kd + q`` is inside where its
+    bit of the pixel's mask (``d0``) is set, ``abase`` (its window origin) plus its entry
+    of :data:`TAP_TABLE` (bytes) from ``xa``.  The mask has no bit past the last tap and
+    the table is padded with zeros to the K tiles' taps, so no tap count is compared; the
+    address is formed whether or not the copy reads (a zero fill reads nothing)."""
     return f"""    float* adst = As_ + sslot * {s.TM * s.TKP} + am * {s.TKP} + akv;
+    const unsigned bits = (unsigned)d0 >> kd;  // the mask from this run's first tap on
+    const char* pa = (const char*)(xa + abase);
     #pragma unroll
     for (int q = 0; q < {s.KVA // s.C}; ++q) {{  // tap kd + q: its bit of the mask, its offset
-        const int tap = kd + q;
-        const bool ok = {pre}tap < {s.taps} && (((unsigned)d0 >> tap) & 1u);
-        const float* src = ok ? xa + (abase + (int64_t)(h0 + {TAP_TABLE}[tap])) : xa;
+        const bool ok = {pre}((bits >> q) & 1u);
+        const float* src = (const float*)(pa + {TAP_TABLE}[kd + q]);
         #pragma unroll
         for (int e = 0; e < {s.C}; e += {s.VA})
             cb_cp_async<{4 * s.VA}>(adst + q * {s.C} + e, src + e, ok);
@@ -116,20 +119,22 @@ def _table_taps(s: Shape, pre: str) -> str:
 
 
 def tap_table_code(s: Shape, gpu: bool) -> str:
-    """C++ of :data:`TAP_TABLE`: tap ``t``'s offset ``((kd H + kh) W + kw) C`` (constant
-    memory on the GPU)."""
-    offsets = [((t // (s.KH * s.KW) * s.H + t // s.KW % s.KH) * s.W + t % s.KW) * s.C
+    """C++ of :data:`TAP_TABLE`: tap ``t``'s offset ``((kd H + kh) W + kw) C`` in bytes
+    (constant memory on the GPU), zeros from the last tap to the K tiles' end."""
+    offsets = [4 * ((t // (s.KH * s.KW) * s.H + t // s.KW % s.KH) * s.W + t % s.KW) * s.C
                for t in range(s.taps)]
+    offsets += [0] * (s.table_taps - s.taps)
     qual = "__constant__" if gpu else "static const"
     guard = "CB_PACKED_TAPS_GPU" if gpu else "CB_PACKED_TAPS_CPU"
-    return (f"\n#ifndef {guard}\n#define {guard}\n{qual} int {TAP_TABLE}[{s.taps}] = "
+    return (f"\n#ifndef {guard}\n#define {guard}\n{qual} int {TAP_TABLE}[{s.table_taps}] = "
             f"{{{', '.join(map(str, offsets))}}};\n#endif\n")
 
 
 def tap_mask(s: Shape) -> str:
     """C++ (in the prologue, after the staged pixel's decode) replacing ``d0, h0, w0`` by
-    the tap table's state: the mask of the pixel's taps inside the input, the window
-    origin's offset in its image, 0."""
+    the tap table's state: the mask of the pixel's taps inside the input, 0, 0; ``abase``
+    becomes the window origin's offset (no longer a row's flag: the mask is 0 past the
+    GEMM's rows)."""
     if not s.tap_table:
         return ""
     td, th, tw = tap_parts(s, "t")
@@ -140,9 +145,9 @@ def tap_mask(s: Shape) -> str:
             const int dd = d0 + {td}, hh = h0 + {th}, ww = w0 + {tw};
             if ((unsigned)dd < {s.D}u && (unsigned)hh < {s.H}u && (unsigned)ww < {s.W}u) mask |= 1u << t;
         }}
-    const int origin = ((d0 * {s.H} + h0) * {s.W} + w0) * {s.C};
+    if (abase >= 0) abase += ((d0 * {s.H} + h0) * {s.W} + w0) * {s.C};  // the window origin
     d0 = (int)mask;
-    h0 = origin;
+    h0 = 0;
     w0 = 0;
 }}
 """

@@ -110,10 +110,14 @@ class Shape(Tiles):
     packed = property(lambda s: s.layout == Layout.NDHWC and not s.flip and 2 * s.C <= s.TK
                       and s.KVA % s.C == 0)
     RF = property(lambda s: s.taps * s.C)     # the flat reduction's length
-    #: Packed with several taps per thread run (1 or 2 channels): each thread keeps a mask
-    #: of its pixel's taps inside the input and reads each tap's offset from a table
-    tap_table = property(lambda s: s.packed and s.C < s.KVA and s.taps <= 32)
     KT = property(lambda s: -(-s.RF // s.TK) if s.packed else s.taps * s.CB)
+    #: The taps the packed K tiles span (the last past the filter's where TK does not
+    #: divide RF)
+    table_taps = property(lambda s: s.KT * s.TK // s.C)
+    #: Packed with several taps per thread run (1 or 2 channels): each thread keeps a mask
+    #: of its pixel's taps inside the input (a 32-bit word: the K tiles span at most 32
+    #: taps) and reads each tap's offset from a table
+    tap_table = property(lambda s: s.packed and s.C < s.KVA and s.table_taps <= 32)
     GM = property(lambda s: s.N * s.OD * s.OH * s.OW)
     GMp = property(lambda s: T.round_up(s.GM, s.TM))
     GNp = property(lambda s: T.round_up(s.K, s.TN))
