@@ -158,8 +158,9 @@ def test_small_training_run_checks_and_writes_results(small_run):
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("end2end mlperf 32^3 b2 cpu;") and "check passed" in last
     assert "train step torch" in last and "forward torch" in last and "2 processes" in last
-    # 14 DaCe calls: 5 forward, 4 backward data (not the input's), 5 backward filter.
-    assert "check: 14 DaCe convolution calls" in proc.stdout
+    # 14 DaCe calls: 5 forward, 4 backward data (not the input's), 5 backward filter;
+    # every block fused (its epilogue forward and backward)
+    assert "check: 14 DaCe convolution calls and 10 fused block epilogue calls" in proc.stdout
     for name in ("samples.csv", "summary.csv", "metadata.json", "runtimebreakdown.png",
                  "processes.csv"):
         assert (out / name).stat().st_size > 0, name
@@ -171,6 +172,7 @@ def test_small_training_run_checks_and_writes_results(small_run):
     assert train["total"] >= sum(v for k, v in train.items() if k != "total") * 0.999
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["status"] == "complete" and meta["check"]["ok"]
+    assert meta["fused_blocks"] == [f"conv{i}" for i in range(1, 6)]
     # torch in both formats, the faster the baseline; 2 processes; each part's share
     for phase in ("forward", "train"):
         c = meta["comparison"][phase]
@@ -285,7 +287,11 @@ def test_comparison_shares_and_spreads():
 
 
 def _on(layer, pass_):
-    return lambda build: build.spec.layer.name == layer and build.spec.impl.pass_ == pass_
+    """The convolution builds of ``layer`` and ``pass_`` (not the fused epilogue's, which
+    are not registered implementations)."""
+    from convbench import registry
+    return lambda build: (build.spec.layer.name == layer and build.spec.impl.pass_ == pass_
+                          and build.spec.impl.name in registry.all_implementations())
 
 
 def test_unplanted_check_passes_in_process(small_run, monkeypatch, cachedir, capsys):
@@ -342,6 +348,43 @@ def test_wrong_upstream_gradient_is_caught_by_the_network_check(small_run, monke
     assert status == 1
     assert "FAIL call" not in out  # every call was right for its inputs...
     assert "FAIL grad conv1.weight" in out  # ... but the gradients below conv4 are not
+
+
+def _planted_epilogue(monkeypatch, cachedir, capsys, name, module_attr, replacement):
+    """``--check`` with the fused epilogue's generated code altered (its builds tagged
+    planted, so that they are compiled apart from the real ones)."""
+    from convbench.network import blocks
+    from convkernels.blocks import epilogue
+    monkeypatch.setattr(blocks, "PLANTED", name)
+    monkeypatch.setattr(epilogue, module_attr, replacement)
+    status = end2end.main(SMALL + ["--iters", "0", "--check", "--cachedir", str(cachedir)])
+    return status, capsys.readouterr().out
+
+
+def test_a_wrong_pool_window_fails_the_check(small_run, monkeypatch, cachedir, capsys):
+    """The window's last position (1,1,1) read as (1,1,0): a window whose maximum sat
+    there pools the wrong value."""
+    from convkernels.blocks import epilogue
+    real = epilogue.window_offsets
+    status, out = _planted_epilogue(
+        monkeypatch, cachedir, capsys, "wrong_pool_window", "window_offsets",
+        lambda layer, pool: real(layer, pool)[:-1] + real(layer, pool)[-2:-1])
+    assert status == 1 and "FAIL call conv1 block.fwd" in out and "check FAILED" in out
+
+
+def test_the_slope_on_the_wrong_side_fails_the_check(small_run, monkeypatch, cachedir, capsys):
+    from convkernels.blocks import epilogue
+    status, out = _planted_epilogue(
+        monkeypatch, cachedir, capsys, "slope_wrong_side", "activation_code",
+        lambda v: f"({v} < 0.0f ? {v} : {v} * {epilogue.SLOPE}f)")
+    assert status == 1 and "FAIL call conv1 block.fwd" in out and "FAIL output" in out
+
+
+def test_no_fuse_runs_torchs_blocks(small_run, cachedir, capsys):
+    status = end2end.main(SMALL + ["--iters", "0", "--check", "--no-fuse", "--cachedir",
+                                   str(cachedir), "--require-precompiled"])
+    out = capsys.readouterr().out
+    assert status == 0 and "check: 14 DaCe convolution calls vs" in out
 
 
 def test_training_tracks_torch(small_run, cachedir, tmp_path):

@@ -31,12 +31,12 @@ from convbench.timing import devices
 from convbench.timing.devices import synchronize
 from convbench.base.errors import UsageError
 from convbench.layersets.layer import Layer
+from convkernels.blocks.epilogue import SLOPE as LEAKY_SLOPE  # the fused blocks' slope too
 from convkernels.layouts import PASS_SIGNATURE, Pass, from_layout, stored_shape, to_layout
 
 #: Name of the torch backend in ``--impl`` and implementation maps.
 TORCH = "torch"
 PASSES = (Pass.FWD, Pass.BWD_DATA, Pass.BWD_FILTER)
-LEAKY_SLOPE = 0.3
 KERNEL = 3
 
 
@@ -228,6 +228,8 @@ def _conv_module_class():
             self.layer = layer
             self.backend: Any = TorchConv(layer)
             self.recorder: Optional[Recorder] = None
+            #: the fused bias, activation and pool after it (convbench.network.blocks)
+            self.epilogue: Any = None
 
         def forward(self, x):
             y = ConvFunction.apply(x, self.weight, self)
@@ -277,6 +279,7 @@ def build_model(spec: ModelSpec, size: int, batch: int, dropout: Optional[float]
     import torch
     from torch import nn
 
+    from convbench.network.blocks import block_forward
     layers = conv_layers(spec, size, batch)
     ConvModule = _conv_module_class()
 
@@ -302,9 +305,7 @@ def build_model(spec: ModelSpec, size: int, batch: int, dropout: Optional[float]
 
         def forward(self, x):
             for i, conv in enumerate(self.convs):
-                x = self.act(conv(x))
-                if i < spec.pools:
-                    x = self.pool(x)
+                x = block_forward(self, conv, x, i < spec.pools)
             return torch.tanh(self.head(x)) * 1.2
 
         def set_recorder(self, recorder: Optional[Recorder]):

@@ -71,6 +71,10 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                    help="a tunable parameter of one implementation (repeatable)")
     p.add_argument("--train", action="store_true",
                    help="also time the training step (MSE loss, backward, Adam step)")
+    p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=True,
+                   help="fuse each block's bias, LeakyReLU and max-pool after its DaCe "
+                   "convolution (default; on the CPU in float32 where the forward stores "
+                   "NDHWC: docs/end2end.md); --no-fuse runs them in torch")
     p.add_argument("--check", action="store_true",
                    help="compare the DaCe model's output, loss and parameter gradients with "
                    "torch's; exit 1 on a mismatch")
@@ -292,6 +296,13 @@ class Run:
                                 policy="require" if a.require_precompiled else "reuse",
                                 params=self.params,  # the network's input needs no gradient:
                                 skip=[(self.layers[0].name, Pass.BWD_DATA)], dtype=dtype)
+        fused = []
+        if a.fuse:
+            from convbench.network.blocks import attach_epilogues
+            fused = attach_epilogues(
+                self.dace_model, self.device, a.cachedir,
+                policy="require" if a.require_precompiled else "reuse", dtype=dtype)
+        self.summary["fused_blocks"] = fused
         self.build_seconds = time.perf_counter() - t0
 
     def _to_device(self, x, y):
@@ -347,7 +358,10 @@ class Run:
                 print(f"  FAIL call {call['layer']} {call['pass']} ({call['implementation']}): "
                       f"err/tol {call['worst_ratio']:.3g}")
         worst_call = max((c["worst_ratio"] for c in calls), default=0.0)
-        print(f"check: {len(calls)} DaCe convolution calls vs float64 torch, worst "
+        blocks = sum(c["pass"].startswith("block.") for c in calls)
+        print(f"check: {len(calls) - blocks} DaCe convolution calls"
+              + (f" and {blocks} fused block epilogue calls" if blocks else "")
+              + " vs float64 torch, worst "
               f"err/tol {worst_call:.3g}; max-pooling choices that differ from torch's: "
               f"{result['pool_flips']}")
         for row in tensors:
