@@ -438,7 +438,7 @@ def test_the_tune_and_precision_tiers_run_the_training_step(tmp_path, monkeypatc
     from convbench.campaign.folder import Folder
     skips = campaign.plan.TIER_SKIPS
     assert [t for t in campaign.plan.TIERS
-            if "end2end" not in skips.get(t, ())] == ["tune", "precision"]
+            if "end2end" not in skips.get(t, ())] == ["tune", "precision", "steps"]
     assert campaign.plan.END2END_DTYPE == {"precision": "float16"}
     ran = []
     monkeypatch.setattr(phases, "_run_group", lambda cmd, *a, **k: ran.append(cmd) or 0)
@@ -447,6 +447,41 @@ def test_the_tune_and_precision_tiers_run_the_training_step(tmp_path, monkeypatc
     assert "--dtype" not in ran[0]
     assert ran[1][ran[1].index("--dtype") + 1] == "float16"
     assert ran[1].index("--dtype") < ran[1].index("--outdir")  # the report shows it
+
+
+def test_the_steps_tier_runs_three_training_steps(tmp_path, monkeypatch, main):
+    """steps: FP32 with torch.compile, FP16 and BF16, each its own folder and record, with
+    the project's tuned entries; a recorded run is not run again, and a run the time left
+    cannot hold is left for --resume; its plan fits the device budget in two calls."""
+    from convbench.campaign import phases
+    from convbench.campaign.folder import Folder
+    assert campaign.plan_cases("steps", "gpu", planted=False) == []
+    ran = []
+
+    def run_group(cmd, timeout, log, *a, env=None, **k):
+        ran.append((cmd, env))
+        log.write("end2end mlperf 128^3 b2 gpu; done\n")
+        return 0
+    monkeypatch.setattr(phases, "_run_group", run_group)
+    folder = Folder(tmp_path)
+    runs = campaign.plan.end2end_runs("steps")
+    result = phases.run_end2end(folder, "gpu", None, 10.0, lambda _: None, runs=runs,
+                                campaign_winners=False)
+    assert result["status"] == "done" and len(ran) == 3
+    assert "--torch-compile" in ran[0][0] and "--dtype" not in ran[0][0]
+    assert [c[c.index("--dtype") + 1] for c, _ in ran[1:]] == ["float16", "bfloat16"]
+    assert all("CONVBENCH_TUNING" not in env for _, env in ran)
+    assert {p.name for p in tmp_path.iterdir() if p.is_dir()} >= {
+        "end2end", "end2end_float16", "end2end_bfloat16"}
+    assert phases.run_end2end(folder, "gpu", None, 10.0, lambda _: None, runs=runs)[
+        "detail"].count("recorded already") == 3 and len(ran) == 3
+    (tmp_path / "end2end_bfloat16.json").unlink()
+    left = phases.run_end2end(folder, "gpu", None, 10.0, lambda _: None, runs=runs,
+                              time_left=lambda: 30.0)
+    assert left["status"] == "partial" and "bfloat16 and after" in left["detail"]
+    plan = main("--dry-run", "--tier", "steps")
+    assert plan.returncode == 0 and "budget 15 min: fits" in plan.stdout, plan.stdout
+    assert "end2end (bfloat16)" in plan.stdout and "run --tier steps" in plan.stdout
 
 
 def test_the_end_to_end_section_reads_the_runs_files(tmp_path):

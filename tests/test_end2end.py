@@ -387,6 +387,52 @@ def test_no_fuse_runs_torchs_blocks(small_run, cachedir, capsys):
     assert status == 0 and "check: 14 DaCe convolution calls vs" in out
 
 
+def test_torch_compile_is_a_contestant(small_run, monkeypatch, cachedir, capsys, tmp_path):
+    """--torch-compile: a fourth model, timed as one span, its first calls (compilation)
+    apart; torch's eager backend here (compiling nothing: the full tier's run compiles)."""
+    from convbench.network import compiled
+    monkeypatch.setattr(compiled, "BACKEND", "eager")
+    status = end2end.main(SMALL + ["--iters", "1", "--warmup", "0", "--processes", "1",
+                                   "--train", "--torch-compile", "--outdir", str(tmp_path),
+                                   "--cachedir", str(cachedir), "--require-precompiled"])
+    out = capsys.readouterr().out
+    assert status == 0
+    assert "train step torch.compile" in out.splitlines()[-1]
+    meta = json.loads((tmp_path / "metadata.json").read_text())
+    assert "torch-compile" in meta["references"]
+    first = meta["torch_compile"]["first_call_ms"]
+    assert set(first) == {"forward", "train"} and all(v[0] > 0 for v in first.values())
+    step = meta["comparison"]["train"]["step_ms"]
+    assert step["torch-compile"] > 0 and meta["torch_best"]["train"] != "torch-compile"
+    with open(tmp_path / "summary.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r["backend"] == "torch-compile"]
+    assert {r["layer"] for r in rows} == {"forward.other", "forward.total", "train.other",
+                                          "train.total"}
+
+
+@pytest.mark.full
+def test_torch_compile_with_inductor(small_run, cachedir, tmp_path):
+    """The real contestant: TorchInductor compiles the small network (C++ on the CPU)."""
+    proc = _run(SMALL + ["--iters", "1", "--processes", "1", "--train", "--torch-compile",
+                         "--outdir", str(tmp_path), "--require-precompiled"], cachedir,
+                timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    meta = json.loads((tmp_path / "metadata.json").read_text())
+    assert meta["torch_compile"]["backend"] == "inductor"
+    assert meta["comparison"]["train"]["step_ms"]["torch-compile"] > 0
+
+
+def test_the_plain_model_is_the_network():
+    """The compiled contestant's network computes what the CosmoFlow model does."""
+    import torch
+    from convbench.network import compiled
+    model = network.build_model(network.MODELS["mlperf"], 32, 1).eval()
+    plain = compiled.plain_model(model, torch.contiguous_format).eval()
+    x = torch.randn(1, 4, 32, 32, 32)
+    with torch.no_grad():
+        assert torch.allclose(plain(x), model(x), rtol=1e-5, atol=1e-6)
+
+
 def test_training_tracks_torch(small_run, cachedir, tmp_path):
     """A few epochs on synthetic data: the DaCe model's loss falls and follows torch's
     from the same initial weights (dropout off, so both see the same computation)."""

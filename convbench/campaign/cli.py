@@ -75,7 +75,9 @@ def _run_flags(p, top: bool) -> None:
                    help="smoke: one layer per implementation; core: every implementation on "
                    "representative layers plus the best-of set on all 12 CosmoFlow layers; "
                    "full: everything; tune: the GPU search spaces' best-ranked configurations "
-                   "that passed `space` on all 12 layers, winners to tuned.json (default smoke)")
+                   "that passed `space` on all 12 layers, winners to tuned.json; precision: "
+                   "the tensor-core kernels in their precisions; steps: the training step "
+                   "alone in FP32 (with torch.compile), FP16 and BF16 (default smoke)")
     space_help = ("the tune tier's resource verdicts (space.json; default "
                   "results/gpu/tune-space/, from `space`)")
     if top:

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from .folder import _not_measured
 from .plan import Case, ORIGINAL_BATCH
 from .report import best_per_layer
@@ -252,37 +252,67 @@ def run_roofline(folder: Folder, target: str, cachedir, workers: int, timeout: f
 END2END_CPU_SIZE = 32
 
 
-def run_end2end(folder: Folder, target: str, cachedir, timeout: float,
-                say: Callable[[str], None], dtype: Optional[str] = None) -> dict:
-    """The training step (``scripts/cosmoflow_end2end.py --train --check``, TF32 off; in
-    ``dtype`` where given, ``--dtype``) with the tune tier's winners as its tuned entries
-    (``end2end/tuning.json``), sharing the campaign's build cache; its files in
-    ``end2end/``, its output in ``logs/end2end.log``."""
+def run_end2end(folder: Folder, target: str, cachedir, timeout, say: Callable[[str], None],
+                dtype: Optional[str] = None, runs=None, campaign_winners: bool = True,
+                time_left: Optional[Callable[[], float]] = None) -> dict:
+    """The training step (``scripts/cosmoflow_end2end.py --train --check``, TF32 off), once
+    per run of ``runs`` ((precision, extra flags); default: one, in ``dtype`` or float32),
+    each in its own folder (``end2end``, ``end2end_<precision>`` but for float32) with its
+    record (``end2end.json``, ``end2end_<precision>.json``) and log; a run recorded already
+    is not run again (``--resume``).  With ``campaign_winners`` its tuned entries are the
+    campaign's winners (``end2end/tuning.json``: the tune tier), else the project's.
+    ``timeout``: seconds per run, or a function of a default that gives them; a run whose
+    estimate exceeds ``time_left()`` is left for the next call (status ``partial``)."""
+    from .plan import end2end_run_seconds
+    runs = runs or ((dtype or "float32", ()),)
+    results = []
+    for precision, flags in runs:
+        name = "end2end" if precision == "float32" else f"end2end_{precision}"
+        if (folder.read_json(f"{name}.json") or {}).get("exit") == 0:
+            results.append((0, f"{precision}: recorded already"))
+            continue
+        if time_left is not None and time_left() < end2end_run_seconds(target, flags):
+            return {"status": "partial", "detail": "; ".join(
+                [d for _, d in results] + [f"{precision} and after: left for --resume"])}
+        seconds = timeout(420.0) if callable(timeout) else timeout
+        results.append(_run_step(folder, target, cachedir, seconds, say, name, precision,
+                                 tuple(flags), campaign_winners))
+    failed = [detail for code, detail in results if code != 0]
+    return {"status": "failed" if failed else "done",
+            "detail": "; ".join(detail for _, detail in results)}
+
+
+def _run_step(folder: Folder, target: str, cachedir, timeout: float, say, name: str,
+              precision: str, flags: Tuple[str, ...], campaign_winners: bool):
     from convbench.base.files import write_atomic
     from convbench.build.toolchain import PROJECT_ROOT
     from .plan import END2END
     from .report import tune_winners
-    out = folder.root / "end2end"
+    out = folder.root / name
     out.mkdir(parents=True, exist_ok=True)
-    tuned = out / "tuning.json"
-    write_atomic(tuned, json.dumps({"entries": tune_winners(folder.records())["entries"]},
-                                   indent=1, sort_keys=True) + "\n")
+    env = dict(os.environ)
+    if campaign_winners:
+        tuned = out / "tuning.json"
+        write_atomic(tuned, json.dumps({"entries": tune_winners(folder.records())["entries"]},
+                                       indent=1, sort_keys=True) + "\n")
+        env["CONVBENCH_TUNING"] = str(tuned)
     model, size, batch = END2END
     size = size if target == "gpu" else END2END_CPU_SIZE
     cmd = [sys.executable, str(PROJECT_ROOT / "scripts" / "cosmoflow_end2end.py"),
            "--model", model, "--size", str(size), "--batch", str(batch), "--device", target,
-           "--train", "--check"] + (["--dtype", dtype] if dtype else []) + ["--outdir", str(out)]
+           "--train", "--check", *flags] + (
+               ["--dtype", precision] if precision != "float32" else []) + ["--outdir", str(out)]
     if cachedir:
         cmd += ["--cachedir", str(cachedir)]
-    log = folder.root / "logs" / "end2end.log"
+    log = folder.root / "logs" / f"{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    say(f"[end2end] {' '.join(cmd[1:])} (tuned entries: {tuned.relative_to(folder.root)})")
-    env = dict(os.environ, CONVBENCH_TUNING=str(tuned))
+    say(f"[end2end] {' '.join(cmd[1:])} (tuned entries: "
+        + (f"{(out / 'tuning.json').relative_to(folder.root)})" if campaign_winners
+           else "the project's)"))
     with open(log, "w") as f:
         code = _run_group(cmd, timeout, f, subprocess.STDOUT, env=env)
     last = next((line for line in reversed(_tail(log, 40).splitlines())
                  if line.startswith("end2end ")), "")
-    folder.write_json("end2end.json", {"exit": code, "summary": last, "command": cmd[1:],
-                                       "log": "logs/end2end.log"})
-    return {"status": "done" if code == 0 else "failed",
-            "detail": last or f"exit {code}, see logs/end2end.log"}
+    folder.write_json(f"{name}.json", {"exit": code, "summary": last, "command": cmd[1:],
+                                       "log": f"logs/{name}.log"})
+    return code, last or f"exit {code}, see logs/{name}.log"

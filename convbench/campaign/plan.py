@@ -15,7 +15,7 @@ from convbench.layersets.sets import load_layers
 from .folder import _load
 
 
-TIERS = ("smoke", "core", "full", "tune", "precision")
+TIERS = ("smoke", "core", "full", "tune", "precision", "steps")
 #: The precision tier's cases of these implementations, to fit its 15 device-minutes:
 #: (layer set, precision).  The Hopper kernels of the forward and the data gradient
 #: (``implicitGemmWGMMA*``) run in float16 and TF32 on every layer, in bfloat16 (the
@@ -94,15 +94,36 @@ CALL_FILL = 0.9
 #: them.
 TIER_SKIPS = {"smoke": ("end2end", "tests", "roofline"), "core": ("end2end", "tests", "roofline"),
               "full": ("end2end",), "tune": ("tests", "roofline"),
-              "precision": ("tests", "roofline")}
+              "precision": ("tests", "roofline"),
+              "steps": ("ceilings", "builds", "cases", "tests", "roofline")}
 #: The training step's precision per tier (float32 where absent): the precision tier's
 #: runs on the tensor cores in float16, against torch in float16 and torch's automatic
 #: mixed precision.
 END2END_DTYPE = {"precision": "float16"}
+#: The steps tier: the training step alone, in FP32 (with torch.compile beside torch's
+#: eager formats), FP16 and BF16 (each with torch's mixed precision beside), the project's
+#: tuned entries and the network's default kernels; each run its own folder
+#: (``end2end``, ``end2end_float16``, ``end2end_bfloat16``), resumed run by run.
+STEPS_RUNS = (("float32", ("--torch-compile",)), ("float16", ()), ("bfloat16", ()))
+#: What ``--torch-compile`` adds to a run: TorchInductor compiling the forward pass and
+#: the training step in each of its processes (the first cold, the others from its
+#: on-disk cache).  A guess until a GPU run records it (``torch_compile.first_call_ms``).
+TORCH_COMPILE_S = {"gpu": 120.0, "cpu": 240.0}
+
+
+def end2end_runs(tier: str) -> Tuple[Tuple[str, Tuple[str, ...]], ...]:
+    """The training-step runs of ``tier``'s end2end phase: (precision, extra flags)."""
+    if tier == "steps":
+        return STEPS_RUNS
+    return ((END2END_DTYPE.get(tier, "float32"), ()),)
+
+
+def end2end_run_seconds(target: str, flags: Sequence[str]) -> float:
+    return END2END_S[target] + (TORCH_COMPILE_S[target] if "--torch-compile" in flags else 0.0)
 #: The whole campaign's device-time budget, set-up included: a lent GPU comes with 15
 #: minutes in all, the machine's start counted.  full spans several windows.
 BUDGET_S = {"smoke": 10 * 60.0, "core": 15 * 60.0, "full": 30 * 60.0, "tune": 15 * 60.0,
-            "precision": 15 * 60.0}
+            "precision": 15 * 60.0, "steps": 15 * 60.0}
 #: Tiers whose budget is shared with another tier's plan (the dry run adds that plan):
 #: none since tune took the end-to-end run, which with it fills a window of its own.
 BUDGET_WITH: Dict[str, str] = {}
@@ -207,6 +228,8 @@ def plan_cases(tier: str, target: str, planted: bool, space_dir: Optional[os.Pat
                   for params in candidates]
     if tier == "tune":
         return tune_cases(target, space_dir)
+    if tier == "steps":  # the training steps alone (end2end phase)
+        return []
     cases, seen, timed = [], set(), set()
     for impl, layer_set, layer, group, dtype, *given in pairs:  # given: a candidate's params
         params = tuple(sorted(given[0].items())) if given else ()
@@ -368,9 +391,11 @@ def _case_seconds(case: Case, iterations: int, warmup: int, time_limit: float) -
 
 def estimate(cases: Sequence[Case], target: str, cores: int, iterations: int, warmup: int,
              time_limit: float, cachedir=None, roofline_layers: int = 0,
-             skip: Sequence[str] = ()) -> Estimate:
+             skip: Sequence[str] = (), runs=None) -> Estimate:
     """Host seconds per phase, and the phases split into calls of at most
-    ``CALL_FILL * CALL_LIMIT_S`` (a later call builds again what its cases need)."""
+    ``CALL_FILL * CALL_LIMIT_S`` (a later call builds again what its cases need; the
+    end2end phase's runs, :func:`end2end_runs`, may go to calls of their own)."""
+    runs = end2end_runs("tune") if runs is None else runs
     per_build, source = measured_build_seconds(target, cachedir)
     builds = len({c.job().spec().name for c in cases})  # planted cases share a build
     gpu = target == "gpu"
@@ -380,7 +405,7 @@ def estimate(cases: Sequence[Case], target: str, cores: int, iterations: int, wa
                                             for c in cases)
               + sum(WORKER_START_S for c in cases if c.planted)
               + sum(PLANTED_HANG_TIMEOUT_S for c in cases if c.planted == "hang"),
-              "end2end": END2END_S[target],
+              "end2end": sum(end2end_run_seconds(target, flags) for _, flags in runs),
               # test_gpu.py: 13 implementations x 3 shapes of GPU builds, then the runs.
               "tests": math.ceil(39 / max(1, cores)) * per_build + 60.0 if gpu else 0.0,
               # ncu: one profiled process, a few replays per kernel, two targets per layer.
@@ -388,8 +413,15 @@ def estimate(cases: Sequence[Case], target: str, cores: int, iterations: int, wa
               "table": 2.0}
     phases.update(dict.fromkeys(skip, 0.0))
     calls, current, used = [], [], 0.0
+    items = []  # (name in the plan, seconds): the phases, the end2end phase run by run
     for phase in (p for p in PHASES if p not in skip):
-        if current and used + phases[phase] > CALL_FILL * CALL_LIMIT_S:
+        if phase == "end2end" and len(runs) > 1:
+            items += [(f"end2end ({dtype})", end2end_run_seconds(target, flags))
+                      for dtype, flags in runs]
+        else:
+            items.append((phase, phases[phase]))
+    for phase, seconds in items:
+        if current and used + seconds > CALL_FILL * CALL_LIMIT_S:
             calls.append(current)
             current, used = [], 0.0
             # A fresh host keeps no builds: the cases' builds (those left) and the best
@@ -399,6 +431,6 @@ def estimate(cases: Sequence[Case], target: str, cores: int, iterations: int, wa
             elif phase == "roofline":
                 used += math.ceil(roofline_layers / max(1, cores)) * per_build
         current.append(phase)
-        used += phases[phase]
+        used += seconds
     calls.append(current)
     return Estimate(phases, calls, per_build, source, cores, builds)

@@ -281,6 +281,11 @@ def end2end_section(folder: Folder) -> List[str]:
     lines += [f"`{' '.join(command)}` with the tuned entries "
               f"above (`end2end/tuning.json`){math_note}: exit {done.get('exit')}; "
               f"{done.get('summary') or 'no summary line (logs/end2end.log)'}.", ""]
+    for precision in ("float16", "bfloat16"):  # the steps tier's other runs
+        other = folder.read_json(f"end2end_{precision}.json")
+        if other and "end2end" in str(other.get("command", [])):
+            lines += [f"In {precision} (`end2end_{precision}/`): exit {other.get('exit')}; "
+                      f"{other.get('summary') or 'no summary line'}.", ""]
     path = folder.root / "end2end" / "summary.csv"
     if not path.is_file():
         return lines

@@ -17,7 +17,7 @@ from .folder import Folder, _now
 from .phases import (identity, measure_ceilings, roofline_rows, run_builds, run_end2end,
                      run_gpu_tests, run_roofline)
 from .plan import (BUDGET_S, BUDGET_WITH, CALL_SETUP_S, DEFAULT_TIMING, PHASES, TARGETS, TIERS,
-                   TIER_SKIPS, TUNE_TIMING, Case, estimate, plan_cases, END2END_DTYPE)
+                   TIER_SKIPS, TUNE_TIMING, Case, estimate, plan_cases, end2end_runs)
 from .report import update_index, write_table
 from .worker import _project_root, run_cases
 
@@ -70,7 +70,8 @@ def default_out(target: str, tier: str = "core") -> Path:
         name = torch.cuda.get_device_name()
     slug = "-".join("".join(ch if ch.isalnum() else " " for ch in name).split())
     base = Path("results/gpu") if target == "gpu" else Path("outputs/campaign")
-    return base / f"{time.strftime('%Y-%m-%d')}_{slug}{'_tune' if tier == 'tune' else ''}"
+    suffix = f"_{tier}" if tier in ("tune", "steps") else ""
+    return base / f"{time.strftime('%Y-%m-%d')}_{slug}{suffix}"
 
 
 def check_options(o: Options) -> None:
@@ -96,7 +97,7 @@ def _estimate(o: Options, cases: Sequence[Case], cores: int):
     o = o.resolved() if o.iterations is None or o.warmup is None else o
     return estimate(cases, o.target, cores, o.iterations, o.warmup, o.time_limit, o.cachedir,
                     roofline_layers=len(roofline_rows(layers)),
-                    skip=tuple(o.skip) + TIER_SKIPS.get(o.tier, ()))
+                    skip=tuple(o.skip) + TIER_SKIPS.get(o.tier, ()), runs=end2end_runs(o.tier))
 
 
 def format_plan(o: Options, cases: Sequence[Case]) -> str:
@@ -244,8 +245,11 @@ def run_campaign(o: Options, say: Callable[[str], None] = print) -> int:
             say(f"[builds] failed ({type(err).__name__}: {err}); cases build on a miss")
         folder.mark("builds", status, detail, time.perf_counter() - t0)
     phase("cases", cases_phase)
-    phase("end2end", lambda: run_end2end(folder, o.target, o.cachedir, limit(420.0), say,
-                                         END2END_DTYPE.get(o.tier)))
+    phase("end2end", lambda: run_end2end(folder, o.target, o.cachedir, limit, say,
+                                         runs=end2end_runs(o.tier),
+                                         campaign_winners=o.tier != "steps",
+                                         time_left=None if deadline is None else
+                                         lambda: deadline - time.monotonic()))
     phase("tests", lambda: run_gpu_tests(folder, o.target, limit(540.0), o.workers))
     phase("roofline", lambda: run_roofline(folder, o.target, o.cachedir, o.workers,
                                            limit(420.0), say))

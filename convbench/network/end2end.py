@@ -12,7 +12,6 @@ No caches are flushed between iterations: the network runs as it would in traini
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import math
@@ -22,90 +21,16 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from convbench.tuning.autotune import DEFAULT_BUDGET_MIN, parse_budget
-from convbench.build.chatter import LOG_NAME, add_verbose_flag, set_run_log, set_verbose
-from convbench.base.errors import ArgumentParser, UsageError, check_at_least, run_main
-from convbench.commands.flags import (add_cachedir_flag, add_device_flag, add_heap_flag,
-                                      add_implementation_flag, add_outdir_flag,
-                                      add_precision_flags, add_seed_flag, add_threads_flag,
-                                      check_heap_flag)
-from convbench.network import processes
+from convbench.tuning.autotune import parse_budget
+from convbench.build.chatter import LOG_NAME, set_run_log, set_verbose
+from convbench.base.errors import UsageError, check_at_least, run_main
+from convbench.commands.flags import check_heap_flag
+from convbench.network import compiled, processes
+from convbench.network.options import PROG, build_parser  # noqa: F401  (tests, docs)
 from convbench.results import comparison
 from convbench.results.comparison import TORCH_FORMATS
 from convbench.results import schema
 from convkernels.layouts import Pass
-
-PROG = "cosmoflow_end2end.py"
-
-
-def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
-    from convbench.network.cosmoflow import MODELS, TORCH
-    p = ArgumentParser(prog=prog, description="CosmoFlow end to end with DaCe convolutions: forward "
-                "pass and training step against torch, checked and timed per layer.")
-    p.add_argument("--model", default="mlperf", metavar="|".join(MODELS),
-                   help="mlperf (MLPerf HPC CosmoFlow, default) or v1 (the original work's "
-                   "7-layer network)")
-    p.add_argument("--size", type=int, default=128, metavar="S",
-                   help="input edge S (S^3 voxels; default 128; use 32 or 64 on a CPU)")
-    p.add_argument("--batch", type=int, default=2, metavar="N", help="batch size (default 2)")
-    # Not flags.add_timing_flags: these count iterations of whole networks, never flushed.
-    p.add_argument("--iters", type=int, default=5, metavar="N",
-                   help="timed iterations per model and phase (default 5; 0: no timing)")
-    p.add_argument("--warmup", type=int, default=1, metavar="N",
-                   help="untimed iterations first (default 1)")
-    p.add_argument("--processes", type=int, default=3, metavar="N",
-                   help="fresh processes the timing runs in, one after the other (default 3): "
-                   "medians are the median of the process medians, with the spread between "
-                   "processes beside the spread within one; 1: in this process")
-    p.add_argument("--timing-worker", default=None, help=argparse.SUPPRESS)
-    add_device_flag(p)
-    add_implementation_flag(p, f"forward implementation of every convolution ('{TORCH}': "
-                            "torch's; default: per layer and pass, the measured winner or the "
-                            "'network-cpu' kernel on the CPU, else the 'network' default of "
-                            "`convbench list`)")
-    p.add_argument("--impl-map", action="append", default=[], metavar="FILE",
-                   help="per-layer (and per-pass) choices: JSON, or CSV with layer and "
-                   "implementation columns, e.g. --compareprof summary.csv files (the fastest "
-                   "per layer wins); repeatable")
-    p.add_argument("--param", action="append", default=[], metavar="IMPL:NAME=VALUE",
-                   help="a tunable parameter of one implementation (repeatable)")
-    p.add_argument("--train", action="store_true",
-                   help="also time the training step (MSE loss, backward, Adam step)")
-    p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=True,
-                   help="fuse each block's bias, LeakyReLU and max-pool after its DaCe "
-                   "convolution (default; on the CPU in float32 where the forward stores "
-                   "NDHWC: docs/end2end.md); --no-fuse runs them in torch")
-    p.add_argument("--check", action="store_true",
-                   help="compare the DaCe model's output, loss and parameter gradients with "
-                   "torch's; exit 1 on a mismatch")
-    p.add_argument("--epochs", type=int, default=0, metavar="E",
-                   help="with --train: train both models E epochs on synthetic data first")
-    p.add_argument("--samples", type=int, default=16, metavar="N",
-                   help="size of the synthetic training set for --epochs (default 16)")
-    p.add_argument("--lr", type=float, default=3e-4, help="Adam learning rate (default 3e-4)")
-    p.add_argument("--dropout", type=float, default=None, metavar="P",
-                   help="dropout probability of the dense layers (default: the model's, 0.5)")
-    p.add_argument("--memory-format", default="auto", metavar="auto|ncdhw|ndhwc",
-                   help="activation memory format of the DaCe model (default auto: ndhwc when "
-                   "every DaCe forward implementation is NDHWC, so no layout copies); torch "
-                   "is timed in both formats and the faster one is the baseline")
-    add_precision_flags(p)
-    add_heap_flag(p)
-    add_seed_flag(p)
-    add_threads_flag(p)
-    add_outdir_flag(p, "outputs/end2end_<model>_s<S>_b<N>_<device>[_<dtype>]/")
-    add_cachedir_flag(p)
-    p.add_argument("--require-precompiled", action="store_true",
-                   help="fail if a build is not in the cache (default: build what is missing)")
-    p.add_argument("--autotune", nargs="?", const=str(DEFAULT_BUDGET_MIN), default=None,
-                   metavar="MIN",
-                   help="CPU: first time the candidate implementations and a few parameter "
-                   "configurations of every layer and pass on this machine, verified first, "
-                   "and store the winners under its key in tuning/cpu.json (later runs use "
-                   f"them without tuning); at most MIN minutes (default {DEFAULT_BUDGET_MIN:g})")
-    add_verbose_flag(p)
-    return p
-
 
 def main(argv: Optional[List[str]] = None, prog: str = PROG) -> int:
     return run_main(prog, lambda a: _main(a, prog), argv)
@@ -245,12 +170,14 @@ class Run:
         #: a 16-bit storage type: torch's automatic mixed precision is timed as well
         self.amp = self.dtype.label in ("float16", "bfloat16")
         self.amp_model = None
+        self.compiled_model = None  # --torch-compile (convbench.network.compiled)
 
     @property
     def backends(self) -> List[str]:
         """The timed models: torch's in both memory formats, DaCe's, and torch's mixed
         precision in 16 bits."""
-        return [*TORCH_FORMATS, "dace"] + ([AMP] if self.amp_model is not None else [])
+        return [*TORCH_FORMATS, "dace"] + ([AMP] if self.amp_model is not None else []) + (
+            [compiled.COMPILED] if self.compiled_model is not None else [])
 
     def _models(self):
         import torch
@@ -285,6 +212,9 @@ class Run:
                         "torch-ndhwc": torch.channels_last_3d, "dace": self.fmt, AMP: self.fmt}
         self.torch_models = {name: copy.deepcopy(base).to(memory_format=self.formats[name])
                              for name in TORCH_FORMATS}
+        if a.torch_compile and a.iters:
+            self.formats[compiled.COMPILED] = self.fmt
+            self.compiled_model = compiled.plain_model(base, self.fmt)
         #: torch in the DaCe model's format: the check's and the training's yardstick
         self.torch_model = self.torch_models[f"torch-{self.format_name}"]
         self.dace_model = copy.deepcopy(self.torch_model)
@@ -441,6 +371,11 @@ class Run:
                             "median": "of the process medians" if a.processes > 1 else
                             "of the iterations", **self._heap()},
                     optimizer={"name": "Adam", "lr": a.lr}, loss="mse", **self.summary)
+        if compiled.COMPILED in references:
+            meta["torch_compile"] = {
+                "backend": compiled.BACKEND, "memory_format": self.format_name,
+                "first_call_ms": {ph: [run[0] for run in samples[compiled.COMPILED][ph]["compile"]]
+                                  for ph in phases}}
         if AMP in references:
             meta["torch_amp"] = {"autocast": self.dtype.label, "weights": "float32",
                                  "grad_scaler": self.dtype.label == "float16"}
@@ -464,17 +399,18 @@ class Run:
             parts["total"] = ("-", "", sum(flop for _, _, flop in parts.values() if flop))
             shares = self.comparison[phase].get("parts", {})
             for part, (impl, geometry, flop) in parts.items():
+                # the backends that time this part (torch.compile's step is one span)
+                timed = [b for b in self.backends if samples[b][phase].get(part)]
                 ms = [Measurement(b, Timing([x for run in samples[b][phase][part] for x in run],
                                             a.warmup, "end2end"))
-                      for b in self.backends]
-                extra = {b: comparison.stats_columns(samples[b][phase][part])
-                         for b in self.backends}
+                      for b in timed]
+                extra = {b: comparison.stats_columns(samples[b][phase][part]) for b in timed}
                 if part in shares:
                     extra["dace"].update(share_of_difference=shares[part]["share"],
                                          ratio_without=shares[part]["ratio_without"])
                 writer.add_entry(index, f"{phase}.{part}", impl, ms, geometry=geometry,
                                  batch=a.batch, flop=flop, columns=extra)
-                for b in self.backends:
+                for b in timed:
                     for k, run in enumerate(samples[b][phase][part]):
                         per_process.append({"layer": f"{phase}.{part}", "backend": b,
                                             "process": k, "samples": len(run),
@@ -506,9 +442,20 @@ class Run:
         a = self.args
         x, target = self._batch(a.seed + 2)
         models = {**self.torch_models, "dace": self.dace_model, AMP: self.amp_model}
+        if self.compiled_model is not None:
+            models[compiled.COMPILED] = compiled.compile_model(self.compiled_model)
         models = {k: models[k] for k in self.backends}
         opts = {k: torch.optim.Adam(m.parameters(), lr=a.lr) for k, m in models.items()}
         out = {b: {ph: {} for ph in phases} for b in models}
+        if compiled.COMPILED in models:  # its compilation, apart from its iterations
+            from convbench.timing.devices import synchronize
+            print(f"compiling {compiled.COMPILED} ({compiled.BACKEND})", flush=True)
+            first = compiled.first_calls(
+                models[compiled.COMPILED], opts[compiled.COMPILED],
+                x.contiguous(memory_format=self.fmt), target, phases, _train_step,
+                lambda: synchronize(self.device))
+            for phase, ms in first.items():
+                out[compiled.COMPILED][phase]["compile"] = [ms]
         total = a.warmup + a.iters
         print(f"timing {', '.join(phases)}: {a.warmup} warm-up + {a.iters} timed iterations "
               "per model, interleaved", flush=True)
@@ -574,9 +521,10 @@ class Run:
                 label = "forward" if ph == "forward" else "train step"
                 bits.append(f"{label} torch {t:.1f} ms ({best[6:]}; {other[6:]} "
                             f"{step[other]:.1f}), dace {d:.1f} ms ({d / t:.2f}x)")
-                if AMP in step:
-                    m = step[AMP]
-                    bits.append(f"{label} torch AMP {m:.1f} ms (dace {d / m:.2f}x)")
+                for name, what in ((AMP, "torch AMP"), (compiled.COMPILED, "torch.compile")):
+                    if name in step:
+                        bits.append(f"{label} {what} {step[name]:.1f} ms (dace "
+                                    f"{d / step[name]:.2f}x)")
                 if ph == "train":
                     per_s = {b: 1e3 * a.batch / v for b, v in step.items()}
                     bits.append("samples/s " + ", ".join(f"{b} {v:.1f}"

@@ -18,6 +18,8 @@ Samples = Dict[str, Dict[str, Dict[str, List[List[float]]]]]
 
 #: torch's two memory formats, each a contestant of the end-to-end run.
 TORCH_FORMATS = ("torch-ncdhw", "torch-ndhwc")
+#: Column heads of the printed table for names wider than its columns.
+SHORT = {"torch-compile": "torch.comp."}
 
 
 def _iqr_over_median(values: Sequence[float]) -> float:
@@ -121,7 +123,7 @@ def table(comparison: Mapping[str, Any], layers: Sequence[str], backends: Sequen
         names = [b for b in backends if b != dace] + [dace]
         lines.append(f"\n{phase} (median of {c['processes']} process median(s), ms; ratio and "
                      f"share against the faster torch, {best}):")
-        lines.append(f"{'part':10s}" + "".join(f"{b:>13s}" for b in names)
+        lines.append(f"{'part':10s}" + "".join(f"{SHORT.get(b, b):>13s}" for b in names)
                      + f"{'ratio':>8s}{'share':>8s}{'w/o':>7s}")
         parts = c.get("parts", {})
         for name in list(layers) + ["other"]:
@@ -133,7 +135,7 @@ def table(comparison: Mapping[str, Any], layers: Sequence[str], backends: Sequen
             share = sum(parts[p]["share"] for p in group)
             without = (c["step_ms"][dace] - d) / (c["step_ms"][best] - t) \
                 if c["step_ms"][best] - t > 0 else float("nan")
-            row = "".join(f"{_part_ms(c, b, group):11.2f}ms" for b in names[:-1])
+            row = "".join(_ms_cell(_part_ms(c, b, group)) for b in names[:-1])
             lines.append(f"{name:10s}{row}{d:11.2f}ms{d / t if t > 0 else float('nan'):7.2f}x"
                          f"{share:7.0%} {without:5.2f}x")
         step = "".join(f"{c['step_ms'][b]:11.2f}ms" for b in names)
@@ -145,6 +147,12 @@ def table(comparison: Mapping[str, Any], layers: Sequence[str], backends: Sequen
             f"{c['spread_between'][b]:>8.1%} {c['spread_within'][b]:>4.0%}" for b in names)
             + "   (between processes, within one: IQR/median)")
     return lines
+
+
+def _ms_cell(ms: float) -> str:
+    """A table cell of 13 characters: milliseconds, or "-" for a part a backend does not
+    time apart (torch.compile's step is one span)."""
+    return f"{ms:11.2f}ms" if ms == ms else f"{'-':>13s}"
 
 
 def _part_ms(c: Mapping[str, Any], backend: str, group: Sequence[str]) -> float:

@@ -16,13 +16,16 @@ the first maximum wins, as in ``torch.nn.functional.max_pool3d``.
   (its sign is the activation's: the slope applies where ``p <= 0``, where torch's
   LeakyReLU takes it) and ``idx``, writes the convolution's output gradient ``gy`` (each
   window's maximum gets ``g`` times the slope, the other seven zero) and the bias
-  gradient ``db`` (the same products summed over the batch and the pooled pixels: per
-  row of pooled planes in parallel, then the rows in order; deterministic).
+  gradient ``db`` (the same products summed over the batch and the pooled pixels: each
+  row's sums beside its gradient, then the rows in order; deterministic).
 
-The maps are DaCe's (one parallel map over the pooled outputs, collapsed for OpenMP); the
-code inside each map is the C++ below, generated per layer (:func:`window_code`,
-:func:`activation_code`, :func:`slope_code`).  float32 only.
+The parallel maps are DaCe's (over the rows of pooled outputs ``(n, pd, ph)``, collapsed
+for OpenMP; the bias gradient's channels); the body of each is generated C++, a loop over
+the row's pooled pixels and, innermost and vectorized, their channels
+(:func:`window_code`, :func:`activation_code`, :func:`slope_code`).  float32 only.
 """
+
+import textwrap
 
 import dace
 
@@ -52,12 +55,12 @@ def window_offsets(layer, pool: int):
 
 
 def window_code(offsets) -> str:
-    """C++ of the window's maximum ``m`` and its position ``a`` (the first maximum) from
-    ``win`` (a pointer to the window's first element)."""
-    lines = ["float m = win[0];", "unsigned char a = 0;"]
+    """C++ of the window's maximum ``m`` and its position ``a`` (the first maximum) for
+    channel ``k`` from ``win`` (a pointer to the window's first pixel)."""
+    lines = ["float m = win[k];", "unsigned char a = 0;"]
     for j, off in enumerate(offsets[1:], start=1):
-        lines.append(f"a = win[{off}] > m ? (unsigned char){j} : a;")
-        lines.append(f"m = win[{off}] > m ? win[{off}] : m;")
+        lines.append(f"a = win[{off} + k] > m ? (unsigned char){j} : a;")
+        lines.append(f"m = win[{off} + k] > m ? win[{off} + k] : m;")
     return "\n".join(lines)
 
 
@@ -79,85 +82,100 @@ def _parallel(state, pooled_dims: int):
             node.map.collapse = min(pooled_dims, len(node.map.params))
 
 
+def _rows(N, PD, PH):
+    return dict(n=f"0:{N}", pd=f"0:{PD}", ph=f"0:{PH}")
+
+
 def forward(layer, dtype, params):
-    """The SDFG of the fused forward epilogue: ``(y, b) -> (p, idx)``."""
+    """The SDFG of the fused forward epilogue: ``(y, b) -> (p, idx)``: one parallel map
+    over the rows of pooled outputs (n, pd, ph), each a loop over its pooled pixels and,
+    innermost and vectorized, their channels."""
     P = params["POOL"]
     N, K, D, H, W, PD, PH, PW = _sizes(layer, P)
     sdfg = dace.SDFG("block_forward")
     sdfg.add_array("y", [N, D, H, W, K], dace.float32)
     sdfg.add_array("b", [K], dace.float32)
     sdfg.add_array("p", [N, PD, PH, PW, K], dace.float32)
-    outputs = {"o": dace.Memlet("p[n, pd, ph, pw, k]")}
+    row = f"n, pd, ph, 0:{PW}, 0:{K}"
+    outputs = {"po": dace.Memlet(f"p[{row}]")}
+    store = f"po[w * {K} + k] = {activation_code('v')};"
     if P > 1:
         sdfg.add_array("idx", [N, PD, PH, PW, K], dace.uint8)
-        outputs["j"] = dace.Memlet("idx[n, pd, ph, pw, k]")
-    window = ", ".join(f"{P} * {v}:{P} * {v} + {P}" for v in ("pd", "ph", "pw"))
-    # a one-element memlet is a scalar in C++ (no pool: the window is one value)
-    code = (window_code(window_offsets(layer, P)) if P > 1 else "const float m = win;") + "\n"
-    code += f"const float v = m + bb;\no = {activation_code('v')};\n"
-    if P > 1:
-        code += "j = a;\n"
+        outputs["io"] = dace.Memlet(f"idx[{row}]")
+        store += f"\n        io[w * {K} + k] = a;"
+    code = f"""for (int w = 0; w < {PW}; ++w) {{
+    const float* win = yr + w * {P * K};
+    #pragma omp simd
+    for (int k = 0; k < {K}; ++k) {{
+{textwrap.indent(window_code(window_offsets(layer, P)), ' ' * 8)}
+        const float v = m + bb[k];
+        {store}
+    }}
+}}"""
     state = sdfg.add_state("epilogue")
     state.add_mapped_tasklet(
-        "block_forward", dict(n=f"0:{N}", pd=f"0:{PD}", ph=f"0:{PH}", pw=f"0:{PW}", k=f"0:{K}"),
-        {"win": dace.Memlet(f"y[n, {window}, k]"), "bb": dace.Memlet("b[k]")}, code, outputs,
+        "block_forward", _rows(N, PD, PH),
+        {"yr": dace.Memlet(f"y[n, {P} * pd:{P} * pd + {P}, {P} * ph:{P} * ph + {P}, 0:{W}, 0:{K}]"),
+         "bb": dace.Memlet(f"b[0:{K}]")}, code, outputs,
         language=dace.Language.CPP, external_edges=True)
     return sdfg
 
 
 def backward(layer, dtype, params):
-    """The SDFG of the fused backward epilogue: ``(g, p, idx) -> (gy, db)``."""
+    """The SDFG of the fused backward epilogue: ``(g, p, idx) -> (gy, db)``: per row of
+    pooled outputs (in parallel) the output gradient of its windows and the row's sums
+    for the bias gradient, then those sums in order."""
     P = params["POOL"]
     N, K, D, H, W, PD, PH, PW = _sizes(layer, P)
+    rows = N * PD * PH
     sdfg = dace.SDFG("block_backward")
     for name in ("g", "p"):
         sdfg.add_array(name, [N, PD, PH, PW, K], dace.float32)
     sdfg.add_array("gy", [N, D, H, W, K], dace.float32)
     sdfg.add_array("db", [K], dace.float32)
-    sdfg.add_array("part", [N * PD, K], dace.float32, transient=True)
-    inputs = {"gg": dace.Memlet("g[n, pd, ph, pw, k]"), "pp": dace.Memlet("p[n, pd, ph, pw, k]")}
-    window = ", ".join(f"{P} * {v}:{P} * {v} + {P}" for v in ("pd", "ph", "pw"))
-    code = f"const float v = {slope_code('gg', 'pp')};\n"
+    sdfg.add_array("part", [rows, K], dace.float32, transient=True)
+    row = f"n, pd, ph, 0:{PW}, 0:{K}"
+    inputs = {"gr": dace.Memlet(f"g[{row}]"), "pr": dace.Memlet(f"p[{row}]")}
     if P > 1:
         sdfg.add_array("idx", [N, PD, PH, PW, K], dace.uint8)
-        inputs["ii"] = dace.Memlet("idx[n, pd, ph, pw, k]")
-        code += "\n".join(f"out[{off}] = ii == {j} ? v : 0.0f;"
-                          for j, off in enumerate(window_offsets(layer, P)))
+        inputs["ir"] = dace.Memlet(f"idx[{row}]")
+        scatter = "\n".join(f"        out[{off} + k] = ii == {j} ? v : 0.0f;"
+                            for j, off in enumerate(window_offsets(layer, P)))
+        scatter = f"        const unsigned char ii = ir[w * {K} + k];\n" + scatter
     else:
-        code += "out = v;"
-    scatter = sdfg.add_state("gradient")
-    scatter.add_mapped_tasklet(
-        "block_backward", dict(n=f"0:{N}", pd=f"0:{PD}", ph=f"0:{PH}", pw=f"0:{PW}", k=f"0:{K}"),
-        inputs, code, {"out": dace.Memlet(f"gy[n, {window}, k]")},
-        language=dace.Language.CPP, external_edges=True)
-    # the bias gradient: per row of pooled planes (n, pd) its sums, then the rows in order
-    plane = PH * PW
-    rows = sdfg.add_state_after(scatter, "bias_rows")
-    rows.add_mapped_tasklet(
-        "block_bias_rows", dict(n=f"0:{N}", pd=f"0:{PD}"),
-        {"gpl": dace.Memlet(f"g[n, pd, 0:{PH}, 0:{PW}, 0:{K}]"),
-         "ppl": dace.Memlet(f"p[n, pd, 0:{PH}, 0:{PW}, 0:{K}]")},
-        f"""float acc[{K}];
+        scatter = "        out[k] = v;"
+    code = f"""float acc[{K}];
 for (int k = 0; k < {K}; ++k) acc[k] = 0.0f;
-for (int q = 0; q < {plane}; ++q)
-    for (int k = 0; k < {K}; ++k)
-        acc[k] += {slope_code(f'gpl[q * {K} + k]', f'ppl[q * {K} + k]')};
-for (int k = 0; k < {K}; ++k) row[k] = acc[k];""",
-        {"row": dace.Memlet(f"part[n * {PD} + pd, 0:{K}]")},
+for (int w = 0; w < {PW}; ++w) {{
+    float* out = gyr + w * {P * K};
+    #pragma omp simd
+    for (int k = 0; k < {K}; ++k) {{
+        const float v = {slope_code(f'gr[w * {K} + k]', f'pr[w * {K} + k]')};
+        acc[k] += v;
+{scatter}
+    }}
+}}
+for (int k = 0; k < {K}; ++k) part_row[k] = acc[k];"""
+    state = sdfg.add_state("gradient")
+    state.add_mapped_tasklet(
+        "block_backward", _rows(N, PD, PH), inputs, code,
+        {"gyr": dace.Memlet(f"gy[n, {P} * pd:{P} * pd + {P}, {P} * ph:{P} * ph + {P}, 0:{W}, 0:{K}]"),
+         "part_row": dace.Memlet(f"part[(n * {PD} + pd) * {PH} + ph, 0:{K}]")},
         language=dace.Language.CPP, external_edges=True)
-    total = sdfg.add_state_after(rows, "bias")
+    total = sdfg.add_state_after(state, "bias")
     total.add_mapped_tasklet(
-        "block_bias", dict(k=f"0:{K}"), {"col": dace.Memlet(f"part[0:{N * PD}, k]")},
+        "block_bias", dict(k=f"0:{K}"), {"col": dace.Memlet(f"part[0:{rows}, k]")},
         f"""float s = 0.0f;
-for (int r = 0; r < {N * PD}; ++r) s += col[r * {K}];
+for (int r = 0; r < {rows}; ++r) s += col[r * {K}];
 out = s;""",
         {"out": dace.Memlet("db[k]")}, language=dace.Language.CPP, external_edges=True)
     return sdfg
 
 
 def cpu_schedule(sdfg, layer, params):
-    """OpenMP: each parallel map collapsed over its pooled dimensions (the channel loop
-    innermost, where the compiler vectorizes it)."""
-    dims = {"epilogue": 4, "gradient": 4, "bias_rows": 2, "bias": 1}
+    """OpenMP: the rows of pooled outputs in parallel (the map collapsed), the channels
+    innermost where the compiler vectorizes them; the bias gradient's channels in
+    parallel."""
+    dims = {"epilogue": 3, "gradient": 3, "bias": 1}
     for state in sdfg.states():
         _parallel(state, dims[state.label])
