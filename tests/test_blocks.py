@@ -37,27 +37,30 @@ def _torch_block(y, b, pool: bool, g_seed: int = 7):
     return out.detach(), g, y64.grad, b64.grad
 
 
-def _run(layer, pool, cachedir):
+def _run(layer, pool, cachedir, device="cpu"):
     import torch
-    ep = blocks.Epilogue(layer, pool, _Exp(cachedir))
+    exp = _Exp(cachedir)
+    exp.device = device
+    ep = blocks.Epilogue(layer, pool, exp)
     gen = torch.Generator().manual_seed(3)
     y = torch.randn(layer.output_shape, generator=gen).to(
         memory_format=torch.channels_last_3d)
     b = torch.randn(layer.out_channels, generator=gen)
     ref, g64, gy_ref, db_ref = _torch_block(y, b, pool)
-    out, idx = ep.forward(y, b)
-    gy, db = ep.backward(g64.float(), out, idx)
-    return out, ref, gy, gy_ref, db, db_ref, g64
+    on = "cuda" if device == "gpu" else "cpu"
+    out, idx = ep.forward(y.to(on), b.to(on))
+    gy, db = ep.backward(g64.float().to(on), out, idx)
+    return out.cpu(), ref, gy.cpu(), gy_ref, db.cpu(), db_ref, g64
 
 
 @pytest.mark.parametrize("layer, pool", [(POOLED, True), (POOLED, False), (UNPOOLED, False)],
                          ids=["pooled", "unpooled-even", "unpooled-odd"])
-def test_the_fused_block_is_torchs(layer, pool, tmp_path):
+def test_the_fused_block_is_torchs(layer, pool, tmp_path, device="cpu"):
     """Output within 3 float32 roundoffs of torch float64's, the output gradient within
     3 roundoffs of torch's (the window's maximum gets it, the others none), the bias
     gradient within the sum's bound."""
     import torch
-    out, ref, gy, gy_ref, db, db_ref, g64 = _run(layer, pool, tmp_path)
+    out, ref, gy, gy_ref, db, db_ref, g64 = _run(layer, pool, tmp_path, device)
     u = 2.0 ** -24
     assert out.shape == ref.shape
     assert bool(((out.double() - ref).abs() <= 3 * u * ref.abs()).all())
@@ -98,13 +101,29 @@ def test_odd_sizes_refuse_a_pool():
         epilogue.forward(UNPOOLED, None, {"POOL": 2})
 
 
-def test_only_the_cpu_in_float32_on_ndhwc_fuses():
+def test_only_float32_on_ndhwc_fuses():
     from convbench import registry
     ndhwc, ncdhw = registry.get("directConvNDHWCblocked"), registry.get("directConvNCDHW")
+    pipelined = registry.get("implicitGemmPipelined")
     assert blocks.fusable(ndhwc, "cpu", "float32") is None
+    assert blocks.fusable(pipelined, "gpu", "float32") is None
     assert "NCDHW" in blocks.fusable(ncdhw, "cpu", "float32")
-    assert "CPU" in blocks.fusable(ndhwc, "gpu", "float32")
     assert "float32" in blocks.fusable(ndhwc, "cpu", "bfloat16")
+
+
+@pytest.mark.parametrize("kb", [1, 4])
+def test_channel_blocks_give_the_same_block(kb, tmp_path, monkeypatch):
+    """The GPU's decomposition (a map point per channel, KB=1) and a block of 4, run on
+    the CPU: the same results as one point per row."""
+    monkeypatch.setattr(blocks, "epilogue_params",
+                        lambda pool, device: {"POOL": 2 if pool else 1, "KB": kb})
+    test_the_fused_block_is_torchs(POOLED, True, tmp_path)
+
+
+def test_the_gpu_schedule_wants_a_thread_per_channel():
+    sdfg = epilogue.forward(POOLED, None, {"POOL": 2, "KB": 0})
+    with pytest.raises(ValueError, match="KB=1"):
+        epilogue.gpu_schedule(sdfg, POOLED, {"POOL": 2, "KB": 0})
 
 
 def test_torch_indices_name_the_window_maxima():
@@ -119,3 +138,11 @@ def test_torch_indices_name_the_window_maxima():
     local = ((d % 2) * 4 + (h % 2) * 2 + (w % 2)).to(torch.uint8)
     stored = local.permute(0, 2, 3, 4, 1).contiguous()
     assert torch.equal(blocks.torch_indices(stored, 6, 8), idx_t)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layer, pool", [(POOLED, True), (UNPOOLED, False)],
+                         ids=["pooled", "unpooled-odd"])
+def test_the_fused_block_on_the_gpu(layer, pool, tmp_path):
+    """The GPU schedule (a thread per row and channel) against torch float64."""
+    test_the_fused_block_is_torchs(layer, pool, tmp_path, device="gpu")

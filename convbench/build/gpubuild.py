@@ -276,7 +276,7 @@ class Probe:
                    default=None)
 
 
-def probe(impl_name: str, layer_set: str, layer, params: Mapping[str, int],
+def probe(impl_name, layer_set: str, layer, params: Mapping[str, int],
           workdir: Optional[Path] = None, timeout: float = 300.0, dtype=None,
           disassemble: bool = False, keep_listing: bool = False) -> Probe:
     """Generate the GPU code of ``impl_name`` on ``layer`` with ``params`` in precision
@@ -285,12 +285,11 @@ def probe(impl_name: str, layer_set: str, layer, params: Mapping[str, int],
     SASS (``keep_listing``: keep the listing too).  A :class:`Probe` (with the seconds it
     took)."""
     import time
-    from convbench import registry
     from convbench.build import precision
     t0 = time.perf_counter()
-    impl = registry.get(impl_name)
+    impl = _implementation(impl_name)
     dtype = precision.get_dtype(dtype or impl.precisions[0])
-    result = Probe(impl_name, layer_set, layer.name, layer.batch, dict(params),
+    result = Probe(impl.name, layer_set, layer.name, layer.batch, dict(params),
                    dtype=dtype.label)
     _compile(result, impl_name, layer, params, workdir, timeout, dtype, disassemble,
              keep_listing)
@@ -298,11 +297,17 @@ def probe(impl_name: str, layer_set: str, layer, params: Mapping[str, int],
     return result
 
 
-def _compile(result: Probe, impl_name: str, layer, params, workdir, timeout, dtype,
-             disassemble: bool, keep_listing: bool) -> None:
+def _implementation(impl):
+    """A registered implementation by name, or an implementation object as it is (the
+    network's block epilogues are not registered)."""
     from convbench import registry
+    return registry.get(impl) if isinstance(impl, str) else impl
+
+
+def _compile(result: Probe, impl_name, layer, params, workdir, timeout, dtype,
+             disassemble: bool, keep_listing: bool) -> None:
     from convbench.build import toolchain
-    impl = registry.get(impl_name)
+    impl = _implementation(impl_name)
     reason = impl.unsupported_reason(layer, impl.resolve_params(dict(params)))
     if reason:
         result.error = f"refused: {reason}"

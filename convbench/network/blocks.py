@@ -30,14 +30,22 @@ def _pool(value: int) -> Optional[str]:
 
 _POOL = Param("POOL", 2, "the pool window's edge after the convolution (1: no pool)",
               check=_pool)
+_KB = Param("KB", 0, "channels per map point (0: all, the CPU's; 1: the GPU's)", minimum=0)
+_SCHEDULES = {"cpu": epilogue.cpu_schedule, "gpu": epilogue.gpu_schedule}
 FORWARD = Implementation(
     name="blockEpilogue", layout=Layout.NDHWC, pass_=Pass.FWD,
     summary="a block's bias, LeakyReLU and 2x2x2 max-pool fused after its convolution",
-    algorithm=epilogue.forward, schedules={"cpu": epilogue.cpu_schedule}, params=(_POOL,))
+    algorithm=epilogue.forward, schedules=_SCHEDULES, params=(_POOL, _KB))
 BACKWARD = Implementation(
     name="blockEpilogueBwd", layout=Layout.NDHWC, pass_=Pass.BWD_DATA,
     summary="the gradients of a block's pool, LeakyReLU and bias, fused",
-    algorithm=epilogue.backward, schedules={"cpu": epilogue.cpu_schedule}, params=(_POOL,))
+    algorithm=epilogue.backward, schedules=_SCHEDULES, params=(_POOL, _KB))
+
+
+def epilogue_params(pool: bool, device: str) -> dict:
+    """The epilogue's parameters on ``device``: its pool, and a map point per channel on
+    the GPU."""
+    return {"POOL": 2 if pool else 1, "KB": 1 if device == "gpu" else 0}
 
 
 #: Tags the epilogue's builds as deliberately altered (tests that plant a bug in the code
@@ -47,9 +55,7 @@ PLANTED = ""
 
 
 def fusable(forward_impl, device: str, dtype_label: str) -> Optional[str]:
-    """None where a block with this DaCe forward fuses, else why not."""
-    if device != "cpu":
-        return "the fused epilogue has a CPU schedule only"
+    """None where a block with this DaCe forward fuses (on either device), else why not."""
     if dtype_label != "float32":
         return "the fused epilogue is float32 only"
     if forward_impl.layout != Layout.NDHWC:
@@ -66,7 +72,8 @@ class Epilogue:
         self.layer, self.pool = layer, pool
         self.fwd, self.bwd = (
             cache.build(toolchain.make_spec(impl, layer, exp.dtype, exp.device,
-                                            {"POOL": 2 if pool else 1}, planted=PLANTED),
+                                            epilogue_params(pool, exp.device),
+                                            planted=PLANTED),
                         exp.cachedir, policy=exp.policy)
             for impl in (FORWARD, BACKWARD))
 
@@ -77,11 +84,11 @@ class Epilogue:
         ys = to_layout(y.detach(), Layout.NDHWC, "y")
         N, D, H, W, K = ys.shape
         P = 2 if self.pool else 1
-        p = torch.empty((N, D // P, H // P, W // P, K), dtype=ys.dtype)
+        p = torch.empty((N, D // P, H // P, W // P, K), dtype=ys.dtype, device=ys.device)
         arrays = {"y": ys, "b": b.detach().contiguous(), "p": p}
         idx = None
         if self.pool:
-            idx = arrays["idx"] = torch.empty(p.shape, dtype=torch.uint8)
+            idx = arrays["idx"] = torch.empty(p.shape, dtype=torch.uint8, device=ys.device)
         self.fwd(**arrays)
         out = from_layout(p, Layout.NDHWC, "y")
         if recorder is not None and recorder.check:
@@ -95,8 +102,9 @@ class Epilogue:
         gs = to_layout(g.detach(), Layout.NDHWC, "y")
         ps = to_layout(p.detach(), Layout.NDHWC, "y")
         L = self.layer
-        gy = torch.empty((L.batch, L.out_d, L.out_h, L.out_w, L.out_channels), dtype=gs.dtype)
-        db = torch.empty(L.out_channels, dtype=gs.dtype)
+        gy = torch.empty((L.batch, L.out_d, L.out_h, L.out_w, L.out_channels), dtype=gs.dtype,
+                         device=gs.device)
+        db = torch.empty(L.out_channels, dtype=gs.dtype, device=gs.device)
         arrays = {"g": gs, "p": ps, "gy": gy, "db": db}
         if idx is not None:
             arrays["idx"] = idx
@@ -113,9 +121,9 @@ def torch_indices(idx, H: int, W: int):
     import torch
     i = from_layout(idx, Layout.NDHWC, "y").long()
     _, _, PD, PH, PW = i.shape
-    d = 2 * torch.arange(PD).view(PD, 1, 1) + (i >> 2)
-    h = 2 * torch.arange(PH).view(1, PH, 1) + ((i >> 1) & 1)
-    w = 2 * torch.arange(PW).view(1, 1, PW) + (i & 1)
+    d = 2 * torch.arange(PD, device=i.device).view(PD, 1, 1) + (i >> 2)
+    h = 2 * torch.arange(PH, device=i.device).view(1, PH, 1) + ((i >> 1) & 1)
+    w = 2 * torch.arange(PW, device=i.device).view(1, 1, PW) + (i & 1)
     return ((d * H + h) * W + w).contiguous()
 
 
@@ -178,7 +186,7 @@ def _check_backward(layer, g, p, idx, gy, db):
     if idx is not None:
         N, K, D, H, W = gy.shape
         flat = torch_indices(idx, H, W)
-        ref = torch.zeros((N, K, D * H * W), dtype=torch.float64)
+        ref = torch.zeros((N, K, D * H * W), dtype=torch.float64, device=g64.device)
         ref.scatter_(2, flat.flatten(2), scaled.flatten(2))
         ref = ref.view(N, K, D, H, W)
     else:

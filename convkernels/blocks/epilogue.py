@@ -19,10 +19,12 @@ the first maximum wins, as in ``torch.nn.functional.max_pool3d``.
   gradient ``db`` (the same products summed over the batch and the pooled pixels: each
   row's sums beside its gradient, then the rows in order; deterministic).
 
-The parallel maps are DaCe's (over the rows of pooled outputs ``(n, pd, ph)``, collapsed
-for OpenMP; the bias gradient's channels); the body of each is generated C++, a loop over
-the row's pooled pixels and, innermost and vectorized, their channels
-(:func:`window_code`, :func:`activation_code`, :func:`slope_code`).  float32 only.
+The parallel maps are DaCe's (over the rows of pooled outputs ``(n, pd, ph)`` and blocks
+of ``KB`` channels; the bias gradient's sums); the body of each is generated C++, a loop
+over the row's pooled pixels and, innermost, the block's channels (:func:`window_code`,
+:func:`activation_code`, :func:`slope_code`).  The CPU takes all channels in one point
+(``KB=0``: the loop vectorized, the rows collapsed for OpenMP), the GPU one channel a
+thread (``KB=1``: consecutive threads on consecutive channels).  float32 only.
 """
 
 import textwrap
@@ -82,21 +84,46 @@ def _parallel(state, pooled_dims: int):
             node.map.collapse = min(pooled_dims, len(node.map.params))
 
 
-def _rows(N, PD, PH):
-    return dict(n=f"0:{N}", pd=f"0:{PD}", ph=f"0:{PH}")
+def channels_per_point(params, K: int) -> int:
+    """``KB``: the channels one map point loops over (0: all of them, the CPU's choice:
+    one point a row, its channels a vectorized loop; 1: a point per channel, the GPU's:
+    consecutive threads on consecutive channels)."""
+    KB = params.get("KB", 0) or K
+    if K % KB:
+        raise ValueError(f"KB={KB} does not divide the {K} channels")
+    return KB
+
+
+def _rows(N, PD, PH, K, KB):
+    """The map over rows of pooled outputs, and over channel blocks where KB < K."""
+    rows = dict(n=f"0:{N}", pd=f"0:{PD}", ph=f"0:{PH}")
+    return rows if KB == K else dict(rows, kb=f"0:{K // KB}")
+
+
+def _channels(K, KB):
+    """The memlet range of a map point's channels, and C++ of its first."""
+    return (f"0:{K}", "0") if KB == K else (f"{KB} * kb:{KB} * kb + {KB}", f"{KB} * kb")
+
+
+def _at(name: str, index: str, elements: int) -> str:
+    """C++ of element ``index`` of connector ``name`` (a scalar where its memlet is one
+    element)."""
+    return name if elements == 1 else f"{name}[{index}]"
 
 
 def forward(layer, dtype, params):
     """The SDFG of the fused forward epilogue: ``(y, b) -> (p, idx)``: one parallel map
-    over the rows of pooled outputs (n, pd, ph), each a loop over its pooled pixels and,
-    innermost and vectorized, their channels."""
+    over the rows of pooled outputs (n, pd, ph) and blocks of ``KB`` channels, each point
+    a loop over its row's pooled pixels and, innermost, its channels."""
     P = params["POOL"]
     N, K, D, H, W, PD, PH, PW = _sizes(layer, P)
+    KB = channels_per_point(params, K)
     sdfg = dace.SDFG("block_forward")
     sdfg.add_array("y", [N, D, H, W, K], dace.float32)
     sdfg.add_array("b", [K], dace.float32)
     sdfg.add_array("p", [N, PD, PH, PW, K], dace.float32)
-    row = f"n, pd, ph, 0:{PW}, 0:{K}"
+    ch, k0 = _channels(K, KB)
+    row = f"n, pd, ph, 0:{PW}, {ch}"
     outputs = {"po": dace.Memlet(f"p[{row}]")}
     store = f"po[w * {K} + k] = {activation_code('v')};"
     if P > 1:
@@ -106,16 +133,16 @@ def forward(layer, dtype, params):
     code = f"""for (int w = 0; w < {PW}; ++w) {{
     const float* win = yr + w * {P * K};
     #pragma omp simd
-    for (int k = 0; k < {K}; ++k) {{
+    for (int k = 0; k < {KB}; ++k) {{
 {textwrap.indent(window_code(window_offsets(layer, P)), ' ' * 8)}
-        const float v = m + bb[k];
+        const float v = m + {_at('bb', 'k' if KB == K else f'{k0} + k', K)};
         {store}
     }}
 }}"""
     state = sdfg.add_state("epilogue")
     state.add_mapped_tasklet(
-        "block_forward", _rows(N, PD, PH),
-        {"yr": dace.Memlet(f"y[n, {P} * pd:{P} * pd + {P}, {P} * ph:{P} * ph + {P}, 0:{W}, 0:{K}]"),
+        "block_forward", _rows(N, PD, PH, K, KB),
+        {"yr": dace.Memlet(f"y[n, {P} * pd:{P} * pd + {P}, {P} * ph:{P} * ph + {P}, 0:{W}, {ch}]"),
          "bb": dace.Memlet(f"b[0:{K}]")}, code, outputs,
         language=dace.Language.CPP, external_edges=True)
     return sdfg
@@ -123,10 +150,12 @@ def forward(layer, dtype, params):
 
 def backward(layer, dtype, params):
     """The SDFG of the fused backward epilogue: ``(g, p, idx) -> (gy, db)``: per row of
-    pooled outputs (in parallel) the output gradient of its windows and the row's sums
-    for the bias gradient, then those sums in order."""
+    pooled outputs and block of ``KB`` channels (in parallel) the output gradient of its
+    windows and the row's sums for the bias gradient; then per (n, pd) the sums of its
+    rows, and those in order (two short sums, not one long one: parallel on the GPU)."""
     P = params["POOL"]
     N, K, D, H, W, PD, PH, PW = _sizes(layer, P)
+    KB = channels_per_point(params, K)
     rows = N * PD * PH
     sdfg = dace.SDFG("block_backward")
     for name in ("g", "p"):
@@ -134,7 +163,9 @@ def backward(layer, dtype, params):
     sdfg.add_array("gy", [N, D, H, W, K], dace.float32)
     sdfg.add_array("db", [K], dace.float32)
     sdfg.add_array("part", [rows, K], dace.float32, transient=True)
-    row = f"n, pd, ph, 0:{PW}, 0:{K}"
+    sdfg.add_array("part2", [N * PD, K], dace.float32, transient=True)
+    ch, _ = _channels(K, KB)
+    row = f"n, pd, ph, 0:{PW}, {ch}"
     inputs = {"gr": dace.Memlet(f"g[{row}]"), "pr": dace.Memlet(f"p[{row}]")}
     if P > 1:
         sdfg.add_array("idx", [N, PD, PH, PW, K], dace.uint8)
@@ -144,29 +175,40 @@ def backward(layer, dtype, params):
         scatter = f"        const unsigned char ii = ir[w * {K} + k];\n" + scatter
     else:
         scatter = "        out[k] = v;"
-    code = f"""float acc[{K}];
-for (int k = 0; k < {K}; ++k) acc[k] = 0.0f;
+    code = f"""float acc[{KB}];
+for (int k = 0; k < {KB}; ++k) acc[k] = 0.0f;
 for (int w = 0; w < {PW}; ++w) {{
     float* out = gyr + w * {P * K};
     #pragma omp simd
-    for (int k = 0; k < {K}; ++k) {{
+    for (int k = 0; k < {KB}; ++k) {{
         const float v = {slope_code(f'gr[w * {K} + k]', f'pr[w * {K} + k]')};
         acc[k] += v;
 {scatter}
     }}
 }}
-for (int k = 0; k < {K}; ++k) part_row[k] = acc[k];"""
+""" + (f"for (int k = 0; k < {KB}; ++k) part_row[k] = acc[k];" if KB > 1 else
+       "part_row = acc[0];")
     state = sdfg.add_state("gradient")
     state.add_mapped_tasklet(
-        "block_backward", _rows(N, PD, PH), inputs, code,
-        {"gyr": dace.Memlet(f"gy[n, {P} * pd:{P} * pd + {P}, {P} * ph:{P} * ph + {P}, 0:{W}, 0:{K}]"),
-         "part_row": dace.Memlet(f"part[(n * {PD} + pd) * {PH} + ph, 0:{K}]")},
+        "block_backward", _rows(N, PD, PH, K, KB), inputs, code,
+        {"gyr": dace.Memlet(f"gy[n, {P} * pd:{P} * pd + {P}, {P} * ph:{P} * ph + {P}, 0:{W}, {ch}]"),
+         "part_row": dace.Memlet(f"part[(n * {PD} + pd) * {PH} + ph, {ch}]")},
         language=dace.Language.CPP, external_edges=True)
-    total = sdfg.add_state_after(state, "bias")
-    total.add_mapped_tasklet(
-        "block_bias", dict(k=f"0:{K}"), {"col": dace.Memlet(f"part[0:{rows}, k]")},
+    planes = sdfg.add_state_after(state, "bias_planes")
+    first = f"(n * {PD} + pd) * {PH}"
+    planes.add_mapped_tasklet(
+        "block_bias_planes", dict(n=f"0:{N}", pd=f"0:{PD}", k=f"0:{K}"),
+        {"col": dace.Memlet(f"part[{first}:{first} + {PH}, k]")},
         f"""float s = 0.0f;
-for (int r = 0; r < {rows}; ++r) s += col[r * {K}];
+for (int r = 0; r < {PH}; ++r) s += {_at('col', f'r * {K}', PH)};
+out = s;""",
+        {"out": dace.Memlet(f"part2[n * {PD} + pd, k]")}, language=dace.Language.CPP,
+        external_edges=True)
+    total = sdfg.add_state_after(planes, "bias")
+    total.add_mapped_tasklet(
+        "block_bias", dict(k=f"0:{K}"), {"col": dace.Memlet(f"part2[0:{N * PD}, k]")},
+        f"""float s = 0.0f;
+for (int r = 0; r < {N * PD}; ++r) s += {_at('col', f'r * {K}', N * PD)};
 out = s;""",
         {"out": dace.Memlet("db[k]")}, language=dace.Language.CPP, external_edges=True)
     return sdfg
@@ -176,6 +218,27 @@ def cpu_schedule(sdfg, layer, params):
     """OpenMP: the rows of pooled outputs in parallel (the map collapsed), the channels
     innermost where the compiler vectorizes them; the bias gradient's channels in
     parallel."""
-    dims = {"epilogue": 3, "gradient": 3, "bias": 1}
+    dims = {"epilogue": 3, "gradient": 3, "bias_planes": 2, "bias": 1}
     for state in sdfg.states():
         _parallel(state, dims[state.label])
+
+
+#: The GPU's map points: a thread per (row, channel), consecutive threads on consecutive
+#: channels (``KB=1``), in blocks of this many threads.
+GPU_BLOCK = 128
+
+
+def gpu_schedule(sdfg, layer, params):
+    """CUDA: every array in GPU memory (the network passes torch's CUDA tensors), each map
+    a kernel with a thread per map point, built with ``KB=1`` (a point per channel)."""
+    if channels_per_point(params, layer.out_channels) != 1:
+        raise ValueError("the GPU schedule needs KB=1 (a thread per channel)")
+    for desc in sdfg.arrays.values():
+        desc.storage = dace.StorageType.GPU_Global
+    for state in sdfg.states():
+        for node in state.nodes():
+            if isinstance(node, dace.nodes.MapEntry):
+                node.map.schedule = dace.ScheduleType.GPU_Device
+                # x: the channels (coalesced), y: more rows where the channels are few
+                x = min(GPU_BLOCK, layer.out_channels)
+                node.map.gpu_block_size = [x, max(1, GPU_BLOCK // x), 1]
