@@ -11,6 +11,9 @@ from convkernels.blocks import epilogue
 #: Output 6 x 4 x 8 (even: a 2x2x2 pool fits), 8 channels; and an odd one without a pool.
 POOLED = Layer("block_pooled", 2, 3, 8, 6, 4, 8, 3, 3, 3, pad=1)
 UNPOOLED = Layer("block_unpooled", 2, 3, 5, 5, 3, 7, 3, 3, 3, pad=1)
+#: One pooled pixel (a 2^3 output): with one channel a map point (KB=1) every row is a
+#: single element, which DaCe would make a scalar.
+TINY = Layer("block_tiny", 1, 2, 3, 2, 2, 2, 3, 3, 3, pad=1)
 
 
 class _Exp:
@@ -111,13 +114,15 @@ def test_only_float32_on_ndhwc_fuses():
     assert "float32" in blocks.fusable(ndhwc, "cpu", "bfloat16")
 
 
-@pytest.mark.parametrize("kb", [1, 4])
-def test_channel_blocks_give_the_same_block(kb, tmp_path, monkeypatch):
+@pytest.mark.parametrize("kb, layer", [(1, POOLED), (4, POOLED), (1, TINY)],
+                         ids=["KB1", "KB4", "KB1-one-pixel"])
+def test_channel_blocks_give_the_same_block(kb, layer, tmp_path, monkeypatch):
     """The GPU's decomposition (a map point per channel, KB=1) and a block of 4, run on
-    the CPU: the same results as one point per row."""
+    the CPU: the same results as one point per row; also where a row is one pooled
+    pixel of one channel."""
     monkeypatch.setattr(blocks, "epilogue_params",
                         lambda pool, device: {"POOL": 2 if pool else 1, "KB": kb})
-    test_the_fused_block_is_torchs(POOLED, True, tmp_path)
+    test_the_fused_block_is_torchs(layer, True, tmp_path)
 
 
 def test_the_gpu_schedule_wants_a_thread_per_channel():

@@ -443,7 +443,10 @@ def test_the_tune_and_precision_tiers_run_the_training_step(tmp_path, monkeypatc
     ran = []
     monkeypatch.setattr(phases, "_run_group", lambda cmd, *a, **k: ran.append(cmd) or 0)
     for dtype in (None, "float16"):
-        phases.run_end2end(Folder(tmp_path), "cpu", None, 10.0, lambda _: None, dtype)
+        phases.run_end2end(Folder(tmp_path / str(dtype)), "cpu", None, 10.0, lambda _: None,
+                           dtype)
+        # a tier's (first) run is the report's: end2end.json, end2end/
+        assert (tmp_path / str(dtype) / "end2end.json").is_file()
     assert "--dtype" not in ran[0]
     assert ran[1][ran[1].index("--dtype") + 1] == "float16"
     assert ran[1].index("--dtype") < ran[1].index("--outdir")  # the report shows it
@@ -468,13 +471,19 @@ def test_the_steps_tier_runs_three_training_steps(tmp_path, monkeypatch, main):
     result = phases.run_end2end(folder, "gpu", None, 10.0, lambda _: None, runs=runs,
                                 campaign_winners=False)
     assert result["status"] == "done" and len(ran) == 3
-    assert "--torch-compile" in ran[0][0] and "--dtype" not in ran[0][0]
+    assert {"--torch-compile", "--fuse"} <= set(ran[0][0]) and "--dtype" not in ran[0][0]
     assert [c[c.index("--dtype") + 1] for c, _ in ran[1:]] == ["float16", "bfloat16"]
     assert all("CONVBENCH_TUNING" not in env for _, env in ran)
     assert {p.name for p in tmp_path.iterdir() if p.is_dir()} >= {
         "end2end", "end2end_float16", "end2end_bfloat16"}
     assert phases.run_end2end(folder, "gpu", None, 10.0, lambda _: None, runs=runs)[
         "detail"].count("recorded already") == 3 and len(ran) == 3
+    assert folder.read_json("end2end.json")["tuning"] == "the project's"
+    # a run that timed out is run again; one that failed is a result, kept
+    folder.write_json("end2end_float16.json", {"exit": "timeout", "command": []})
+    folder.write_json("end2end.json", dict(folder.read_json("end2end.json"), exit=1))
+    again = phases.run_end2end(folder, "gpu", None, 10.0, lambda _: None, runs=runs)
+    assert len(ran) == 4 and "--dtype" in ran[3][0] and again["status"] == "failed"
     (tmp_path / "end2end_bfloat16.json").unlink()
     left = phases.run_end2end(folder, "gpu", None, 10.0, lambda _: None, runs=runs,
                               time_left=lambda: 30.0)

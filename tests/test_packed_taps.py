@@ -35,6 +35,19 @@ def test_packed_builds_verify(layer, params, builds, reference):
     assert check.ok, check.summary()
 
 
+def test_a_split_tap_table_wraps_its_counter():
+    """With split-K a slice stages past the reduction's end: the tap counter wraps there,
+    so that the table (32 entries) and the mask's shift stay in range; unsplit, no tile
+    is staged past the end and nothing wraps."""
+    impl = registry.get(IMPL)
+    split = tiles.shape(C1, impl.layout, impl.resolve_params({"splitK": 2}))
+    whole = tiles.shape(C1, impl.layout, impl.resolve_params({}))
+    assert split.tap_table and split.table_taps <= 32
+    wrap = f"if (kd >= {split.table_taps}) kd = 0;"
+    assert wrap in gather.packed_stage_code(split, "live")
+    assert "kd = 0;" not in gather.packed_stage_code(whole)
+
+
 def test_only_few_channels_pack():
     impl = registry.get(IMPL)
     deep = Layer("deep", 1, 16, 16, 4, 4, 4, 3, 3, 3, pad=1)

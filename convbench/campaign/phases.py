@@ -257,19 +257,21 @@ def run_end2end(folder: Folder, target: str, cachedir, timeout, say: Callable[[s
                 time_left: Optional[Callable[[], float]] = None) -> dict:
     """The training step (``scripts/cosmoflow_end2end.py --train --check``, TF32 off), once
     per run of ``runs`` ((precision, extra flags); default: one, in ``dtype`` or float32),
-    each in its own folder (``end2end``, ``end2end_<precision>`` but for float32) with its
-    record (``end2end.json``, ``end2end_<precision>.json``) and log; a run recorded already
-    is not run again (``--resume``).  With ``campaign_winners`` its tuned entries are the
+    each in its own folder (``end2end`` for the first, ``end2end_<precision>`` for the
+    others) with its record (``end2end.json``, ``end2end_<precision>.json``) and log; a
+    run recorded already is not run again (``--resume``), but for one that timed out.  With ``campaign_winners`` its tuned entries are the
     campaign's winners (``end2end/tuning.json``: the tune tier), else the project's.
     ``timeout``: seconds per run, or a function of a default that gives them; a run whose
     estimate exceeds ``time_left()`` is left for the next call (status ``partial``)."""
     from .plan import end2end_run_seconds
     runs = runs or ((dtype or "float32", ()),)
     results = []
-    for precision, flags in runs:
-        name = "end2end" if precision == "float32" else f"end2end_{precision}"
-        if (folder.read_json(f"{name}.json") or {}).get("exit") == 0:
-            results.append((0, f"{precision}: recorded already"))
+    for i, (precision, flags) in enumerate(runs):
+        name = "end2end" if i == 0 else f"end2end_{precision}"
+        record = folder.read_json(f"{name}.json")
+        if record and record.get("exit") != "timeout":  # a failure is a result too
+            results.append((record.get("exit"), f"{precision}: recorded already (exit "
+                            f"{record.get('exit')})"))
             continue
         if time_left is not None and time_left() < end2end_run_seconds(target, flags):
             return {"status": "partial", "detail": "; ".join(
@@ -314,5 +316,7 @@ def _run_step(folder: Folder, target: str, cachedir, timeout: float, say, name: 
     last = next((line for line in reversed(_tail(log, 40).splitlines())
                  if line.startswith("end2end ")), "")
     folder.write_json(f"{name}.json", {"exit": code, "summary": last, "command": cmd[1:],
-                                       "log": f"logs/{name}.log"})
+                                       "log": f"logs/{name}.log",
+                                       "tuning": f"{name}/tuning.json" if campaign_winners
+                                       else "the project's"})
     return code, last or f"exit {code}, see logs/{name}.log"

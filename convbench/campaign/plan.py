@@ -101,10 +101,11 @@ TIER_SKIPS = {"smoke": ("end2end", "tests", "roofline"), "core": ("end2end", "te
 #: mixed precision.
 END2END_DTYPE = {"precision": "float16"}
 #: The steps tier: the training step alone, in FP32 (with torch.compile beside torch's
-#: eager formats), FP16 and BF16 (each with torch's mixed precision beside), the project's
-#: tuned entries and the network's default kernels; each run its own folder
-#: (``end2end``, ``end2end_float16``, ``end2end_bfloat16``), resumed run by run.
-STEPS_RUNS = (("float32", ("--torch-compile",)), ("float16", ()), ("bfloat16", ()))
+#: eager formats, and the fused blocks: not yet the GPU's default), FP16 and BF16 (each
+#: with torch's mixed precision beside), the project's tuned entries and the network's
+#: default kernels; each run its own folder (``end2end``, ``end2end_float16``,
+#: ``end2end_bfloat16``), resumed run by run.
+STEPS_RUNS = (("float32", ("--torch-compile", "--fuse")), ("float16", ()), ("bfloat16", ()))
 #: What ``--torch-compile`` adds to a run: TorchInductor compiling the forward pass and
 #: the training step in each of its processes (the first cold, the others from its
 #: on-disk cache).  A guess until a GPU run records it (``torch_compile.first_call_ms``).

@@ -278,8 +278,10 @@ def end2end_section(folder: Folder) -> List[str]:
     command = [Path(command[0]).name] + command[1:command.index("--outdir")
                                                  if "--outdir" in command else None]
     math_note = "" if "--dtype" in command else ", TF32 off"
-    lines += [f"`{' '.join(command)}` with the tuned entries "
-              f"above (`end2end/tuning.json`){math_note}: exit {done.get('exit')}; "
+    tuning = done.get("tuning", "end2end/tuning.json")
+    tuned = ("the project's tuned entries" if tuning == "the project's" else
+             f"the tuned entries above (`{tuning}`)")
+    lines += [f"`{' '.join(command)}` with {tuned}{math_note}: exit {done.get('exit')}; "
               f"{done.get('summary') or 'no summary line (logs/end2end.log)'}.", ""]
     for precision in ("float16", "bfloat16"):  # the steps tier's other runs
         other = folder.read_json(f"end2end_{precision}.json")

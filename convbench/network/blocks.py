@@ -1,12 +1,14 @@
 """Fused CosmoFlow blocks in the network: a DaCe convolution followed by the fused epilogue
 (bias, LeakyReLU, 2x2x2 max-pool: :mod:`convkernels.blocks.epilogue`) as one autograd
-function, so that neither the activation nor the unpooled output is ever a torch tensor.
+function, so that the activation is never a torch tensor.
 
 The epilogue's two programs are builds like the convolutions' (cached, loaded without
 compiling), of two implementations that are not in the registry (they are not
 convolutions): :data:`FORWARD` and :data:`BACKWARD`, per convolution layer, with ``POOL``
-2 (the block pools) or 1.  A block fuses where the DaCe forward stores NDHWC, in float32,
-on the CPU (:func:`fusable`); elsewhere the network runs today's path.
+2 (the block pools) or 1, and ``KB`` (channels per map point: all on the CPU, one on the
+GPU).  A block fuses where the DaCe forward stores NDHWC, in float32, on either device
+(:func:`fusable`; the run fuses by default on the CPU only, ``--fuse`` on the GPU);
+elsewhere the network runs today's path.
 
 With ``--check`` each epilogue call is checked like a convolution call (against float64
 torch on the inputs it got: ``block.fwd``, ``block.bwd``), and the pooling decisions it

@@ -47,10 +47,11 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                    help="a tunable parameter of one implementation (repeatable)")
     p.add_argument("--train", action="store_true",
                    help="also time the training step (MSE loss, backward, Adam step)")
-    p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=True,
+    p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=None,
                    help="fuse each block's bias, LeakyReLU and max-pool after its DaCe "
-                   "convolution (default; on the CPU in float32 where the forward stores "
-                   "NDHWC: docs/end2end.md); --no-fuse runs them in torch")
+                   "convolution, in float32 where the forward stores NDHWC (docs/end2end.md; "
+                   "default: on the CPU; on the GPU, where it has not run yet, only when "
+                   "asked); --no-fuse runs them in torch")
     p.add_argument("--torch-compile", action="store_true",
                    help="also time torch.compile (TorchInductor) of torch's model in the DaCe "
                    "model's memory format; its first calls (compilation) are reported apart")

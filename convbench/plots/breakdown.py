@@ -11,6 +11,7 @@ from .reader import finite, read_breakdown, read_metadata
 
 #: The colour of the rest of the step (everything but the convolutions).
 OTHER_COLOR = "#c7c7c7"
+UNSPLIT_COLOR = "#e8e8e8"  # a backend timed as one span (torch.compile)
 
 
 def plot_breakdown(run_dir: Union[str, Path], path: Union[str, Path]) -> Path:
@@ -44,6 +45,8 @@ def plot_breakdown(run_dir: Union[str, Path], path: Union[str, Path]) -> Path:
                     pieces.append((value, colors[name], hatch))
         convs = sum(v for v, _, _ in pieces)
         total = parts.get("total", math.nan)
+        if not pieces and "other" not in parts and finite(total):  # one span (torch.compile)
+            return [(total, UNSPLIT_COLOR, "..")], total
         other = total - convs if finite(total) else parts.get("other", math.nan)
         if finite(other) and other > 0:
             pieces.append((other, OTHER_COLOR, None))
@@ -87,6 +90,10 @@ def plot_breakdown(run_dir: Union[str, Path], path: Union[str, Path]) -> Path:
         handles = [Patch(color=colors[n], label=n) for n in layers]
         handles += [Patch(facecolor="white", edgecolor="black", hatch="///", label="backward"),
                     Patch(color=OTHER_COLOR, label="everything else")]
+        if any(not any(k.endswith((".fwd", ".bwd", "other")) for k in parts)
+               for per in data.values() for parts in per.values()):
+            handles.append(Patch(facecolor=UNSPLIT_COLOR, edgecolor="black", hatch="..",
+                                 label="not split (one span)"))
         fig.legend(handles=handles, loc="center right", frameon=False)
         what = (f"CosmoFlow {meta.get('model', '')} end to end, {meta.get('size', '?')}^3, batch "
                 f"{meta.get('batch', '?')}, {(meta.get('device') or {}).get('name', '')}")

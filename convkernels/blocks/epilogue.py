@@ -105,10 +105,16 @@ def _channels(K, KB):
     return (f"0:{K}", "0") if KB == K else (f"{KB} * kb:{KB} * kb + {KB}", f"{KB} * kb")
 
 
-def _at(name: str, index: str, elements: int) -> str:
-    """C++ of element ``index`` of connector ``name`` (a scalar where its memlet is one
-    element)."""
-    return name if elements == 1 else f"{name}[{index}]"
+def _pointers(tasklet, **types) -> None:
+    """Type the named connectors of ``tasklet`` as pointers: the code indexes them even
+    where a memlet is one element (a row of one pooled pixel, one channel a point), which
+    DaCe would otherwise make a scalar."""
+    for name, dtype in types.items():
+        conns = tasklet.in_connectors if name in tasklet.in_connectors else tasklet.out_connectors
+        conns[name] = dace.pointer(dtype)
+
+
+F32, U8 = dace.float32, dace.uint8
 
 
 def forward(layer, dtype, params):
@@ -135,16 +141,17 @@ def forward(layer, dtype, params):
     #pragma omp simd
     for (int k = 0; k < {KB}; ++k) {{
 {textwrap.indent(window_code(window_offsets(layer, P)), ' ' * 8)}
-        const float v = m + {_at('bb', 'k' if KB == K else f'{k0} + k', K)};
+        const float v = m + bb[{'k' if KB == K else f'{k0} + k'}];
         {store}
     }}
 }}"""
     state = sdfg.add_state("epilogue")
-    state.add_mapped_tasklet(
+    tasklet, _, _ = state.add_mapped_tasklet(
         "block_forward", _rows(N, PD, PH, K, KB),
         {"yr": dace.Memlet(f"y[n, {P} * pd:{P} * pd + {P}, {P} * ph:{P} * ph + {P}, 0:{W}, {ch}]"),
          "bb": dace.Memlet(f"b[0:{K}]")}, code, outputs,
         language=dace.Language.CPP, external_edges=True)
+    _pointers(tasklet, yr=F32, bb=F32, po=F32, **({"io": U8} if P > 1 else {}))
     return sdfg
 
 
@@ -186,31 +193,33 @@ for (int w = 0; w < {PW}; ++w) {{
 {scatter}
     }}
 }}
-""" + (f"for (int k = 0; k < {KB}; ++k) part_row[k] = acc[k];" if KB > 1 else
-       "part_row = acc[0];")
+for (int k = 0; k < {KB}; ++k) part_row[k] = acc[k];"""
     state = sdfg.add_state("gradient")
-    state.add_mapped_tasklet(
+    tasklet, _, _ = state.add_mapped_tasklet(
         "block_backward", _rows(N, PD, PH, K, KB), inputs, code,
         {"gyr": dace.Memlet(f"gy[n, {P} * pd:{P} * pd + {P}, {P} * ph:{P} * ph + {P}, 0:{W}, {ch}]"),
          "part_row": dace.Memlet(f"part[(n * {PD} + pd) * {PH} + ph, {ch}]")},
         language=dace.Language.CPP, external_edges=True)
+    _pointers(tasklet, gr=F32, pr=F32, gyr=F32, part_row=F32, **({"ir": U8} if P > 1 else {}))
     planes = sdfg.add_state_after(state, "bias_planes")
     first = f"(n * {PD} + pd) * {PH}"
-    planes.add_mapped_tasklet(
+    tasklet, _, _ = planes.add_mapped_tasklet(
         "block_bias_planes", dict(n=f"0:{N}", pd=f"0:{PD}", k=f"0:{K}"),
         {"col": dace.Memlet(f"part[{first}:{first} + {PH}, k]")},
         f"""float s = 0.0f;
-for (int r = 0; r < {PH}; ++r) s += {_at('col', f'r * {K}', PH)};
+for (int r = 0; r < {PH}; ++r) s += col[r * {K}];
 out = s;""",
         {"out": dace.Memlet(f"part2[n * {PD} + pd, k]")}, language=dace.Language.CPP,
         external_edges=True)
+    _pointers(tasklet, col=F32)
     total = sdfg.add_state_after(planes, "bias")
-    total.add_mapped_tasklet(
+    tasklet, _, _ = total.add_mapped_tasklet(
         "block_bias", dict(k=f"0:{K}"), {"col": dace.Memlet(f"part2[0:{N * PD}, k]")},
         f"""float s = 0.0f;
-for (int r = 0; r < {N * PD}; ++r) s += {_at('col', f'r * {K}', N * PD)};
+for (int r = 0; r < {N * PD}; ++r) s += col[r * {K}];
 out = s;""",
         {"out": dace.Memlet("db[k]")}, language=dace.Language.CPP, external_edges=True)
+    _pointers(tasklet, col=F32)
     return sdfg
 
 
@@ -235,10 +244,14 @@ def gpu_schedule(sdfg, layer, params):
         raise ValueError("the GPU schedule needs KB=1 (a thread per channel)")
     for desc in sdfg.arrays.values():
         desc.storage = dace.StorageType.GPU_Global
+        if desc.transient:  # the bias sums' rows: allocated once, not on every call
+            desc.lifetime = dace.AllocationLifetime.Persistent
     for state in sdfg.states():
         for node in state.nodes():
             if isinstance(node, dace.nodes.MapEntry):
                 node.map.schedule = dace.ScheduleType.GPU_Device
                 # x: the channels (coalesced), y: more rows where the channels are few
+                # (a map over the channels alone has no y)
                 x = min(GPU_BLOCK, layer.out_channels)
-                node.map.gpu_block_size = [x, max(1, GPU_BLOCK // x), 1]
+                y = max(1, GPU_BLOCK // x) if len(node.map.params) > 1 else 1
+                node.map.gpu_block_size = [x, y, 1]
