@@ -18,6 +18,7 @@ replays them.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any, List, Optional
 
@@ -203,6 +204,13 @@ def _check_backward(layer, g, p, idx, gy, db):
                 f"gy: {ROUNDOFFS}u|ref|; db: {ROUNDOFFS} sqrt(n) u sum|g|")
 
 
+def conv_span(conv, direction: str):
+    """The recorder's span of ``conv``'s pass ``direction`` (``fwd``, ``bwd``), or none
+    where nothing records (the convolution's own autograd function times itself so too)."""
+    rec = conv.recorder
+    return rec.span(f"{conv.layer.name}.{direction}") if rec else contextlib.nullcontext()
+
+
 @functools.lru_cache(maxsize=None)
 def block_function():
     """The fused block as a ``torch.autograd.Function``:
@@ -213,11 +221,7 @@ def block_function():
         @staticmethod
         def forward(ctx, x, w, b, conv, ep, pool_module):
             rec = conv.recorder
-            span = rec.span(f"{conv.layer.name}.fwd") if rec else None
-            if span is not None:
-                with span:
-                    y = conv.backend.forward(x, w, rec)
-            else:
+            with conv_span(conv, "fwd"):
                 y = conv.backend.forward(x, w, rec)
             out, idx = ep.forward(y, b, rec)
             if idx is not None and pool_module is not None:
@@ -236,10 +240,7 @@ def block_function():
             rec = conv.recorder
             gy, db = ctx.ep.backward(g, out, ctx.idx, rec)
             need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-            if rec is not None:
-                with rec.span(f"{conv.layer.name}.bwd"):
-                    gx, gw = conv.backend.backward(x, w, gy, need_x, need_w, rec)
-            else:
+            with conv_span(conv, "bwd"):
                 gx, gw = conv.backend.backward(x, w, gy, need_x, need_w, rec)
             return gx, gw, db, None, None, None
 

@@ -190,9 +190,7 @@ class DaceConv:
 def _conv_module_class():
     import torch
 
-    def span(conv, direction: str):
-        rec = conv.recorder
-        return rec.span(f"{conv.layer.name}.{direction}") if rec else contextlib.nullcontext()
+    from convbench.network.blocks import conv_span as span
 
     class ConvFunction(torch.autograd.Function):
         @staticmethod

@@ -227,7 +227,8 @@ class Run:
                                 params=self.params,  # the network's input needs no gradient:
                                 skip=[(self.layers[0].name, Pass.BWD_DATA)], dtype=dtype)
         fused = []
-        if a.fuse if a.fuse is not None else self.device == "cpu":
+        fuse = self.device == "cpu" if a.fuse is None else a.fuse  # the GPU's: when asked
+        if fuse:
             from convbench.network.blocks import attach_epilogues
             fused = attach_epilogues(
                 self.dace_model, self.device, a.cachedir,
