@@ -41,6 +41,9 @@ SUBCOMMANDS = {
     "layers": ("convbench.commands.layers", {},
                "show a layer set, convert it to CSV, or take a torch or ONNX model's 3D "
                "convolutions"),
+    "int8": ("convbench.commands.int8", {},
+             "the int8 forward kernel: verify exactly, or time against float32 and torch's "
+             "quantized Conv3d"),
     "sass": ("convbench.commands.sass", {},
              "a GPU build's machine code: per kernel its resources and its main loop's mix"),
     "campaign": ("convbench.campaign.cli", {},

@@ -145,6 +145,10 @@ def _dace_storage(name: str):
 
 
 DTYPES: Dict[str, DType] = {name: DType(name) for name in ("float32", "float16", "bfloat16")}
+#: Int8 (:mod:`convbench.quant.int8`): uint8 activations and int8 filters with scales and
+#: zero points, int32 sums.  Not a ``--dtype`` of the float pipeline, whose inputs,
+#: tolerances and references are real numbers; the int8 builds are keyed by it.
+INT8 = DType("int8", accumulate="int32")
 
 
 def get_dtype(name, math: Optional[str] = None) -> DType:

@@ -70,12 +70,15 @@ def add_param_flag(p) -> None:
                    help="set a tunable parameter of the implementation (repeatable)")
 
 
-def add_precision_flags(p) -> None:
-    """``--dtype`` and ``--math`` (:mod:`convbench.build.precision`)."""
+def add_precision_flags(p, int8: bool = False) -> None:
+    """``--dtype`` and ``--math`` (:mod:`convbench.build.precision`); ``int8``: ``--dtype``
+    also takes int8 (the int8 kernel, :mod:`convbench.commands.int8`)."""
     from convbench.build.precision import DTYPES, MATH_MODES
-    p.add_argument("--dtype", default="float32", metavar="|".join(DTYPES),
+    p.add_argument("--dtype", default="float32", metavar="|".join(list(DTYPES) + ["int8"] * int8),
                    help="storage precision of inputs and outputs; the 16-bit ones sum in "
-                   "float32 (default float32)")
+                   "float32" + ("; int8: the int8 forward kernel on the CPU (uint8 "
+                                "activations, int8 filters, int32 sums; convbench int8)"
+                                if int8 else "") + " (default float32)")
     p.add_argument("--math", default="ieee", metavar="|".join(MATH_MODES),
                    help="tf32: products on operands rounded to TF32, as tensor cores compute "
                    "them (GPU, float32 only; default ieee)")

@@ -34,7 +34,7 @@ def build_parser(prog: str = PROG, mode: Optional[str] = None) -> argparse.Argum
     flags.add_param_flag(p)
     flags.add_seed_flag(p)
     flags.add_threads_flag(p)
-    flags.add_precision_flags(p)
+    flags.add_precision_flags(p, int8=True)
 
     g = p.add_argument_group("verification")
     g.add_argument("--verify", action="store_true", default=mode == "verify",
@@ -127,12 +127,41 @@ def _main(argv, prog: str = PROG, mode: Optional[str] = None) -> int:
               end="\n" if not args.markdown else "")
         return 0
 
+    if args.dtype == "int8":
+        return _int8(args)
     exp = prepare_experiment(args, Printer(args.paramscsv, args.strict))
     exp.run()
     n = exp.counts()
     print(f"{exp.impls[0].name}: {n['passed']} passed, {n['failed']} failed, "
           f"{n['unsupported']} unsupported (of {len(exp.layers)} layers)")
     return 1 if n["failed"] or (args.strict and n["unsupported"]) else 0
+
+
+def _int8(args) -> int:
+    """``--dtype int8``: the int8 forward kernel (``convbench int8``), verified and/or timed
+    against our float32 forward and torch's quantized ``Conv3d`` (``--iters`` rounds)."""
+    from convbench.commands import int8
+    from convbench.quant.int8 import KERNEL
+    if args.implementation not in (None, KERNEL.name):
+        raise UsageError(f"--dtype int8: {KERNEL.name} is the int8 implementation, not "
+                         f"{args.implementation}")
+    if args.device == "gpu" or resolve_pass(args.pass_) not in (None, "fwd"):
+        raise UsageError("--dtype int8: the int8 kernel is a forward pass on the CPU")
+    if not (args.verify or args.compareprof):
+        raise UsageError("nothing to do: give --verify and/or --compareprof")
+    layers = [(args.paramscsv, layer) for layer in select_layers(args)]
+    status = 0
+    for mode, on in (("verify", args.verify), ("bench", args.compareprof)):
+        if on:
+            run = argparse.Namespace(
+                mode=mode, batch=None, param=args.param, plant="", seed=args.seed,
+                rounds=args.totaliter, warmup=args.warmupiter, fp32="", no_check=False,
+                threads=args.threads, cachedir=args.cachedir,
+                loadprecompiled=args.loadprecompiled,
+                require_precompiled=args.require_precompiled,
+                outdir=(f"{args.outdir}/{mode}" if args.outdir else None))
+            status = max(status, int8.run(run, layers))
+    return status
 
 
 def check_selection(args):

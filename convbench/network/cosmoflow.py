@@ -26,10 +26,13 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from convbench import registry
-from convbench.build import tuned
 from convbench.timing import devices
 from convbench.timing.devices import synchronize
 from convbench.base.errors import UsageError
+# Which implementation runs where the user named none (re-exported: the network's callers
+# and tests name them here).
+from convbench.experiment.choice import (GENERAL, default_choice,  # noqa: F401
+                                         default_implementation)
 from convbench.layersets.layer import Layer
 from convkernels.blocks.epilogue import SLOPE as LEAKY_SLOPE  # the fused blocks' slope too
 from convkernels.layouts import PASS_SIGNATURE, Pass, from_layout, stored_shape, to_layout
@@ -314,53 +317,6 @@ def build_model(spec: ModelSpec, size: int, batch: int, dropout: Optional[float]
 
 
 Choice = Dict[str, Dict[Pass, str]]  # layer name -> pass -> implementation name (or torch)
-
-
-#: The implementations that handle every layer of the model (groups, dilation, strides,
-#: asymmetric padding: docs/layers.md), the last resort of :func:`default_implementation`.
-GENERAL = {Pass.FWD: "implicitGemm", Pass.BWD_DATA: "implicitGemmBwdData",
-           Pass.BWD_FILTER: "implicitGemmBwdFilter"}
-
-
-def default_implementation(layer: Layer, pass_: Pass, device: str, dtype=None) -> str:
-    """The implementation :func:`default_choice` picks."""
-    return default_choice(layer, pass_, device, dtype)[0]
-
-
-def default_choice(layer: Layer, pass_: Pass, device: str, dtype=None) -> Tuple[str, str]:
-    """``(implementation, how it was chosen)`` for ``pass_`` on ``layer`` where the user
-    named none.  On the CPU: the fastest as measured on this machine (``bench_cpu.py
-    --store`` or ``--autotune``, :func:`convbench.build.tuned.best_implementation`), else
-    the highest-ranked implementation whose rule applies
-    (:func:`convbench.registry.by_rule`, "rule <name>").  Then (and on the GPU) the one that
-    declares ``network-cpu`` (CPU), ``network-hopper`` (a Hopper GPU, 16 bits or TF32: the
-    wgmma kernels, refused elsewhere), ``network-tensor-cores`` (GPU, 16 bits or TF32),
-    ``network``, ``cli``, else the general one (:data:`GENERAL`): the first that supports
-    ``layer``.  In a precision other than float32 (``dtype``, a
-    :class:`~convbench.build.precision.DType`), only implementations that build for it count."""
-    def usable(impl) -> bool:
-        return (impl.pass_ == pass_ and device in impl.targets
-                and (dtype is None or not impl.unsupported_dtype(dtype, device))
-                and not devices.arch_problem(impl.cuda_arch, device)
-                and not impl.unsupported_reason(layer, tuned.tuned_params(impl, layer, device)))
-
-    impls = registry.all_implementations()
-    if device == "cpu":
-        measured = impls.get(tuned.best_implementation(str(pass_), layer, "cpu") or "")
-        if measured is not None and usable(measured):
-            return measured.name, "measured here"
-        ruled = registry.by_rule(pass_, layer, "cpu", usable)
-        if ruled is not None:
-            return ruled[0].name, f"rule {ruled[1].name}"
-    tensor = device == "gpu" and dtype is not None and dtype.label != "float32"
-    roles = (["network-cpu"] if device == "cpu" else []) + (
-        ["network-hopper", "network-tensor-cores"] if tensor else []) + ["network", "cli"]
-    candidates = [(registry.default(role, pass_), f"{role} default") for role in roles
-                  if registry.members(role, pass_)] + [(GENERAL[Pass(pass_)], "general")]
-    for name, why in candidates:
-        if name in impls and usable(impls[name]):
-            return name, why
-    return registry.default("network", pass_), "network default"  # refused with its reason
 
 
 def choose(layers: Sequence[Layer], impl: Optional[str], maps: Sequence[str] = (),

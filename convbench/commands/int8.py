@@ -1,0 +1,264 @@
+"""``convbench int8 verify|bench``: the int8 forward kernel (:mod:`convbench.quant.int8`).
+
+``verify`` checks it exactly on each layer (int32 sums bit for bit, the uint8 output
+against the float64 requantization, and within one unit of torch's quantized
+``Conv3d``), ``--plant`` planting an error that must fail.  ``bench`` times it, interleaved
+round by round, against our float32 forward (the one the network would run on this
+machine, or ``--fp32 NAME``) and torch's quantized ``Conv3d`` on each engine, and writes
+``samples.csv``, ``summary.csv`` and ``metadata.json``.
+``profile_conv3d.py --dtype int8 --verify/--compareprof`` runs the same.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import warnings
+from pathlib import Path
+from typing import Dict, List
+
+from convbench.base.errors import ArgumentParser, UsageError, check_at_least, run_main
+from convbench.commands import flags
+
+PROG = "convbench int8"
+ENGINES = ("x86", "fbgemm", "onednn")
+
+
+def build_parser(prog: str = PROG):
+    from convbench.quant.int8 import PLANTS
+    p = ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    p.add_argument("mode", choices=("verify", "bench"), help="check exactly, or time")
+    flags.add_layer_flags(p, None, many=True, select=False)
+    p.add_argument("--layer", default=None, metavar="NAME,...",
+                   help="layers of the sets (default: all)")
+    flags.add_param_flag(p)
+    p.add_argument("--plant", default="", choices=("",) + PLANTS,
+                   help="verify: plant an error, which must fail (tests)")
+    flags.add_seed_flag(p)
+    p.add_argument("--rounds", type=int, default=5, metavar="N",
+                   help="bench: interleaved rounds, one timed call of each contestant per "
+                   "round (default 5)")
+    p.add_argument("--warmup", type=int, default=2, metavar="N",
+                   help="bench: untimed calls of each contestant first (default 2)")
+    p.add_argument("--engines", default=",".join(ENGINES), metavar="E,...",
+                   help=f"bench: torch's quantized engines to time (default {','.join(ENGINES)})")
+    p.add_argument("--fp32", default="", metavar="NAME",
+                   help="bench: our float32 forward to compare with (default: the one the "
+                   "network runs on this machine per layer)")
+    p.add_argument("--no-check", action="store_true",
+                   help="bench: skip the check of the timed kernel's output")
+    flags.add_threads_flag(p)
+    flags.add_build_flags(p)
+    flags.add_outdir_flag(p, "outputs/int8/")
+    return p
+
+
+def main(argv=None, prog: str = PROG) -> int:
+    return run_main(prog, lambda a: _main(a, prog), argv)
+
+
+def _main(argv, prog: str) -> int:
+    args = build_parser(prog).parse_args(argv)
+    return run(args)
+
+
+def select(args):
+    """The layers the flags name (``--batch`` applied), and the kernel's parameter
+    overrides, checked."""
+    from convbench.layersets.sets import load_layers
+    overrides = _overrides(args)
+    sets = args.paramscsv or ["cosmoflow_mlperf", "cosmoflow"]
+    if isinstance(sets, str):
+        sets = [sets]
+    layers = [(s, layer.with_batch(args.batch) if args.batch else layer)
+              for s in sets for layer in load_layers(s)]
+    if getattr(args, "layer", None):
+        wanted = [n.strip() for n in args.layer.split(",") if n.strip()]
+        unknown = sorted(set(wanted) - {layer.name for _, layer in layers})
+        if unknown:
+            raise UsageError(f"--layer: unknown layer(s) {', '.join(unknown)}")
+        layers = [(s, layer) for s, layer in layers if layer.name in wanted]
+    return layers, overrides
+
+
+def _overrides(args):
+    """``--param``, checked against the kernel's parameters."""
+    from convbench import registry
+    from convbench.quant.int8 import KERNEL
+    overrides = registry.parse_param_overrides(args.param)
+    KERNEL.resolve_params(overrides)
+    return overrides
+
+
+def run(args, layers=None) -> int:
+    """Either mode, on parsed flags (this command's, or profile_conv3d's with --dtype int8,
+    which selects the ``(set, layer)`` pairs itself)."""
+    check_at_least(("--rounds", getattr(args, "rounds", 1), 1),
+                   ("--warmup", getattr(args, "warmup", 0), 0))
+    if args.batch is not None and args.batch <= 0:
+        raise UsageError(f"--batch: must be a positive integer, got {args.batch}")
+    engines = [e.strip() for e in getattr(args, "engines", ",".join(ENGINES)).split(",")
+               if e.strip()]
+    if layers is None:
+        layers, overrides = select(args)
+    else:
+        overrides = _overrides(args)
+    from convbench.timing.devices import set_threads
+    args.threads = set_threads(args.threads)
+    import torch
+    unknown = sorted(set(engines) - set(torch.backends.quantized.supported_engines))
+    if unknown:
+        raise UsageError(f"--engines: torch here has no {', '.join(unknown)} (it has "
+                         f"{', '.join(torch.backends.quantized.supported_engines)})")
+    warnings.filterwarnings("ignore", message=".*quantized tensor creation.*")
+    out = Path(args.outdir or f"outputs/int8/{args.mode}")
+    out.mkdir(parents=True, exist_ok=True)
+    if args.mode == "verify":
+        return _verify(args, layers, overrides, out)
+    return _bench(args, layers, overrides, engines, out)
+
+
+def _metadata(args, extra) -> Dict[str, object]:
+    from convbench.build.toolchain import PROJECT_ROOT
+    from convbench.results.writer import run_metadata
+    return dict(run_metadata(PROJECT_ROOT, "cpu", args.threads), **extra)
+
+
+def _write_csv(path: Path, rows: List[dict]) -> None:
+    from convbench.base.files import write_atomic
+    if not rows:
+        return
+    buf = io.StringIO()
+    fields = list(dict.fromkeys(k for row in rows for k in row))
+    writer = csv.DictWriter(buf, fieldnames=fields)
+    writer.writeheader()
+    writer.writerows(rows)
+    write_atomic(path, buf.getvalue())
+
+
+def _verify(args, layers, overrides, out: Path) -> int:
+    from convbench.base.files import write_atomic
+    from convbench.quant import int8
+    rows, failed = [], 0
+    for lset, layer in layers:
+        refusal = int8.KERNEL.unsupported_reason(layer, int8.KERNEL.resolve_params(overrides))
+        if refusal:
+            print(f"{lset} {layer.name}: unsupported ({refusal})", flush=True)
+            rows.append({"layer_set": lset, "layer": layer.name, "status": "unsupported",
+                         "reason": refusal})
+            continue
+        row = int8.verify(layer, overrides, args.seed, args.plant,
+                          cachedir=args.cachedir, policy=flags.build_policy(args))
+        failed += not row["ok"]
+        status = "passed" if row["ok"] else "FAILED"
+        torch_text = (f", torch x86 within {row['torch_max_diff']} "
+                      f"({row['torch_off_by_one']} off by one)" if "torch_max_diff" in row else "")
+        print(f"{lset} {layer.name} b{layer.batch}: {status}: int32 {row['int32_mismatches']} "
+              f"of {row['elements']} differ, uint8 {row['uint8_violations']} beyond the "
+              f"rounding{torch_text}", flush=True)
+        rows.append(dict({"layer_set": lset, "layer": layer.name, "batch": layer.batch,
+                          "status": status.lower(), "plant": args.plant}, **row))
+    _write_csv(out / "verify.csv", rows)
+    write_atomic(out / "metadata.json", json.dumps(_metadata(args, {
+        "mode": "verify", "params": overrides, "plant": args.plant, "seed": args.seed}),
+        indent=2, default=str))
+    passed = sum(r.get("status") == "passed" for r in rows)
+    print(f"int8: {passed} passed, {failed} failed, "
+          f"{sum(r.get('status') == 'unsupported' for r in rows)} unsupported "
+          f"(of {len(rows)} layers); {out}")
+    return 1 if failed else 0
+
+
+def _fp32_call(args, layer, exp):
+    """Our float32 forward on ``layer``: a prepared call and its implementation's name."""
+    from convbench.check.verify import make_inputs
+    from convbench.experiment.choice import default_choice
+    from convkernels.layouts import Pass
+    from convbench import registry
+    name = args.fp32 or default_choice(layer, Pass.FWD, "cpu")[0]
+    impl = registry.get(name)
+    build = exp.build(impl, layer)
+    return exp.call(build, make_inputs(layer, Pass.FWD, args.seed)), name
+
+
+def _mix(build, params) -> Dict[str, int]:
+    """The instruction mix of the build's main loop (:mod:`convbench.build.cpumix`); empty
+    where it cannot be read (no objdump)."""
+    from convbench.build import cpumix
+    from convkernels.cpu.direct import int8_dot
+    from convbench.quant.int8 import KERNEL
+    product = int8_dot.PRODUCTS[int8_dot.isa_of(KERNEL.resolve_params(params))]
+    try:
+        return cpumix.main_loop_mix(cpumix.library_of(build), product)
+    except (OSError, RuntimeError) as err:
+        print(f"no instruction mix: {err}")
+        return {}
+
+
+def _bench(args, layers, overrides, engines, out: Path) -> int:
+    import statistics
+    from convbench.base.files import write_atomic
+    from convbench.experiment.pipeline import Experiment, TimingOptions
+    from convbench.quant import int8
+    from convbench.timing.timers import prepared_call, summarize
+    exp = Experiment([], [layer for _, layer in layers], "cpu", cachedir=args.cachedir,
+                     policy=flags.build_policy(args), verify=False,
+                     timing=TimingOptions(args.warmup, args.rounds), threads=args.threads)
+    samples, summary, checks, chosen, mixes = [], [], {}, {}, {}
+    for lset, layer in layers:
+        params = dict(overrides, OUT=1)
+        refusal = int8.KERNEL.unsupported_reason(layer, int8.KERNEL.resolve_params(params))
+        if refusal:
+            print(f"{layer.name}: unsupported ({refusal})", flush=True)
+            continue
+        case = int8.make_case(layer, args.seed)
+        arrays = int8.kernel_arrays(case, 1, params=params)
+        build = int8.build(layer, params, args.cachedir, flags.build_policy(args))
+        calls = {"dace-int8": prepared_call(build, arrays, "y")}
+        mixes[layer.name] = _mix(build, params)
+        if not args.no_check:  # the timed build's own output, checked
+            sums = int8.exact_sums(case)
+            f, slack = int8.requantized(case, sums)
+            bad = int8.u8_violations(arrays["y"].permute(0, 4, 1, 2, 3), f, slack, case.zy)
+            checks[layer.name] = bad
+            if bad:
+                raise RuntimeError(f"{layer.name}: the timed int8 kernel's output fails its "
+                                   f"check ({bad} values)")
+        for engine in engines:
+            calls[f"torch-int8-{engine}"] = int8.torch_quantized(case, engine)
+        calls["dace-fp32"], chosen[layer.name] = _fp32_call(args, layer, exp)
+        with exp.timed_section():
+            for call in calls.values():
+                for _ in range(args.warmup):
+                    call()
+            got = exp.timer.interleaved(calls, args.rounds)
+        med = {name: statistics.median(v) for name, v in got.items()}
+        best_torch = min((m for n, m in med.items() if n.startswith("torch-int8")), default=None)
+        for name, values in got.items():
+            samples += [{"layer_set": lset, "layer": layer.name, "batch": layer.batch,
+                         "contestant": name, "round": r, "ms": v} for r, v in enumerate(values)]
+            s = summarize(values)
+            summary.append({"layer_set": lset, "layer": layer.name, "batch": layer.batch,
+                            "contestant": name, **{k: s[k] for k in (
+                                "samples", "median_ms", "q1_ms", "q3_ms", "min_ms")},
+                            "max_ms": max(values),
+                            "ratio_vs_dace-fp32": med[name] / med["dace-fp32"],
+                            "ratio_vs_best_torch_int8": (med[name] / best_torch
+                                                         if best_torch else "")})
+        line = ", ".join(f"{n} {m:.2f}" for n, m in med.items())
+        print(f"{layer.name} b{layer.batch} (ms, medians of {args.rounds}): {line}; int8/fp32 "
+              f"{med['dace-int8'] / med['dace-fp32']:.2f}x"
+              + (f", int8/best torch int8 {med['dace-int8'] / best_torch:.2f}x"
+                 if best_torch else ""), flush=True)
+        _write_csv(out / "samples.csv", samples)  # after every layer: a long run keeps them
+        _write_csv(out / "summary.csv", summary)
+    write_atomic(out / "metadata.json", json.dumps(_metadata(args, {
+        "mode": "bench", "params": overrides, "seed": args.seed, "rounds": args.rounds,
+        "warmup": args.warmup, "engines": engines, "fp32_forward": chosen,
+        "timer": exp.timer.method, "heap": exp.output_rule(),
+        "check_violations": checks, "kernel": int8.describe_build(overrides),
+        "main_loop_mix": mixes}),
+        indent=2, default=str))
+    print(f"results: {out}")
+    return 0

@@ -1,0 +1,165 @@
+"""The int8 forward kernel (convbench/quant/int8.py, convkernels/cpu/direct/int8_dot.py):
+exact against the integer sums and the float64 requantization, within one unit of torch's
+quantized Conv3d, and every planted error (a wrong input or output zero point, the scales
+on the wrong channel, a dropped row of taps) fails."""
+
+import csv
+import json
+
+import pytest
+import torch
+
+from convbench.layersets.layer import Layer
+from convbench.quant import int8
+from convkernels.cpu.direct import int8_dot
+from convkernels.cpu.isa import has_feature
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*quantized tensor creation")
+
+#: Small, padded, with a KW x C run that is not a multiple of four (3 x 6 = 18).
+SMALL = Layer("small", batch=2, in_channels=6, out_channels=32, in_d=5, in_h=6, in_w=8,
+              k_d=3, k_h=3, k_w=3, stride=1, pad=1)
+#: Strided, unpadded, a channel count of one (conv1 of the CosmoFlow set).
+STRIDED = Layer("strided", batch=1, in_channels=1, out_channels=16, in_d=9, in_h=7, in_w=9,
+                k_d=3, k_h=3, k_w=3, stride=2, pad=0)
+
+
+def _verify(layer, cachedir, **kw):
+    return int8.verify(layer, cachedir=cachedir, **kw)
+
+
+@pytest.mark.parametrize("layer", [SMALL, STRIDED], ids=lambda layer: layer.name)
+def test_the_kernel_is_exact(layer, cachedir):
+    row = _verify(layer, cachedir)
+    assert row["int32_mismatches"] == 0 and row["uint8_violations"] == 0, row
+    assert row["torch_max_diff"] <= 1 and row["ok"], row
+
+
+@pytest.mark.parametrize("plant", int8.PLANTS)
+def test_every_plant_fails(plant, cachedir):
+    row = _verify(SMALL, cachedir, plant=plant)
+    assert not row["ok"], row
+    if plant in ("zero-point", "tap"):  # the sums themselves are wrong
+        assert row["int32_mismatches"] > 0, row
+    else:  # only the requantization: caught without a unit's slack
+        assert row["int32_mismatches"] == 0 and row["uint8_violations"] > 0, row
+
+
+@pytest.mark.skipif(not has_feature("avx2"), reason="no AVX2 on this CPU")
+def test_the_avx2_path_is_exact(cachedir):
+    """ISA=3: the u8 x s8 products formed in 16 bits (no VNNI), 8 lanes."""
+    row = _verify(SMALL, cachedir, params={"ISA": 3, "NV": 1})
+    assert row["ok"] and row["int32_mismatches"] == 0, row
+
+
+def test_the_requantization_check_has_no_slack_but_at_ties():
+    f = torch.tensor([0.2, 1.5, 2.5000001, 250.7, 300.0, -4.0], dtype=torch.float64)
+    slack = torch.full_like(f, 1e-6)
+    exact = torch.tensor([3, 5, 5, 254, 255, 0])  # round half to even, + zy 3, clamped
+    assert int8.u8_violations(exact, f, slack, 3) == 0
+    assert int8.u8_violations(exact + 1, f, slack, 3) == 5  # the clamped one stays right
+    tie = exact.clone()
+    tie[2] = 6  # 2.5000001 is within the slack of 2.5: either neighbour
+    assert int8.u8_violations(tie, f, slack, 3) == 0
+    tie[1] = 4  # 1.5 rounds to 2 (+3 = 5); 4 is the other neighbour, a tie too
+    assert int8.u8_violations(tie, f, slack, 3) == 0
+    # without slack 1.5 is still a tie, 2.5000001 no longer (it rounds to 3, + 3 = 6)
+    assert int8.u8_violations(tie, f, torch.zeros_like(f), 3) == 0
+    assert int8.u8_violations(exact, f, torch.zeros_like(f), 3) == 1
+
+
+def test_the_packed_filter_is_what_the_kernel_reads():
+    case = int8.make_case(SMALL, 1)
+    params = int8.KERNEL.resolve_params({"NV": 1, "ISA": 3})
+    wpk, wsum = int8.pack_filter(case, params)
+    blocks, KD, KH, Q, cw, _ = wpk.shape
+    assert (blocks * cw, Q) == (32, 5)  # KW x C = 18 in 5 quads, two bytes of zeros
+    w = case.wq  # [K, C, KD, KH, KW]
+    for k, kd, kh, r in ((0, 0, 0, 0), (31, 2, 1, 17), (9, 1, 2, 7)):
+        kw, c = divmod(r, SMALL.in_channels)
+        q, e = divmod(r, 4)
+        assert wpk[k // cw, kd, kh, q, k % cw, e] == w[k, c, kd, kh, kw]
+    assert int(wpk[:, :, :, Q - 1, :, 2:].abs().sum()) == 0
+    assert torch.equal(wsum, w.to(torch.int64).sum(dim=(1, 2, 3, 4)).to(torch.int32))
+
+
+def test_refusals_say_why():
+    params = int8.KERNEL.resolve_params({})
+    odd = Layer("odd", batch=1, in_channels=4, out_channels=24, in_d=4, in_h=4, in_w=4,
+                k_d=3, k_h=3, k_w=3, stride=1, pad=1)
+    if int8_dot.lanes(params) == 16:
+        assert "multiple of 16" in int8.KERNEL.unsupported_reason(odd, params)
+    grouped = Layer("g", batch=1, in_channels=4, out_channels=32, in_d=4, in_h=4, in_w=4,
+                    k_d=3, k_h=3, k_w=3, stride=1, pad=1, groups=2)
+    assert int8.KERNEL.unsupported_reason(grouped, params)
+    absent = next((v for v, (_, flag, _) in int8_dot.ISAS.items() if not has_feature(flag)),
+                  None)
+    if absent is not None:
+        reason = int8.KERNEL.unsupported_reason(SMALL, int8.KERNEL.resolve_params({"ISA": absent}))
+        assert "this CPU has no" in reason
+
+
+def test_the_command_verifies_and_a_plant_fails(tmp_path, write_csv, cachedir, capsys):
+    from convbench.commands import int8 as command
+    sets = write_csv("layer,batch,in_channels,out_channels,in_d,in_h,in_w,k_d,k_h,k_w,stride,pad\n"
+                     "small,2,6,32,5,6,8,3,3,3,1,1\n")
+    base = ["verify", "--paramscsv", str(sets), "--cachedir", str(cachedir)]
+    assert command.main(base + ["--outdir", str(tmp_path / "ok")]) == 0
+    rows = list(csv.DictReader(open(tmp_path / "ok" / "verify.csv")))
+    assert rows[0]["status"] == "passed" and rows[0]["int32_mismatches"] == "0"
+    assert command.main(base + ["--plant", "scale-channel", "--outdir", str(tmp_path / "bad")]) == 1
+    assert "FAILED" in capsys.readouterr().out
+
+
+def test_profile_conv3d_takes_dtype_int8(tmp_path, write_csv, cachedir, capsys):
+    from convbench.commands import profile_conv3d
+    sets = write_csv("layer,batch,in_channels,out_channels,in_d,in_h,in_w,k_d,k_h,k_w,stride,pad\n"
+                     "small,2,6,32,5,6,8,3,3,3,1,1\n")
+    assert profile_conv3d.main(["--dtype", "int8", "--verify", "--paramscsv", str(sets),
+                                "--cachedir", str(cachedir), "--outdir", str(tmp_path)]) == 0
+    assert "1 passed, 0 failed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["verify", "--param", "ISA=7"], "ISA=7"),
+    (["verify", "--layer", "conv9"], "unknown layer"),
+    (["bench", "--rounds", "0"], "--rounds"),
+    (["bench", "--engines", "nope"], "no nope"),
+])
+def test_bad_input_is_one_line(argv, message, capsys):
+    from convbench.commands import int8 as command
+    assert command.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err and "Traceback" not in err
+
+
+def test_profile_conv3d_refuses_int8_on_the_gpu(capsys):
+    from convbench.commands import profile_conv3d
+    assert profile_conv3d.main(["--dtype", "int8", "--verify", "--device", "gpu"]) == 2
+    assert "forward pass on the CPU" in capsys.readouterr().err
+
+
+def test_the_bench_writes_samples_summary_and_metadata(tmp_path, write_csv, cachedir):
+    from convbench.commands import int8 as command
+    sets = write_csv("layer,batch,in_channels,out_channels,in_d,in_h,in_w,k_d,k_h,k_w,stride,pad\n"
+                     "small,2,6,32,5,6,8,3,3,3,1,1\n")
+    assert command.main(["bench", "--paramscsv", str(sets), "--cachedir", str(cachedir),
+                         "--rounds", "2", "--warmup", "1", "--engines", "x86",
+                         "--fp32", "directConvNDHWCblocked", "--outdir", str(tmp_path)]) == 0
+    samples = list(csv.DictReader(open(tmp_path / "samples.csv")))
+    assert {r["contestant"] for r in samples} == {"dace-int8", "torch-int8-x86", "dace-fp32"}
+    assert len(samples) == 6 and all(float(r["ms"]) > 0 for r in samples)
+    summary = {r["contestant"]: r for r in csv.DictReader(open(tmp_path / "summary.csv"))}
+    assert float(summary["dace-fp32"]["ratio_vs_dace-fp32"]) == 1.0
+    meta = json.loads((tmp_path / "metadata.json").read_text())
+    assert meta["fp32_forward"] == {"small": "directConvNDHWCblocked"}
+    assert meta["check_violations"] == {"small": 0} and meta["kernel"]["isa"] != "none"
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("layer_set", ["cosmoflow", "cosmoflow_mlperf"])
+def test_both_cosmoflow_sets_verify_exactly(layer_set, cachedir):
+    from convbench.layersets.sets import load_layers
+    for layer in load_layers(layer_set):
+        row = _verify(layer.with_batch(1), cachedir)
+        assert row["ok"], (layer.name, row)
