@@ -44,6 +44,8 @@ SUBCOMMANDS = {
     "int8": ("convbench.commands.int8", {},
              "the int8 forward kernel: verify exactly, or time against float32 and torch's "
              "quantized Conv3d"),
+    "sparse": ("convbench.commands.sparse", {},
+               "the block-sparse forward kernel: verify, or time against density"),
     "sass": ("convbench.commands.sass", {},
              "a GPU build's machine code: per kernel its resources and its main loop's mix"),
     "campaign": ("convbench.campaign.cli", {},

@@ -63,11 +63,11 @@ def _main(argv, prog: str) -> int:
     return run(args)
 
 
-def select(args):
-    """The layers the flags name (``--batch`` applied), and the kernel's parameter
-    overrides, checked."""
+def select(args, kernel=None):
+    """The ``(set, layer)`` pairs the flags name (``--batch`` applied), and the parameter
+    overrides of ``kernel`` (default: the int8 kernel), checked."""
     from convbench.layersets.sets import load_layers
-    overrides = _overrides(args)
+    overrides = _overrides(args, kernel)
     sets = args.paramscsv or ["cosmoflow_mlperf", "cosmoflow"]
     if isinstance(sets, str):
         sets = [sets]
@@ -82,12 +82,12 @@ def select(args):
     return layers, overrides
 
 
-def _overrides(args):
+def _overrides(args, kernel=None):
     """``--param``, checked against the kernel's parameters."""
     from convbench import registry
     from convbench.quant.int8 import KERNEL
     overrides = registry.parse_param_overrides(args.param)
-    KERNEL.resolve_params(overrides)
+    (kernel or KERNEL).resolve_params(overrides)
     return overrides
 
 
@@ -119,13 +119,13 @@ def run(args, layers=None) -> int:
     return _bench(args, layers, overrides, engines, out)
 
 
-def _metadata(args, extra) -> Dict[str, object]:
+def metadata(args, extra) -> Dict[str, object]:
     from convbench.build.toolchain import PROJECT_ROOT
     from convbench.results.writer import run_metadata
     return dict(run_metadata(PROJECT_ROOT, "cpu", args.threads), **extra)
 
 
-def _write_csv(path: Path, rows: List[dict]) -> None:
+def write_csv(path: Path, rows: List[dict]) -> None:
     from convbench.base.files import write_atomic
     if not rows:
         return
@@ -159,8 +159,8 @@ def _verify(args, layers, overrides, out: Path) -> int:
               f"rounding{torch_text}", flush=True)
         rows.append(dict({"layer_set": lset, "layer": layer.name, "batch": layer.batch,
                           "status": status.lower(), "plant": args.plant}, **row))
-    _write_csv(out / "verify.csv", rows)
-    write_atomic(out / "metadata.json", json.dumps(_metadata(args, {
+    write_csv(out / "verify.csv", rows)
+    write_atomic(out / "metadata.json", json.dumps(metadata(args, {
         "mode": "verify", "params": overrides, "plant": args.plant, "seed": args.seed}),
         indent=2, default=str))
     passed = sum(r.get("status") == "passed" for r in rows)
@@ -170,13 +170,14 @@ def _verify(args, layers, overrides, out: Path) -> int:
     return 1 if failed else 0
 
 
-def _fp32_call(args, layer, exp):
-    """Our float32 forward on ``layer``: a prepared call and its implementation's name."""
+def fp32_call(args, layer, exp, name: str = ""):
+    """Our float32 forward on ``layer`` (``name``, else ``--fp32``, else the network's):
+    a prepared call and the implementation's name."""
     from convbench.check.verify import make_inputs
     from convbench.experiment.choice import default_choice
     from convkernels.layouts import Pass
     from convbench import registry
-    name = args.fp32 or default_choice(layer, Pass.FWD, "cpu")[0]
+    name = name or args.fp32 or default_choice(layer, Pass.FWD, "cpu")[0]
     impl = registry.get(name)
     build = exp.build(impl, layer)
     return exp.call(build, make_inputs(layer, Pass.FWD, args.seed)), name
@@ -227,7 +228,7 @@ def _bench(args, layers, overrides, engines, out: Path) -> int:
                                    f"check ({bad} values)")
         for engine in engines:
             calls[f"torch-int8-{engine}"] = int8.torch_quantized(case, engine)
-        calls["dace-fp32"], chosen[layer.name] = _fp32_call(args, layer, exp)
+        calls["dace-fp32"], chosen[layer.name] = fp32_call(args, layer, exp)
         with exp.timed_section():
             for call in calls.values():
                 for _ in range(args.warmup):
@@ -251,9 +252,9 @@ def _bench(args, layers, overrides, engines, out: Path) -> int:
               f"{med['dace-int8'] / med['dace-fp32']:.2f}x"
               + (f", int8/best torch int8 {med['dace-int8'] / best_torch:.2f}x"
                  if best_torch else ""), flush=True)
-        _write_csv(out / "samples.csv", samples)  # after every layer: a long run keeps them
-        _write_csv(out / "summary.csv", summary)
-    write_atomic(out / "metadata.json", json.dumps(_metadata(args, {
+        write_csv(out / "samples.csv", samples)  # after every layer: a long run keeps them
+        write_csv(out / "summary.csv", summary)
+    write_atomic(out / "metadata.json", json.dumps(metadata(args, {
         "mode": "bench", "params": overrides, "seed": args.seed, "rounds": args.rounds,
         "warmup": args.warmup, "engines": engines, "fp32_forward": chosen,
         "timer": exp.timer.method, "heap": exp.output_rule(),

@@ -1,0 +1,218 @@
+"""``convbench sparse verify|bench``: the block-sparse forward kernel (:mod:`convbench.quant.sparse`).
+
+``verify`` checks it at each ``--densities`` value against torch's float64 convolution
+with the pruned filter (``--plant``: a kept block skipped, which must fail).  ``bench``
+times it at each density, interleaved round by round with our dense float32 forward (the
+one the network runs on this machine, or ``--fp32 NAME``), and writes ``samples.csv``,
+``summary.csv``, ``metadata.json`` and ``density.png`` (time against density, drawn from
+``summary.csv``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List
+
+from convbench.base.errors import ArgumentParser, UsageError, check_at_least, run_main
+from convbench.commands import flags
+from convbench.commands.int8 import metadata, select, write_csv
+
+PROG = "convbench sparse"
+DENSITIES = (100, 75, 50, 25, 10)
+
+
+def build_parser(prog: str = PROG):
+    p = ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    p.add_argument("mode", choices=("verify", "bench"), help="check, or time")
+    flags.add_layer_flags(p, None, many=True, select=False)
+    p.add_argument("--layer", default=None, metavar="NAME,...",
+                   help="layers of the sets (default: all)")
+    p.add_argument("--densities", default=",".join(map(str, DENSITIES)), metavar="PCT,...",
+                   help=f"percent of blocks kept (default {','.join(map(str, DENSITIES))})")
+    flags.add_param_flag(p)
+    p.add_argument("--plant", action="store_true",
+                   help="verify: skip a kept block in the kernel, which must fail (tests)")
+    flags.add_seed_flag(p)
+    p.add_argument("--rounds", type=int, default=5, metavar="N",
+                   help="bench: interleaved rounds (default 5)")
+    p.add_argument("--warmup", type=int, default=2, metavar="N",
+                   help="bench: untimed calls of each contestant first (default 2)")
+    p.add_argument("--fp32", default="", metavar="NAME,...",
+                   help="bench: our dense float32 forwards to compare with (default: the "
+                   "network's per layer, and the dense direct kernel directConvNDHWCblocked)")
+    flags.add_threads_flag(p)
+    flags.add_build_flags(p)
+    flags.add_outdir_flag(p, "outputs/sparse/")
+    return p
+
+
+def main(argv=None, prog: str = PROG) -> int:
+    return run_main(prog, lambda a: _main(a, prog), argv)
+
+
+def _densities(text: str) -> List[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(f"--densities: integers from 1 to 100, got {text!r}") from None
+    if not values or any(not 1 <= v <= 100 for v in values):
+        raise UsageError(f"--densities: integers from 1 to 100, got {text!r}")
+    return values
+
+
+def _main(argv, prog: str) -> int:
+    args = build_parser(prog).parse_args(argv)
+    check_at_least(("--rounds", args.rounds, 1), ("--warmup", args.warmup, 0))
+    if args.batch is not None and args.batch <= 0:
+        raise UsageError(f"--batch: must be a positive integer, got {args.batch}")
+    densities = _densities(args.densities)
+    from convbench.quant.sparse import KERNEL
+    layers, overrides = select(args, KERNEL)
+    if "DENSITY" in overrides:
+        raise UsageError("--param DENSITY: give --densities")
+    from convbench.timing.devices import set_threads
+    args.threads = set_threads(args.threads)
+    out = Path(args.outdir or f"outputs/sparse/{args.mode}")
+    out.mkdir(parents=True, exist_ok=True)
+    if args.mode == "verify":
+        return _verify(args, layers, overrides, densities, out)
+    return _bench(args, layers, overrides, densities, out)
+
+
+def _verify(args, layers, overrides, densities, out: Path) -> int:
+    from convbench.base.files import write_atomic
+    from convbench.quant import sparse
+    rows, failed = [], 0
+    for lset, layer in layers:
+        for density in densities:
+            params = sparse.KERNEL.resolve_params(dict(overrides, DENSITY=density))
+            refusal = sparse.KERNEL.unsupported_reason(layer, params)
+            if refusal:
+                print(f"{lset} {layer.name}: unsupported ({refusal})", flush=True)
+                break
+            check = sparse.verify(layer, density, overrides, args.seed, args.plant,
+                                  args.cachedir, flags.build_policy(args))
+            failed += not check.ok
+            print(f"{lset} {layer.name} b{layer.batch} {density}%: "
+                  f"{'passed' if check.ok else 'FAILED'}: {check.summary()}", flush=True)
+            rows.append({"layer_set": lset, "layer": layer.name, "batch": layer.batch,
+                         "density": density, "status": "passed" if check.ok else "failed",
+                         "plant": int(args.plant), "worst_err_over_tol": check.worst_ratio,
+                         "max_abs": check.max_abs, "rule": check.rule})
+    write_csv(out / "verify.csv", rows)
+    write_atomic(out / "metadata.json", json.dumps(metadata(args, {
+        "mode": "verify", "params": overrides, "densities": densities, "plant": args.plant,
+        "seed": args.seed}), indent=2, default=str))
+    print(f"sparse: {len(rows) - failed} passed, {failed} failed; {out}")
+    return 1 if failed else 0
+
+
+def _bench(args, layers, overrides, densities, out: Path) -> int:
+    import statistics
+    from convbench.base.files import write_atomic
+    from convbench.check.verify import make_inputs
+    from convbench.commands.int8 import fp32_call
+    from convbench.experiment.pipeline import Experiment, TimingOptions
+    from convbench.quant import sparse
+    from convbench.timing.timers import prepared_call, summarize
+    from convkernels.layouts import Pass
+    exp = Experiment([], [layer for _, layer in layers], "cpu", cachedir=args.cachedir,
+                     policy=flags.build_policy(args), verify=False,
+                     timing=TimingOptions(args.warmup, args.rounds), threads=args.threads)
+    samples, summary, chosen = [], [], {}
+    for lset, layer in layers:
+        inputs = make_inputs(layer, Pass.FWD, args.seed)
+        calls = {}
+        for density in densities:
+            params = dict(overrides, DENSITY=density)
+            refusal = sparse.KERNEL.unsupported_reason(layer, sparse.KERNEL.resolve_params(params))
+            if refusal:
+                raise UsageError(f"{layer.name}: {refusal}")
+            arrays, _ = sparse.kernel_arrays(inputs["x"], inputs["w"], layer, density)
+            build = sparse.build(layer, params, args.cachedir, flags.build_policy(args))
+            calls[f"sparse-{density}"] = prepared_call(build, arrays, "y")
+        chosen[layer.name] = []
+        for name in dense_forwards(args, layer):
+            calls[f"dense-{name}"], _ = fp32_call(args, layer, exp, name)
+            chosen[layer.name].append(name)
+        with exp.timed_section():
+            for call in calls.values():
+                for _ in range(args.warmup):
+                    call()
+            got = exp.timer.interleaved(calls, args.rounds)
+        med = {name: statistics.median(v) for name, v in got.items()}
+        dense = med.get("sparse-100")
+        fastest = min((n for n in med if n.startswith("dense-")), key=med.get)
+        for name, values in got.items():
+            samples += [{"layer_set": lset, "layer": layer.name, "batch": layer.batch,
+                         "contestant": name, "round": r, "ms": v} for r, v in enumerate(values)]
+            s = summarize(values)
+            summary.append({"layer_set": lset, "layer": layer.name, "batch": layer.batch,
+                            "contestant": name,
+                            "density": int(name.split("-")[1]) if name.startswith("sparse") else 100,
+                            **{k: s[k] for k in ("samples", "median_ms", "q1_ms", "q3_ms",
+                                                 "min_ms")},
+                            "max_ms": max(values),
+                            "fastest_dense": fastest[len("dense-"):],
+                            "ratio_vs_fastest_dense": med[name] / med[fastest],
+                            "ratio_vs_sparse-100": med[name] / dense if dense else ""})
+        print(f"{layer.name} b{layer.batch} (ms, medians of {args.rounds}): "
+              + ", ".join(f"{n} {m:.2f}" for n, m in med.items()), flush=True)
+        write_csv(out / "samples.csv", samples)
+        write_csv(out / "summary.csv", summary)
+    write_atomic(out / "metadata.json", json.dumps(metadata(args, {
+        "mode": "bench", "params": overrides, "densities": densities, "seed": args.seed,
+        "rounds": args.rounds, "warmup": args.warmup, "dense_fp32_forward": chosen,
+        "timer": exp.timer.method, "heap": exp.output_rule(),
+        "pruning": "per vector of output channels, the blocks of largest l2 norm"}),
+        indent=2, default=str))
+    plot(out)
+    print(f"results: {out}")
+    return 0
+
+
+def dense_forwards(args, layer) -> List[str]:
+    """The dense float32 forwards ``bench`` times on ``layer``: ``--fp32``, else the
+    network's choice and the dense direct kernel."""
+    from convbench.experiment.choice import default_choice
+    from convkernels.layouts import Pass
+    if args.fp32:
+        return [n.strip() for n in args.fp32.split(",") if n.strip()]
+    return list(dict.fromkeys([default_choice(layer, Pass.FWD, "cpu")[0],
+                               "directConvNDHWCblocked"]))
+
+
+def plot(folder: Path) -> Path:
+    """``density.png``: each layer's time against density, relative to the same kernel at
+    100%, with our fastest dense float32 forward as a line, drawn from ``summary.csv``."""
+    import csv
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = list(csv.DictReader(open(folder / "summary.csv")))
+    meta = json.loads((folder / "metadata.json").read_text())
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for layer in dict.fromkeys(r["layer"] for r in rows):
+        mine = [r for r in rows if r["layer"] == layer and r["contestant"].startswith("sparse")]
+        mine.sort(key=lambda r: int(r["density"]))
+        line, = ax.plot([int(r["density"]) for r in mine],
+                        [float(r["ratio_vs_sparse-100"]) for r in mine], marker="o",
+                        label=layer)
+        dense = min((r for r in rows if r["layer"] == layer and r["contestant"].startswith("dense-")),
+                    key=lambda r: float(r["median_ms"]))
+        ax.axhline(float(dense["ratio_vs_sparse-100"]), color=line.get_color(), ls=":", lw=1)
+    ax.plot([0, 100], [0, 1], color="grey", lw=0.8, ls="--", label="proportional")
+    ax.set_xlabel("density (% of blocks kept)")
+    ax.set_ylabel("time / the same kernel at 100%")
+    cpu = meta.get("device", {}).get("name", "CPU")
+    ax.set_title(f"Block-sparse forward, {cpu}\n(dotted: our fastest dense float32 forward)",
+                 fontsize=9)
+    ax.set_xlim(0, 105)
+    ax.set_ylim(0, None)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = folder / "density.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

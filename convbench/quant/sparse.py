@@ -1,0 +1,100 @@
+"""Sparse convolution: magnitude pruning in blocks, the compressed filter, the sparse
+kernel's builds and its check.
+
+The kernel (:mod:`convkernels.cpu.direct.sparse`) runs the kept blocks of a filter pruned
+per vector of output channels (:func:`prune`); it is checked like every float32 kernel,
+against torch's float64 convolution with the pruned filter (the tolerance of
+:mod:`convbench.check.verify`), and a planted error (a kept block skipped) fails.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+from convbench.build.precision import DTYPES
+from convbench.registry import Implementation, Layout, Param, Pass
+from convkernels.cpu.direct import sparse
+from convkernels.cpu.direct.blocking import cpu_schedule, switch_param
+
+
+def _density(value: int) -> Optional[str]:
+    return None if 1 <= value <= 100 else "a percentage, 1 to 100"
+
+
+KERNEL = Implementation(
+    name="directConvNDHWCsparse", layout=Layout.NDHWC, pass_=Pass.FWD,
+    summary="block-sparse direct convolution on NDHWC for the CPU: the kept blocks (one "
+            "input position x one vector of output channels) of a magnitude-pruned filter, "
+            "stored compressed",
+    algorithm=sparse.algorithm, schedules={"cpu": cpu_schedule},
+    params=(Param("DENSITY", 100, "percent of each vector's blocks kept", minimum=1,
+                  check=_density),
+            Param("PIX", 16, "output pixels per tile along the width (a divisor of it)"),
+            switch_param("PLANT", 0, "tests only: 1 skips the last kept block")),
+    supports=sparse.supports,
+    constraints="no groups or dilation; K a multiple of the vector's floats")
+
+
+def _blocks(w, layer):
+    """``w`` (logical KCDHW) as ``[K / V, V, KD KH KW C]``: per vector of output channels,
+    its blocks in the order of :func:`convkernels.cpu.direct.sparse.offsets`."""
+    V = sparse.lanes()
+    run = w.permute(0, 2, 3, 4, 1).reshape(layer.out_channels, -1)
+    return run.reshape(layer.out_channels // V, V, run.shape[-1])
+
+
+def prune(w, layer, density: int):
+    """``(pruned, keep)``: ``w`` with, per vector of output channels, all but its
+    :func:`~convkernels.cpu.direct.sparse.kept` blocks of largest l2 norm set to zero, and
+    the kept blocks' indices (``[K / V, NNZ]``, ascending)."""
+    import torch
+    blocks = _blocks(w, layer)
+    nnz = sparse.kept(layer, density)
+    norms = blocks.double().pow(2).sum(dim=1)
+    keep = torch.sort(torch.topk(norms, nnz, dim=1).indices, dim=1).values
+    mask = torch.zeros_like(norms, dtype=torch.bool).scatter_(1, keep, True)
+    pruned = (blocks * mask.unsqueeze(1)).reshape(layer.out_channels, layer.k_d, layer.k_h,
+                                                  layer.k_w, layer.in_channels)
+    return pruned.permute(0, 4, 1, 2, 3).contiguous(), keep
+
+
+def compress(w, keep, layer):
+    """``(wv, offs)``: the kept blocks of ``w`` (float32) and where each reads the padded
+    input (the kernel's compressed filter)."""
+    import torch
+    from convkernels.layer import layer_constants
+    blocks = _blocks(w, layer)  # [KB, V, R]
+    index = keep.unsqueeze(1).expand(-1, blocks.shape[1], -1)
+    wv = torch.gather(blocks, 2, index).permute(0, 2, 1).contiguous().float()
+    table = torch.tensor(sparse.offsets(layer_constants(layer, Layout.NDHWC)), dtype=torch.int32)
+    return wv, table[keep].contiguous()
+
+
+def build(layer, params: Optional[Dict[str, int]] = None, cachedir=None, policy: str = "rebuild"):
+    from convbench.build import cache, toolchain
+    return cache.build(toolchain.make_spec(KERNEL, layer, DTYPES["float32"], "cpu",
+                                           params or {}), cachedir, policy=policy)
+
+
+def kernel_arrays(x, w, layer, density: int):
+    """``(arrays, pruned)``: the kernel's arguments for input ``x`` and filter ``w``
+    (logical, float32) pruned to ``density``, and the pruned filter (logical)."""
+    import torch
+    pruned, keep = prune(w, layer, density)
+    wv, offs = compress(pruned, keep, layer)
+    y = torch.empty((layer.batch, layer.out_d, layer.out_h, layer.out_w, layer.out_channels),
+                    dtype=torch.float32)
+    return {"x": x.permute(0, 2, 3, 4, 1).contiguous(), "wv": wv, "offs": offs, "y": y}, pruned
+
+
+def verify(layer, density: int, params=None, seed: int = 0, plant: bool = False,
+           cachedir=None, policy: str = "rebuild"):
+    """The kernel's output at ``density`` on fresh random inputs, checked against torch's
+    float64 convolution with the pruned filter: the :class:`~convbench.check.verify.Check`."""
+    from convbench.check.verify import compare, make_inputs, truth_for
+    inputs = make_inputs(layer, Pass.FWD, seed)
+    arrays, pruned = kernel_arrays(inputs["x"], inputs["w"], layer, density)
+    b = build(layer, dict(params or {}, DENSITY=density, PLANT=int(plant)), cachedir, policy)
+    b(**arrays)
+    truth = truth_for(layer, Pass.FWD, {"x": inputs["x"], "w": pruned}, random_inputs=True)
+    return compare(arrays["y"].permute(0, 4, 1, 2, 3), truth, DTYPES["float32"].rounding)
