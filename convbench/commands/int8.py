@@ -121,8 +121,10 @@ def run(args, layers=None) -> int:
 
 def metadata(args, extra) -> Dict[str, object]:
     from convbench.build.toolchain import PROJECT_ROOT
+    from convbench.build.tuned import machine_id
     from convbench.results.writer import run_metadata
-    return dict(run_metadata(PROJECT_ROOT, "cpu", args.threads), **extra)
+    return dict(run_metadata(PROJECT_ROOT, "cpu", args.threads), machine=machine_id("cpu"),
+                **extra)
 
 
 def write_csv(path: Path, rows: List[dict]) -> None:

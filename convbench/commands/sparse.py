@@ -205,9 +205,10 @@ def plot(folder: Path) -> Path:
     ax.plot([0, 100], [0, 1], color="grey", lw=0.8, ls="--", label="proportional")
     ax.set_xlabel("density (% of blocks kept)")
     ax.set_ylabel("time / the same kernel at 100%")
-    cpu = meta.get("device", {}).get("name", "CPU")
-    ax.set_title(f"Block-sparse forward, {cpu}\n(dotted: our fastest dense float32 forward)",
-                 fontsize=9)
+    cpu = meta.get("machine") or meta.get("device", {}).get("name", "CPU")
+    where = sorted({f"{r['layer_set']} b{r['batch']}" for r in rows})
+    ax.set_title(f"Block-sparse float32 forward, {', '.join(where)}, {meta['threads']['torch']} "
+                 f"threads\n{cpu} (dotted: our fastest dense float32 forward)", fontsize=8)
     ax.set_xlim(0, 105)
     ax.set_ylim(0, None)
     ax.legend(fontsize=8)
