@@ -46,6 +46,9 @@ SUBCOMMANDS = {
              "quantized Conv3d"),
     "sparse": ("convbench.commands.sparse", {},
                "the block-sparse forward kernel: verify, or time against density"),
+    "compress-train": ("convbench.network.compressed", {},
+                       "CosmoFlow trained in float32, with LSQ quantization and pruned: "
+                       "validation losses"),
     "sass": ("convbench.commands.sass", {},
              "a GPU build's machine code: per kernel its resources and its main loop's mix"),
     "campaign": ("convbench.campaign.cli", {},
