@@ -5,10 +5,12 @@ on the wrong channel, a dropped row of taps) fails."""
 
 import csv
 import json
+import shutil
 
 import pytest
 import torch
 
+from convbench.build import sass
 from convbench.layersets.layer import Layer
 from convbench.quant import int8
 from convkernels.cpu.direct import int8_dot
@@ -162,4 +164,74 @@ def test_both_cosmoflow_sets_verify_exactly(layer_set, cachedir):
     from convbench.layersets.sets import load_layers
     for layer in load_layers(layer_set):
         row = _verify(layer.with_batch(1), cachedir)
+        assert row["ok"], (layer.name, row)
+
+
+# -- the int8 tensor-core forward (GPU), in its CPU emulation ---------------------------------
+
+#: Small tiles, so that the emulation is quick and the layers span several blocks.
+IMMA_TILES = {"CTAtileM": 64, "CTAtileN": 32, "CTAtileK": 32, "warpTileM": 32,
+              "warpTileN": 16, "stages": 3}
+#: Taps packed into K tiles (C = 4, as MLPerf's conv1), and a strided layer whose K (48)
+#: is not a multiple of the block's 32 channels.
+IMMA_LAYERS = [Layer("packed", batch=1, in_channels=4, out_channels=32, in_d=4, in_h=4,
+                     in_w=8, k_d=3, k_h=3, k_w=3, stride=1, pad=1),
+               Layer("strided", batch=1, in_channels=8, out_channels=48, in_d=7, in_h=5,
+                     in_w=9, k_d=3, k_h=3, k_w=3, stride=2, pad=1)]
+
+
+@pytest.mark.parametrize("layer", IMMA_LAYERS, ids=lambda layer: layer.name)
+def test_the_imma_emulation_is_exact(layer, cachedir):
+    row = int8.verify_gpu(layer, IMMA_TILES, cachedir=cachedir)
+    assert row["ok"] and row["int32_mismatches"] == 0, row
+
+
+def test_imma_layout_plants_fail(cachedir, monkeypatch):
+    """The 16-bit kernels' layout plants (A read unswizzled, B's ldmatrix matrices swapped)
+    break the int8 kernel's bytes too: its emulation sees them."""
+    from test_precision import MMA_PLANTS
+    from convkernels.gpu.mma import layout as mma_layout
+    for plant, functions in MMA_PLANTS.items():
+        for function, planted in functions.items():
+            monkeypatch.setattr(mma_layout, function, planted)
+        row = int8.verify_gpu(IMMA_LAYERS[0], IMMA_TILES, cachedir=cachedir,
+                              planted=f"imma_{plant}")
+        assert not row["ok"], plant
+        monkeypatch.undo()
+
+
+def test_imma_refuses_channels_below_four_bytes():
+    reason = int8.GPU_KERNEL.unsupported_reason(STRIDED, int8.GPU_KERNEL.resolve_params({}))
+    assert "multiple of 4" in reason
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None or sass.tool_dir() is None,
+                    reason="nvcc or cuobjdump/nvdisasm is not installed")
+def test_the_imma_main_loop_runs_on_int8_tensor_cores(tmp_path, write_csv):
+    """sm_90 machine code: the main loop's tensor-core instructions are IMMA.16832 (int8
+    operands, int32 sums), no spills."""
+    from convbench.commands import int8 as command
+    sets = write_csv("layer,batch,in_channels,out_channels,in_d,in_h,in_w,k_d,k_h,k_w,stride,pad\n"
+                     "deep,2,128,256,8,8,8,3,3,3,1,1\n")
+    assert command.main(["sass", "--paramscsv", str(sets), "--outdir", str(tmp_path)]) == 0
+    main, = [r for r in csv.DictReader(open(tmp_path / "sass.csv")) if r["main"] == "yes"]
+    assert main["tensor_ops"].endswith("IMMA.16832.S8.S8") and main["spill_stores"] == "0", main
+
+
+def test_verify_gpu_command(tmp_path, write_csv, cachedir):
+    from convbench.commands import int8 as command
+    sets = write_csv("layer,batch,in_channels,out_channels,in_d,in_h,in_w,k_d,k_h,k_w,stride,pad\n"
+                     "packed,1,4,32,4,4,8,3,3,3,1,1\nc1,1,1,16,4,4,4,3,3,3,1,0\n")
+    argv = ["verify-gpu", "--paramscsv", str(sets), "--cachedir", str(cachedir),
+            "--outdir", str(tmp_path)] + [f"--param={k}={v}" for k, v in IMMA_TILES.items()]
+    assert command.main(argv) == 0
+    rows = {r["layer"]: r for r in csv.DictReader(open(tmp_path / "verify_gpu.csv"))}
+    assert rows["packed"]["status"] == "passed" and rows["c1"]["status"] == "unsupported"
+
+
+@pytest.mark.full
+def test_the_imma_emulation_verifies_the_cosmoflow_layers(cachedir):
+    from convbench.layersets.sets import load_layers
+    for layer in load_layers("cosmoflow_mlperf_s64"):
+        row = int8.verify_gpu(layer.with_batch(1), cachedir=cachedir)
         assert row["ok"], (layer.name, row)

@@ -134,6 +134,10 @@ def header_digest() -> str:
 def _dace_storage(name: str):
     import dace
     import numpy
+    if name == "int8":  # DaCe's own is C's ``char``, which its CUDA code spells ``::char``
+        t = dace.typeclass(numpy.int8)
+        t.ctype = t.ctype_unaligned = "int8_t"
+        return t
     if name not in CTYPES:
         return getattr(dace, name)
     # A 16-bit typeclass whose C++ type converts correctly.  numpy has no bfloat16, so

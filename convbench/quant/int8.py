@@ -63,6 +63,24 @@ KERNEL = Implementation(
     precisions=(INT8.label,))
 
 
+def _gpu_kernel():
+    from convkernels.gpu.mma import program as mma
+    return Implementation(**mma.fields(
+        name="implicitGemmIMMA", pass_=Pass.FWD,
+        summary="implicit GEMM on NDHWC on int8 tensor cores: the mma.sync kernels' "
+                "stages, swizzle and ldmatrix fragments on bytes, mma.sync m16n8k32 with "
+                "int32 sums (CPU: ldmatrix and the MMA emulated lane by lane)",
+        algorithm=mma.int8_program, schedules={t: mma.schedule(t) for t in ("cpu", "gpu")},
+        supports=mma.int8_supports,
+        constraints="C a multiple of 4; one image of the input below 2^31 elements") | {
+        "precisions": (INT8.label,)})
+
+
+#: The int8 tensor-core forward (GPU; its CPU schedule emulates the MMAs): symmetric int8
+#: input and filter, int32 sums out.
+GPU_KERNEL = _gpu_kernel()
+
+
 @dataclasses.dataclass
 class Case:
     """One layer's quantized operands (logical NCDHW, on the CPU) and their parameters."""
@@ -274,3 +292,36 @@ def describe_build(overrides=None) -> Dict[str, object]:
     name, flag, width = int8_dot.ISAS[isa] if isa else ("none", "", 0)
     return {"implementation": KERNEL.name, "params": dict(params), "isa": name,
             "cpu_flag": flag, "int32_lanes": width}
+
+
+# -- the int8 tensor-core forward (GPU), checked in its CPU emulation -------------------------
+
+def symmetric_operands(layer, seed: int = 0):
+    """Random int8 input and filter (logical NCDHW, symmetric: the GPU kernel's convention,
+    whose zero-filled border is then exact) over the whole range."""
+    import torch
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randint(-128, 128, layer.input_shape, generator=gen, dtype=torch.int8)
+    w = torch.randint(-127, 128, layer.filter_shape, generator=gen, dtype=torch.int8)
+    return x, w
+
+
+def verify_gpu(layer, params=None, seed: int = 0, target: str = "cpu", cachedir=None,
+               policy: str = "rebuild", planted: str = "") -> Dict[str, object]:
+    """:data:`GPU_KERNEL`'s int32 sums on random int8 operands against the exact ones, bit
+    for bit: on the CPU its emulation (ldmatrix and every MMA lane by lane, as PTX lays out
+    the fragments), on the GPU the tensor cores.  ``planted`` tags a build a test broke."""
+    import torch
+    from convbench.build import cache, toolchain
+    x, w = symmetric_operands(layer, seed)
+    spec = toolchain.make_spec(GPU_KERNEL, layer, INT8, target, params or {}, planted=planted)
+    b = cache.build(spec, cachedir, policy=policy)
+    device = "cuda" if target == "gpu" else "cpu"
+    y = torch.zeros((layer.batch, layer.out_d, layer.out_h, layer.out_w, layer.out_channels),
+                    dtype=torch.int32, device=device)
+    b(x=x.permute(0, 2, 3, 4, 1).contiguous().to(device),
+      w=w.permute(0, 2, 3, 4, 1).contiguous().to(device), y=y)
+    exact = torch.round(_conv64(layer, x.double(), w.double())).to(torch.int64)
+    got = y.cpu().permute(0, 4, 1, 2, 3).to(torch.int64)
+    mismatches = int((got != exact).sum())
+    return {"int32_mismatches": mismatches, "elements": exact.numel(), "ok": mismatches == 0}

@@ -10,7 +10,7 @@ def store_code(s, rows: int, cols: int, target: str) -> str:
     given its GEMM row ``m`` and column ``n``) where ``m < rows`` and ``n < cols``: lane
     ``l`` holds rows ``l / 4`` and ``l / 4 + 8``, columns ``2 (l % 4)`` and the next, of
     each MMA tile."""
-    return f"""const float* acc = acci + tp * {s.RR};
+    return f"""const {s.acc_t}* acc = acci + tp * {s.RR};
 const int g = lane >> 2, t4 = lane & 3;
 #pragma unroll
 for (int fm = 0; fm < {s.FM}; ++fm)

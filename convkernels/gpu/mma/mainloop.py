@@ -75,7 +75,7 @@ def step_code(s: Shape, gpu: bool) -> str:
 {simt_gather.load_state(s, writable=True)}
 {gather.stage_code(s)}
 {{
-    float* acc = acco + tp * {s.RR};
+    {s.acc_t}* acc = acco + tp * {s.RR};
 {indent(mma_loop(s, gpu), 4)}
 }}
 cslot = cslot + 1 == {s.S} ? 0 : cslot + 1;

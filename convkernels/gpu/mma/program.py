@@ -49,6 +49,25 @@ def program(layer: Layer, dtype, params, flip: bool = False, w_shape=None) -> da
     return sdfg
 
 
+def int8_program(layer: Layer, dtype, params) -> dace.SDFG:
+    """The forward on int8 operands (``dtype``: int8; symmetric, no zero point, so the
+    zero-filled border is exact) with ``mma.sync`` m16n8k32 and int32 sums: the output
+    ``y`` holds the int32 sums (:mod:`convbench.quant.int8` checks them bit for bit)."""
+    sdfg = program(layer, dtype, params)
+    for name in ("y", "y_0"):  # the output and its flat view
+        sdfg.arrays[name].dtype = dace.int32
+    return sdfg
+
+
+def int8_supports(layer: Layer, params=None):
+    """Why the int8 forward does not handle ``layer``, or None: every copy moves at least
+    4 bytes (``cp.async``), so the channels come in fours."""
+    if layer.in_channels % 4:
+        return (f"C = {layer.in_channels}: the int8 copies move at least 4 bytes (cp.async), "
+                "so C must be a multiple of 4")
+    return supports(layer, params)
+
+
 def schedule(target: str, flip: bool = False, layer_of=lambda layer: layer):
     """The pipelined skeleton's tiled schedule (block map on the grid, thread map on the block's
     threads, stages in shared memory, accumulators and state in registers) with the

@@ -20,6 +20,17 @@ static inline float cb_tf32_value(unsigned u) {
 """
 
 
+#: The int8 MMA on the GPU: m16n8k32, int8 operands (four per register), int32 sums.
+_S8_MMA = r"""
+__device__ __forceinline__ void cb_mma(int* d, const unsigned* a, const unsigned* b) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+"""
+
+
 def helpers(s, gpu: bool) -> str:
     """C++ the tasklets call, for the constants ``s`` of a tensor-core build (its ``ptx``
     type and MMA reduction ``KM``): ``cb_ldsm_x4<trans>`` (registers of lane ``lane``
@@ -56,17 +67,21 @@ __device__ __forceinline__ void cb_lds_x4(unsigned (&r)[4], const char* base, F 
         asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(r[j]) : "r"(s + (unsigned)addr(lane, j)));
 }
 #endif
-""" + f"""
+""" + (_S8_MMA if ptx == "s8" else f"""
 __device__ __forceinline__ void cb_mma(float* d, const unsigned* a, const unsigned* b) {{
     asm volatile("mma.sync.aligned.m16n8k{k}.row.col.f32.{ptx}.{ptx}.f32 "
                  "{{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%0,%1,%2,%3}};\\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }}
-"""
+""")
     value = {"f16": "cb_half_to_float((uint16_t)h)", "bf16": "cb_bf16_to_float((uint16_t)h)",
-             "tf32": "cb_tf32_value(w)"}[ptx]
-    if ptx == "tf32":  # one value per register: A[r][k] in lane (r % 8) * 4 + k % 4
+             "tf32": "cb_tf32_value(w)", "s8": ""}[ptx]
+    if ptx == "s8":  # four per register, the lowest index in the lowest byte
+        a_loc = "const unsigned w = fa[(r % 8) * 4 + (kk % 16) / 4][fm][r / 8 + 2 * (kk / 16)];"
+        b_loc = "const unsigned w = fb[n * 4 + (kk % 16) / 4][fn][kk / 16];"
+        a_val = b_val = "(int)(signed char)(w >> (8 * (kk % 4)))"
+    elif ptx == "tf32":  # one value per register: A[r][k] in lane (r % 8) * 4 + k % 4
         a_loc = "const unsigned w = fa[(r % 8) * 4 + kk % 4][fm][r / 8 + 2 * (kk / 4)];"
         b_loc = "const unsigned w = fb[n * 4 + kk % 4][fn][kk / 4];"
         a_val = b_val = value
@@ -110,13 +125,13 @@ static inline void cb_lds_x4(unsigned (&r)[4], const char* base, F addr, int lan
 // tile (fm, fn), each A[r][k] and B[k][n] taken from the lane and register where PTX's
 // fragment layout puts it.
 template <class FA, class FB>
-static inline void cb_mma_emulated(float* d, int lane, const FA& fa, const FB& fb, int fm, int fn) {{
+static inline void cb_mma_emulated({s.acc_t}* d, int lane, const FA& fa, const FB& fb, int fm, int fn) {{
     const int g = lane / 4, t = lane % 4;
     for (int i = 0; i < 4; ++i) {{
         const int r = g + 8 * (i / 2), n = 2 * t + i % 2;
-        float sum = d[i];
+        {s.acc_t} sum = d[i];
         for (int kk = 0; kk < {k}; ++kk) {{
-            float av, bv;
+            {s.acc_t} av, bv;
             {{ {a_loc} av = {a_val}; }}
             {{ {b_loc} bv = {b_val}; }}
             sum += av * bv;

@@ -41,8 +41,12 @@ PARAMS = (
 PRECISIONS = ("float16", "bfloat16", "float32-tf32")
 
 
-#: PTX operand type and MMA reduction by the C++ storage type (TF32 is stored as float).
-PTX = {"cb_half": ("f16", 16), "cb_bfloat16": ("bf16", 16), "float": ("tf32", 8)}
+#: PTX operand type and MMA reduction by the C++ storage type (TF32 is stored as float;
+#: int8 is the int8 forward's: m16n8k32 with int32 sums, :mod:`convbench.quant.int8`).
+PTX = {"cb_half": ("f16", 16), "cb_bfloat16": ("bf16", 16), "float": ("tf32", 8),
+       "int8_t": ("s8", 32)}
+#: Bytes per value by PTX operand type (16-bit ones: 2).
+VALUE_BYTES = {"tf32": 4, "s8": 1}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,8 +59,11 @@ class Warps:
 
     WM: int = 64
     WN: int = 64
-    EB: int = 2            # bytes per value: 2 (float16, bfloat16) or 4 (TF32)
+    EB: int = 2            # bytes per value: 2 (float16, bfloat16), 4 (TF32) or 1 (int8)
     ptx: str = "f16"
+
+    #: The C++ type of the accumulators: int32 sums of int8 products, else float32
+    acc_t = property(lambda s: "int" if s.ptx == "s8" else "float")
 
     NT = property(lambda s: (s.TM // s.WM) * (s.TN // s.WN) * WARP)
     WARPS_M = property(lambda s: s.TM // s.WM)
@@ -111,7 +118,7 @@ def shape(layer: Layer, ctype: str, params, flip: bool = False) -> Shape:
     C++ name ``ctype`` (:data:`PTX`)."""
     L = layer_constants(layer, Layout.NDHWC)
     ptx, _ = PTX[ctype]
-    eb = 4 if ptx == "tf32" else 2
+    eb = VALUE_BYTES.get(ptx, 2)
     tk = params["CTAtileK"] * 2 // eb
     return Shape(Layout.NDHWC, L.N, L.C, L.K, L.D, L.H, L.W, L.KD, L.KH, L.KW, L.SD, L.SH,
                  L.SW, L.PD, L.PH, L.PW, L.OD, L.OH, L.OW, params["CTAtileM"],
