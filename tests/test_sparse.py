@@ -78,3 +78,20 @@ def test_bad_input_is_one_line(argv, message, capsys):
     assert command.main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err and "Traceback" not in err
+
+
+def test_two_of_four_keeps_the_two_largest_of_every_group(cachedir):
+    w = torch.rand(SMALL.filter_shape, generator=torch.Generator().manual_seed(5)) * 2 - 1
+    layer = Layer("s4", batch=1, in_channels=4, out_channels=32, in_d=4, in_h=4, in_w=4,
+                  k_d=3, k_h=3, k_w=3, stride=1, pad=1)
+    w = w[:, :4].contiguous()
+    pruned, keep = sparse.prune(w, layer, 50, "2:4")
+    kept = sparse._blocks(pruned, layer).abs().sum(dim=1) > 0  # [K/V, R]
+    groups = kept.view(kept.shape[0], -1, 4)
+    assert torch.equal(groups.sum(dim=2), torch.full(groups.shape[:2], 2))
+    norms = sparse._blocks(w, layer).pow(2).sum(dim=1).view(kept.shape[0], -1, 4)
+    kept_least = norms.masked_fill(~groups, float("inf")).amin(dim=2)
+    dropped_most = norms.masked_fill(groups, -1.0).amax(dim=2)
+    assert bool((kept_least >= dropped_most).all())
+    assert sparse.verify(layer, 50, pattern="2:4", cachedir=cachedir).ok
+    assert "groups of 4" in sparse.pattern_refusal(SMALL, "2:4")  # 27 x 5 = 135 positions

@@ -30,6 +30,9 @@ def build_parser(prog: str = PROG):
                    help="layers of the sets (default: all)")
     p.add_argument("--densities", default=",".join(map(str, DENSITIES)), metavar="PCT,...",
                    help=f"percent of blocks kept (default {','.join(map(str, DENSITIES))})")
+    p.add_argument("--pattern", default="blocks", choices=("blocks", "2:4"),
+                   help="blocks: the largest blocks of each vector at each density "
+                   "(default); 2:4: the 2 largest of every 4 along the reduction (50%%)")
     flags.add_param_flag(p)
     p.add_argument("--plant", action="store_true",
                    help="verify: skip a kept block in the kernel, which must fail (tests)")
@@ -67,6 +70,8 @@ def _main(argv, prog: str) -> int:
     if args.batch is not None and args.batch <= 0:
         raise UsageError(f"--batch: must be a positive integer, got {args.batch}")
     densities = _densities(args.densities)
+    if args.pattern == "2:4":
+        densities = sorted({100, 50} & set(densities) or {50}, reverse=True)
     from convbench.quant.sparse import KERNEL
     layers, overrides = select(args, KERNEL)
     if "DENSITY" in overrides:
@@ -91,18 +96,21 @@ def _verify(args, layers, overrides, densities, out: Path) -> int:
             if refusal:
                 print(f"{lset} {layer.name}: unsupported ({refusal})", flush=True)
                 break
+            pattern = _pattern(args, layer, density)
             check = sparse.verify(layer, density, overrides, args.seed, args.plant,
-                                  args.cachedir, flags.build_policy(args))
+                                  args.cachedir, flags.build_policy(args), pattern)
             failed += not check.ok
             print(f"{lset} {layer.name} b{layer.batch} {density}%: "
                   f"{'passed' if check.ok else 'FAILED'}: {check.summary()}", flush=True)
             rows.append({"layer_set": lset, "layer": layer.name, "batch": layer.batch,
-                         "density": density, "status": "passed" if check.ok else "failed",
+                         "density": density, "pattern": pattern,
+                         "status": "passed" if check.ok else "failed",
                          "plant": int(args.plant), "worst_err_over_tol": check.worst_ratio,
                          "max_abs": check.max_abs, "rule": check.rule})
     write_csv(out / "verify.csv", rows)
     write_atomic(out / "metadata.json", json.dumps(metadata(args, {
         "mode": "verify", "params": overrides, "densities": densities, "plant": args.plant,
+        "pattern": args.pattern,
         "seed": args.seed}), indent=2, default=str))
     print(f"sparse: {len(rows) - failed} passed, {failed} failed; {out}")
     return 1 if failed else 0
@@ -129,7 +137,8 @@ def _bench(args, layers, overrides, densities, out: Path) -> int:
             refusal = sparse.KERNEL.unsupported_reason(layer, sparse.KERNEL.resolve_params(params))
             if refusal:
                 raise UsageError(f"{layer.name}: {refusal}")
-            arrays, _ = sparse.kernel_arrays(inputs["x"], inputs["w"], layer, density)
+            arrays, _ = sparse.kernel_arrays(inputs["x"], inputs["w"], layer, density,
+                                             _pattern(args, layer, density))
             build = sparse.build(layer, params, args.cachedir, flags.build_policy(args))
             calls[f"sparse-{density}"] = prepared_call(build, arrays, "y")
         chosen[layer.name] = []
@@ -165,11 +174,26 @@ def _bench(args, layers, overrides, densities, out: Path) -> int:
         "mode": "bench", "params": overrides, "densities": densities, "seed": args.seed,
         "rounds": args.rounds, "warmup": args.warmup, "dense_fp32_forward": chosen,
         "timer": exp.timer.method, "heap": exp.output_rule(),
-        "pruning": "per vector of output channels, the blocks of largest l2 norm"}),
+        "pattern": args.pattern,
+        "pruning": ("per vector of output channels, the blocks of largest l2 norm" +
+                    (" (2:4 at 50%: the 2 largest of every 4 consecutive blocks)"
+                     if args.pattern == "2:4" else ""))}),
         indent=2, default=str))
     plot(out)
     print(f"results: {out}")
     return 0
+
+
+def _pattern(args, layer, density: int) -> str:
+    """The pattern ``density`` is pruned in on ``layer``: 2:4 at 50% where asked (a
+    :class:`UsageError` where the layer cannot take it), else blocks."""
+    from convbench.quant.sparse import pattern_refusal
+    if args.pattern != "2:4" or density != 50:
+        return "blocks"
+    reason = pattern_refusal(layer, "2:4")
+    if reason:
+        raise UsageError(f"--pattern 2:4: {layer.name}: {reason}")
+    return "2:4"
 
 
 def dense_forwards(args, layer) -> List[str]:

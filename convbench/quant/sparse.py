@@ -43,15 +43,40 @@ def _blocks(w, layer):
     return run.reshape(layer.out_channels // V, V, run.shape[-1])
 
 
-def prune(w, layer, density: int):
+#: The pruning patterns: ``blocks`` (the largest blocks of each vector, any density) and
+#: ``2:4`` (the 2 largest of every 4 consecutive blocks along the reduction: 50%, the
+#: structure of the GPU's sparse tensor cores, here as a compressed filter).
+PATTERNS = ("blocks", "2:4")
+
+
+def pattern_refusal(layer, pattern: str) -> str:
+    """Why ``layer`` cannot be pruned in ``pattern`` ("" where it can)."""
+    if pattern not in PATTERNS:
+        return f"unknown pattern {pattern!r} (known: {', '.join(PATTERNS)})"
+    run = layer.k_d * layer.k_h * layer.k_w * layer.in_channels
+    if pattern == "2:4" and run % 4:
+        return f"2:4 needs the reduction ({run} positions) in whole groups of 4"
+    return ""
+
+
+def prune(w, layer, density: int, pattern: str = "blocks"):
     """``(pruned, keep)``: ``w`` with, per vector of output channels, all but its
-    :func:`~convkernels.cpu.direct.sparse.kept` blocks of largest l2 norm set to zero, and
-    the kept blocks' indices (``[K / V, NNZ]``, ascending)."""
+    :func:`~convkernels.cpu.direct.sparse.kept` blocks of largest l2 norm set to zero
+    (``pattern`` 2:4: the 2 largest of every 4 consecutive ones, ``density`` 50), and the
+    kept blocks' indices (``[K / V, NNZ]``, ascending)."""
     import torch
     blocks = _blocks(w, layer)
     nnz = sparse.kept(layer, density)
     norms = blocks.double().pow(2).sum(dim=1)
-    keep = torch.sort(torch.topk(norms, nnz, dim=1).indices, dim=1).values
+    if pattern == "2:4":
+        if density != 50 or pattern_refusal(layer, pattern):
+            raise ValueError(f"2:4 on {layer.name}: density 50 and whole groups of 4")
+        groups = norms.view(norms.shape[0], -1, 4)
+        top = torch.topk(groups, 2, dim=2).indices + 4 * torch.arange(
+            groups.shape[1]).view(1, -1, 1)
+        keep = torch.sort(top.flatten(1), dim=1).values
+    else:
+        keep = torch.sort(torch.topk(norms, nnz, dim=1).indices, dim=1).values
     mask = torch.zeros_like(norms, dtype=torch.bool).scatter_(1, keep, True)
     pruned = (blocks * mask.unsqueeze(1)).reshape(layer.out_channels, layer.k_d, layer.k_h,
                                                   layer.k_w, layer.in_channels)
@@ -76,11 +101,12 @@ def build(layer, params: Optional[Dict[str, int]] = None, cachedir=None, policy:
                                            params or {}), cachedir, policy=policy)
 
 
-def kernel_arrays(x, w, layer, density: int):
+def kernel_arrays(x, w, layer, density: int, pattern: str = "blocks"):
     """``(arrays, pruned)``: the kernel's arguments for input ``x`` and filter ``w``
-    (logical, float32) pruned to ``density``, and the pruned filter (logical)."""
+    (logical, float32) pruned to ``density`` in ``pattern``, and the pruned filter
+    (logical)."""
     import torch
-    pruned, keep = prune(w, layer, density)
+    pruned, keep = prune(w, layer, density, pattern)
     wv, offs = compress(pruned, keep, layer)
     y = torch.empty((layer.batch, layer.out_d, layer.out_h, layer.out_w, layer.out_channels),
                     dtype=torch.float32)
@@ -88,12 +114,12 @@ def kernel_arrays(x, w, layer, density: int):
 
 
 def verify(layer, density: int, params=None, seed: int = 0, plant: bool = False,
-           cachedir=None, policy: str = "rebuild"):
+           cachedir=None, policy: str = "rebuild", pattern: str = "blocks"):
     """The kernel's output at ``density`` on fresh random inputs, checked against torch's
     float64 convolution with the pruned filter: the :class:`~convbench.check.verify.Check`."""
     from convbench.check.verify import compare, make_inputs, truth_for
     inputs = make_inputs(layer, Pass.FWD, seed)
-    arrays, pruned = kernel_arrays(inputs["x"], inputs["w"], layer, density)
+    arrays, pruned = kernel_arrays(inputs["x"], inputs["w"], layer, density, pattern)
     b = build(layer, dict(params or {}, DENSITY=density, PLANT=int(plant)), cachedir, policy)
     b(**arrays)
     truth = truth_for(layer, Pass.FWD, {"x": inputs["x"], "w": pruned}, random_inputs=True)
