@@ -42,11 +42,6 @@ def build_parser(prog: str = PROG):
     p.add_argument("--plant", default="", choices=("",) + PLANTS,
                    help="verify: plant an error, which must fail (tests)")
     flags.add_seed_flag(p)
-    p.add_argument("--rounds", type=int, default=5, metavar="N",
-                   help="bench: interleaved rounds, one timed call of each contestant per "
-                   "round (default 5)")
-    p.add_argument("--warmup", type=int, default=2, metavar="N",
-                   help="bench: untimed calls of each contestant first (default 2)")
     p.add_argument("--engines", default=",".join(ENGINES), metavar="E,...",
                    help=f"bench: torch's quantized engines to time (default {','.join(ENGINES)})")
     p.add_argument("--fp32", default="", metavar="NAME",
@@ -54,10 +49,21 @@ def build_parser(prog: str = PROG):
                    "network runs on this machine per layer)")
     p.add_argument("--no-check", action="store_true",
                    help="bench: skip the check of the timed kernel's output")
+    add_run_flags(p, "outputs/int8/")
+    return p
+
+
+def add_run_flags(p, outdir: str) -> None:
+    """What ``convbench int8`` and ``convbench sparse`` share past their layers: the
+    bench's rounds and warm-up calls, threads, builds and the result folder."""
+    p.add_argument("--rounds", type=int, default=5, metavar="N",
+                   help="bench: interleaved rounds, one timed call of each contestant per "
+                   "round (default 5)")
+    p.add_argument("--warmup", type=int, default=2, metavar="N",
+                   help="bench: untimed calls of each contestant first (default 2)")
     flags.add_threads_flag(p)
     flags.add_build_flags(p)
-    flags.add_outdir_flag(p, "outputs/int8/")
-    return p
+    flags.add_outdir_flag(p, outdir)
 
 
 def main(argv=None, prog: str = PROG) -> int:

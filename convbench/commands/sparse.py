@@ -16,7 +16,7 @@ from typing import List
 
 from convbench.base.errors import ArgumentParser, UsageError, check_at_least, run_main
 from convbench.commands import flags
-from convbench.commands.int8 import metadata, select, write_csv
+from convbench.commands.int8 import add_run_flags, metadata, select, write_csv
 
 PROG = "convbench sparse"
 DENSITIES = (100, 75, 50, 25, 10)
@@ -37,16 +37,10 @@ def build_parser(prog: str = PROG):
     p.add_argument("--plant", action="store_true",
                    help="verify: skip a kept block in the kernel, which must fail (tests)")
     flags.add_seed_flag(p)
-    p.add_argument("--rounds", type=int, default=5, metavar="N",
-                   help="bench: interleaved rounds (default 5)")
-    p.add_argument("--warmup", type=int, default=2, metavar="N",
-                   help="bench: untimed calls of each contestant first (default 2)")
     p.add_argument("--fp32", default="", metavar="NAME,...",
                    help="bench: our dense float32 forwards to compare with (default: the "
                    "network's per layer, and the dense direct kernel directConvNDHWCblocked)")
-    flags.add_threads_flag(p)
-    flags.add_build_flags(p)
-    flags.add_outdir_flag(p, "outputs/sparse/")
+    add_run_flags(p, "outputs/sparse/")
     return p
 
 
