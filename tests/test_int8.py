@@ -57,9 +57,11 @@ def test_the_avx2_path_is_exact(cachedir):
 def test_the_requantization_check_has_no_slack_but_at_ties():
     f = torch.tensor([0.2, 1.5, 2.5000001, 250.7, 300.0, -4.0], dtype=torch.float64)
     slack = torch.full_like(f, 1e-6)
-    exact = torch.tensor([3, 5, 5, 254, 255, 0])  # round half to even, + zy 3, clamped
+    # round half to even, + zy 3, clamped; 2.5000001 is within the slack of the tie 2.5,
+    # so its lower neighbour (5) passes as well as 6
+    exact = torch.tensor([3, 5, 5, 254, 255, 0])
     assert int8.u8_violations(exact, f, slack, 3) == 0
-    assert int8.u8_violations(exact + 1, f, slack, 3) == 5  # the clamped one stays right
+    assert int8.u8_violations(exact + 1, f, slack, 3) == 5  # all but the tie's other side
     tie = exact.clone()
     tie[2] = 6  # 2.5000001 is within the slack of 2.5: either neighbour
     assert int8.u8_violations(tie, f, slack, 3) == 0
@@ -85,20 +87,21 @@ def test_the_packed_filter_is_what_the_kernel_reads():
     assert torch.equal(wsum, w.to(torch.int64).sum(dim=(1, 2, 3, 4)).to(torch.int32))
 
 
-def test_refusals_say_why():
-    params = int8.KERNEL.resolve_params({})
-    odd = Layer("odd", batch=1, in_channels=4, out_channels=24, in_d=4, in_h=4, in_w=4,
+def test_refusals_say_why(monkeypatch):
+    everything = lambda flag: True  # noqa: E731 - a CPU with every ISA
+    monkeypatch.setattr(int8_dot, "has_feature", everything)
+    odd = Layer("odd", batch=1, in_channels=4, out_channels=12, in_d=4, in_h=4, in_w=4,
                 k_d=3, k_h=3, k_w=3, stride=1, pad=1)
-    if int8_dot.lanes(params) == 16:
-        assert "multiple of 16" in int8.KERNEL.unsupported_reason(odd, params)
+    for isa, lanes in ((1, 16), (3, 8)):
+        reason = int8.KERNEL.unsupported_reason(odd, int8.KERNEL.resolve_params({"ISA": isa}))
+        assert f"multiple of {lanes}" in reason
     grouped = Layer("g", batch=1, in_channels=4, out_channels=32, in_d=4, in_h=4, in_w=4,
                     k_d=3, k_h=3, k_w=3, stride=1, pad=1, groups=2)
-    assert int8.KERNEL.unsupported_reason(grouped, params)
-    absent = next((v for v, (_, flag, _) in int8_dot.ISAS.items() if not has_feature(flag)),
-                  None)
-    if absent is not None:
-        reason = int8.KERNEL.unsupported_reason(SMALL, int8.KERNEL.resolve_params({"ISA": absent}))
-        assert "this CPU has no" in reason
+    assert "groups" in int8.KERNEL.unsupported_reason(grouped, int8.KERNEL.resolve_params({}))
+    monkeypatch.setattr(int8_dot, "has_feature", lambda flag: flag == "avx2")
+    reason = int8.KERNEL.unsupported_reason(SMALL, int8.KERNEL.resolve_params({"ISA": 2}))
+    assert "this CPU has no avx_vnni" in reason
+    assert int8_dot.isa_of(int8.KERNEL.resolve_params({})) == 3  # the best it has
 
 
 def test_the_command_verifies_and_a_plant_fails(tmp_path, write_csv, cachedir, capsys):
@@ -127,6 +130,10 @@ def test_profile_conv3d_takes_dtype_int8(tmp_path, write_csv, cachedir, capsys):
     (["verify", "--layer", "conv9"], "unknown layer"),
     (["bench", "--rounds", "0"], "--rounds"),
     (["bench", "--engines", "nope"], "no nope"),
+    (["bench", "--device", "gpu"], "only verify-gpu"),
+    (["bench", "--plant", "tap"], "--plant"),
+    (["bench", "--layer", "conv5", "--fp32", "implicitGemmBwdData"], "not a forward"),
+    (["bench", "--layer", "conv5", "--fp32", "nosuchkernel"], "nosuchkernel"),
 ])
 def test_bad_input_is_one_line(argv, message, capsys):
     from convbench.commands import int8 as command
@@ -139,6 +146,25 @@ def test_profile_conv3d_refuses_int8_on_the_gpu(capsys):
     from convbench.commands import profile_conv3d
     assert profile_conv3d.main(["--dtype", "int8", "--verify", "--device", "gpu"]) == 2
     assert "forward pass on the CPU" in capsys.readouterr().err
+    assert profile_conv3d.main(["--dtype", "int8", "--verify", "--math", "tf32"]) == 2
+    assert "no math mode" in capsys.readouterr().err
+
+
+def test_the_instruction_mix_reads_a_main_loop(tmp_path):
+    """cpumix on assembled code: AVX-VNNI's ``{vex}`` prefix, address arithmetic and nops
+    as "other", loads, stores and products from memory."""
+    from convbench.build import cpumix
+    if shutil.which("as") is None or shutil.which("objdump") is None:
+        pytest.skip("binutils (as, objdump) is not installed")
+    src = tmp_path / "loop.s"
+    src.write_text(".text\nl:\n{vex} vpdpbusd %ymm2,%ymm1,%ymm0\nlea 0x10(%rax),%rdx\n"
+                   "nopw 0x0(%rax,%rax,1)\nvpbroadcastd (%rax),%zmm1\nvmovups %zmm0,(%rdi)\n"
+                   "vmovups (%rdi),%zmm3\nvpdpbusd (%rsi),%zmm1,%zmm2\njne l\n")
+    obj = tmp_path / "loop.o"
+    import subprocess
+    subprocess.run(["as", str(src), "-o", str(obj)], check=True)
+    assert cpumix.main_loop_mix(obj, "vpdpbusd") == {
+        "product": 2, "load": 2, "store": 1, "broadcast": 1, "other": 3, "instructions": 8}
 
 
 def test_the_bench_writes_samples_summary_and_metadata(tmp_path, write_csv, cachedir):
@@ -235,3 +261,13 @@ def test_the_imma_emulation_verifies_the_cosmoflow_layers(cachedir):
     for layer in load_layers("cosmoflow_mlperf_s64"):
         row = int8.verify_gpu(layer.with_batch(1), cachedir=cachedir)
         assert row["ok"], (layer.name, row)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layer", IMMA_LAYERS, ids=lambda layer: layer.name)
+def test_the_imma_kernel_on_the_gpu(layer, tmp_path):
+    """The tensor cores themselves (a GPU campaign's test phase runs this): the int32 sums
+    bit for bit, at the small tiles and at the defaults."""
+    for params in (IMMA_TILES, {}):
+        row = int8.verify_gpu(layer, params, target="gpu", cachedir=tmp_path)
+        assert row["ok"], (params, row)

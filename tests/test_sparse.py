@@ -65,6 +65,13 @@ def test_the_command_verifies_and_benches(tmp_path, write_csv, cachedir, capsys)
     assert (out / "density.png").stat().st_size > 0
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["densities"] == [100, 50]
+    # without 100, bench times it anyway: the baseline of its ratios and its plot
+    again = tmp_path / "b50"
+    assert command.main(["bench", "--paramscsv", str(sets), "--cachedir", str(cachedir),
+                         "--densities", "50", "--rounds", "1", "--warmup", "0", "--fp32",
+                         "directConvNDHWCblocked", "--outdir", str(again)]) == 0
+    assert {r["contestant"] for r in csv.DictReader(open(again / "summary.csv"))} >= {
+        "sparse-100", "sparse-50"} and (again / "density.png").exists()
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -72,6 +79,10 @@ def test_the_command_verifies_and_benches(tmp_path, write_csv, cachedir, capsys)
     (["verify", "--densities", "x"], "--densities"),
     (["bench", "--param", "DENSITY=5"], "--densities"),
     (["verify", "--param", "PIX=0"], "PIX"),
+    (["verify", "--pattern", "2:4", "--densities", "25"], "keeps 50%"),
+    (["bench", "--paramscsv", "cosmoflow", "--layer", "conv1", "--pattern", "2:4",
+      "--densities", "50"], "groups of 4"),
+    (["bench", "--layer", "conv5", "--fp32", "implicitGemmBwdFilter"], "not a forward"),
 ])
 def test_bad_input_is_one_line(argv, message, capsys):
     from convbench.commands import sparse as command

@@ -17,7 +17,7 @@ import subprocess
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-_LINE = re.compile(r"^\s*([0-9a-f]+):\s+(\S+)\s*(.*)$")
+_LINE = re.compile(r"^\s*([0-9a-f]+):\s+(?:\{[a-z0-9]+\}\s+)?(\S+)\s*(.*)$")  # {vex}: AVX-VNNI
 _JUMP = re.compile(r"^j[a-z]*$")
 
 
@@ -54,6 +54,8 @@ def loops(code: List[Tuple[int, str, str]]) -> List[Tuple[int, int]]:
 
 def classify(mnemonic: str, operands: str, product: str) -> List[str]:
     """The classes of one instruction (AT&T syntax: the destination is last)."""
+    if mnemonic.startswith(("lea", "nop", "prefetch")):  # no access: address arithmetic
+        return ["other"]
     memory = "(" in operands
     source_memory = memory and not operands.rstrip().endswith(")")
     if mnemonic.startswith(product):

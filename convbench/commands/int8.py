@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import subprocess
 import warnings
 from pathlib import Path
 from typing import Dict, List
@@ -112,6 +113,10 @@ def run(args, layers=None) -> int:
         raise UsageError(f"--batch: must be a positive integer, got {args.batch}")
     engines = [e.strip() for e in getattr(args, "engines", ",".join(ENGINES)).split(",")
                if e.strip()]
+    if getattr(args, "device", "cpu") == "gpu" and args.mode != "verify-gpu":
+        raise UsageError(f"--device gpu: only verify-gpu runs on the GPU, not {args.mode}")
+    if getattr(args, "plant", "") and args.mode != "verify":
+        raise UsageError(f"--plant: verify plants errors, {args.mode} does not")
     from convbench.quant.int8 import GPU_KERNEL, KERNEL
     kernel = GPU_KERNEL if args.mode in ("verify-gpu", "sass") else KERNEL
     if layers is None:
@@ -132,6 +137,8 @@ def run(args, layers=None) -> int:
         return _verify(args, layers, overrides, out)
     if args.mode in ("verify-gpu", "sass"):
         return _gpu(args, layers, out)
+    for _, layer in layers:  # before anything is built or timed
+        check_fp32(args, layer)
     return _bench(args, layers, overrides, engines, out)
 
 
@@ -188,6 +195,22 @@ def _verify(args, layers, overrides, out: Path) -> int:
     return 1 if failed else 0
 
 
+def check_fp32(args, layer, names=None) -> None:
+    """A :class:`UsageError` unless every float32 forward to compare with on ``layer``
+    (``names``, else ``--fp32``, else the network's choice) is a CPU forward that takes
+    it."""
+    from convbench import registry
+    from convbench.experiment.choice import default_choice
+    from convkernels.layouts import Pass
+    for name in names or [args.fp32 or default_choice(layer, Pass.FWD, "cpu")[0]]:
+        impl = registry.get(name)  # an unknown name: its one-line error
+        if impl.pass_ != Pass.FWD or "cpu" not in impl.targets:
+            raise UsageError(f"--fp32 {name}: not a forward pass with a CPU schedule")
+        reason = impl.unsupported_reason(layer, impl.resolve_params({}))
+        if reason:
+            raise UsageError(f"--fp32 {name}: {layer.name}: {reason}")
+
+
 def fp32_call(args, layer, exp, name: str = ""):
     """Our float32 forward on ``layer`` (``name``, else ``--fp32``, else the network's):
     a prepared call and the implementation's name."""
@@ -238,7 +261,7 @@ def _gpu(args, layers, out: Path) -> int:
                 rows.append(dict(head, status="failed", reason=probe.error))
                 continue
             for r in gpubuild.kernel_rows(probe):
-                r["tensor_ops"] = tensor_ops(probe.listing, r["kernel"], r.get("sass_loop", ""))
+                r["tensor_ops"] = tensor_ops(probe.listing, r["kernel"])
                 rows.append(dict(head, status="compiled", **{k: r[k] for k in SASS_COLUMNS}))
                 print(f"{lset} {layer.name} b{layer.batch}: {r['kernel']}: {r['registers']} "
                       f"registers, {r['spill_stores']} spill stores"
@@ -265,23 +288,39 @@ SASS_COLUMNS = ("kernel", "main", "registers", "shared", "spill_stores", "spill_
                 "loop_instructions", "tensor_ops", "fma_share", "ldsm_per_fma", "ldgsts")
 
 
-def tensor_ops(listing: str, kernel: str, loop: str) -> str:
-    """The tensor-core instructions of ``kernel``'s main loop (the address range ``loop``,
-    ``0x13a0-0x1e30``) in a SASS ``listing``, by full mnemonic: ``64 IMMA.16832.S8.S8``."""
-    import re
-    if not loop:
-        return ""
-    lo, hi = (int(v, 16) for v in loop.split("-"))
+def tensor_ops(listing: str, kernel: str) -> str:
+    """The tensor-core instructions of ``kernel``'s main loop in a SASS ``listing``
+    (:func:`convbench.build.sass.main_loop`), by full opcode: ``64 IMMA.16832.S8.S8``."""
+    from convbench.build import sass
     counts: Dict[str, int] = {}
-    inside = False
-    for line in listing.splitlines():
-        if "Function :" in line:
-            inside = kernel in line.split("Function :", 1)[1]  # the name is mangled
+    for fn in sass.parse_listing(listing):
+        if fn.name != kernel:
             continue
-        m = re.match(r"\s*/\*([0-9a-f]+)\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", line)
-        if inside and m and lo <= int(m.group(1), 16) <= hi and "MMA" in m.group(2):
-            counts[m.group(2)] = counts.get(m.group(2), 0) + 1
+        loop, _ = sass.main_loop(fn)
+        for ins in loop.instructions if loop is not None else ():
+            if "MMA" in ins.base:
+                counts[ins.opcode] = counts.get(ins.opcode, 0) + 1
     return ", ".join(f"{n} {op}" for op, n in sorted(counts.items()))
+
+
+def time_contestants(exp, calls, args, head):
+    """``args.warmup`` untimed calls of each of ``calls``, then ``args.rounds`` interleaved
+    rounds (the experiment's timer, in its timed section): ``(medians, sample rows,
+    summary rows by contestant)``, every row starting with ``head``."""
+    import statistics
+    from convbench.timing.timers import summarize
+    with exp.timed_section():
+        for call in calls.values():
+            for _ in range(args.warmup):
+                call()
+        got = exp.timer.interleaved(calls, args.rounds)
+    samples, summary = [], {}
+    for name, values in got.items():
+        samples += [dict(head, contestant=name, round=r, ms=v) for r, v in enumerate(values)]
+        s = summarize(values)
+        summary[name] = dict(head, contestant=name, max_ms=max(values), **{
+            k: s[k] for k in ("samples", "median_ms", "q1_ms", "q3_ms", "min_ms")})
+    return {name: statistics.median(v) for name, v in got.items()}, samples, summary
 
 
 def _mix(build, params) -> Dict[str, int]:
@@ -293,21 +332,21 @@ def _mix(build, params) -> Dict[str, int]:
     product = int8_dot.PRODUCTS[int8_dot.isa_of(KERNEL.resolve_params(params))]
     try:
         return cpumix.main_loop_mix(cpumix.library_of(build), product)
-    except (OSError, RuntimeError) as err:
+    except (OSError, RuntimeError, subprocess.SubprocessError) as err:
         print(f"no instruction mix: {err}")
         return {}
 
 
 def _bench(args, layers, overrides, engines, out: Path) -> int:
-    import statistics
     from convbench.base.files import write_atomic
     from convbench.experiment.pipeline import Experiment, TimingOptions
     from convbench.quant import int8
-    from convbench.timing.timers import prepared_call, summarize
+    from convbench.timing.timers import prepared_call
     exp = Experiment([], [layer for _, layer in layers], "cpu", cachedir=args.cachedir,
                      policy=flags.build_policy(args), verify=False,
                      timing=TimingOptions(args.warmup, args.rounds), threads=args.threads)
     samples, summary, checks, chosen, mixes = [], [], {}, {}, {}
+    failed = 0
     for lset, layer in layers:
         params = dict(overrides, OUT=1)
         refusal = int8.KERNEL.unsupported_reason(layer, int8.KERNEL.resolve_params(params))
@@ -324,30 +363,22 @@ def _bench(args, layers, overrides, engines, out: Path) -> int:
             f, slack = int8.requantized(case, sums)
             bad = int8.u8_violations(arrays["y"].permute(0, 4, 1, 2, 3), f, slack, case.zy)
             checks[layer.name] = bad
-            if bad:
-                raise RuntimeError(f"{layer.name}: the timed int8 kernel's output fails its "
-                                   f"check ({bad} values)")
+            if bad:  # not timed: a kernel that computes the wrong thing has no speed
+                print(f"{layer.name}: FAILED: the int8 kernel's output fails its check "
+                      f"({bad} values); not timed", flush=True)
+                failed += 1
+                continue
         for engine in engines:
             calls[f"torch-int8-{engine}"] = int8.torch_quantized(case, engine)
         calls["dace-fp32"], chosen[layer.name] = fp32_call(args, layer, exp)
-        with exp.timed_section():
-            for call in calls.values():
-                for _ in range(args.warmup):
-                    call()
-            got = exp.timer.interleaved(calls, args.rounds)
-        med = {name: statistics.median(v) for name, v in got.items()}
+        head = {"layer_set": lset, "layer": layer.name, "batch": layer.batch}
+        med, rows, summed = time_contestants(exp, calls, args, head)
+        samples += rows
         best_torch = min((m for n, m in med.items() if n.startswith("torch-int8")), default=None)
-        for name, values in got.items():
-            samples += [{"layer_set": lset, "layer": layer.name, "batch": layer.batch,
-                         "contestant": name, "round": r, "ms": v} for r, v in enumerate(values)]
-            s = summarize(values)
-            summary.append({"layer_set": lset, "layer": layer.name, "batch": layer.batch,
-                            "contestant": name, **{k: s[k] for k in (
-                                "samples", "median_ms", "q1_ms", "q3_ms", "min_ms")},
-                            "max_ms": max(values),
-                            "ratio_vs_dace-fp32": med[name] / med["dace-fp32"],
-                            "ratio_vs_best_torch_int8": (med[name] / best_torch
-                                                         if best_torch else "")})
+        for name, row in summed.items():
+            summary.append(dict(row, **{
+                "ratio_vs_dace-fp32": med[name] / med["dace-fp32"],
+                "ratio_vs_best_torch_int8": med[name] / best_torch if best_torch else ""}))
         line = ", ".join(f"{n} {m:.2f}" for n, m in med.items())
         print(f"{layer.name} b{layer.batch} (ms, medians of {args.rounds}): {line}; int8/fp32 "
               f"{med['dace-int8'] / med['dace-fp32']:.2f}x"
@@ -363,4 +394,4 @@ def _bench(args, layers, overrides, engines, out: Path) -> int:
         "main_loop_mix": mixes}),
         indent=2, default=str))
     print(f"results: {out}")
-    return 0
+    return 1 if failed else 0

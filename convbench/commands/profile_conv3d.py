@@ -147,6 +147,8 @@ def _int8(args) -> int:
                          f"{args.implementation}")
     if args.device == "gpu" or resolve_pass(args.pass_) not in (None, "fwd"):
         raise UsageError("--dtype int8: the int8 kernel is a forward pass on the CPU")
+    if args.math != "ieee":
+        raise UsageError(f"--math {args.math}: int8 sums are exact integers (no math mode)")
     if not (args.verify or args.compareprof):
         raise UsageError("nothing to do: give --verify and/or --compareprof")
     layers = [(args.paramscsv, layer) for layer in select_layers(args)]

@@ -29,7 +29,8 @@ def build_parser(prog: str = PROG):
     p.add_argument("--layer", default=None, metavar="NAME,...",
                    help="layers of the sets (default: all)")
     p.add_argument("--densities", default=",".join(map(str, DENSITIES)), metavar="PCT,...",
-                   help=f"percent of blocks kept (default {','.join(map(str, DENSITIES))})")
+                   help=f"percent of blocks kept (default {','.join(map(str, DENSITIES))}; "
+                   "bench always times 100, the baseline of its ratios)")
     p.add_argument("--pattern", default="blocks", choices=("blocks", "2:4"),
                    help="blocks: the largest blocks of each vector at each density "
                    "(default); 2:4: the 2 largest of every 4 along the reduction (50%%)")
@@ -64,8 +65,10 @@ def _main(argv, prog: str) -> int:
     if args.batch is not None and args.batch <= 0:
         raise UsageError(f"--batch: must be a positive integer, got {args.batch}")
     densities = _densities(args.densities)
-    if args.pattern == "2:4":
-        densities = sorted({100, 50} & set(densities) or {50}, reverse=True)
+    if args.pattern == "2:4" and not set(densities) <= {100, 50}:
+        raise UsageError("--pattern 2:4 keeps 50% (give --densities 100,50 or 50)")
+    if args.mode == "bench" and 100 not in densities:
+        densities = [100] + densities  # the baseline every ratio is taken against
     from convbench.quant.sparse import KERNEL
     layers, overrides = select(args, KERNEL)
     if "DENSITY" in overrides:
@@ -76,7 +79,21 @@ def _main(argv, prog: str) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.mode == "verify":
         return _verify(args, layers, overrides, densities, out)
+    from convbench.commands.int8 import check_fp32
+    for _, layer in layers:  # before anything is built or timed
+        for density in densities:
+            params = sparse_kernel().resolve_params(dict(overrides, DENSITY=density))
+            reason = sparse_kernel().unsupported_reason(layer, params)
+            if reason:
+                raise UsageError(f"{layer.name}: {reason}")
+            _pattern(args, layer, density)
+        check_fp32(args, layer, dense_forwards(args, layer))
     return _bench(args, layers, overrides, densities, out)
+
+
+def sparse_kernel():
+    from convbench.quant.sparse import KERNEL
+    return KERNEL
 
 
 def _verify(args, layers, overrides, densities, out: Path) -> int:
@@ -88,8 +105,10 @@ def _verify(args, layers, overrides, densities, out: Path) -> int:
             params = sparse.KERNEL.resolve_params(dict(overrides, DENSITY=density))
             refusal = sparse.KERNEL.unsupported_reason(layer, params)
             if refusal:
-                print(f"{lset} {layer.name}: unsupported ({refusal})", flush=True)
-                break
+                print(f"{lset} {layer.name} {density}%: unsupported ({refusal})", flush=True)
+                rows.append({"layer_set": lset, "layer": layer.name, "batch": layer.batch,
+                             "density": density, "status": "unsupported", "reason": refusal})
+                continue
             pattern = _pattern(args, layer, density)
             check = sparse.verify(layer, density, overrides, args.seed, args.plant,
                                   args.cachedir, flags.build_policy(args), pattern)
@@ -106,18 +125,19 @@ def _verify(args, layers, overrides, densities, out: Path) -> int:
         "mode": "verify", "params": overrides, "densities": densities, "plant": args.plant,
         "pattern": args.pattern,
         "seed": args.seed}), indent=2, default=str))
-    print(f"sparse: {len(rows) - failed} passed, {failed} failed; {out}")
+    passed = sum(r["status"] == "passed" for r in rows)
+    print(f"sparse: {passed} passed, {failed} failed, {len(rows) - passed - failed} "
+          f"unsupported; {out}")
     return 1 if failed else 0
 
 
 def _bench(args, layers, overrides, densities, out: Path) -> int:
-    import statistics
     from convbench.base.files import write_atomic
     from convbench.check.verify import make_inputs
-    from convbench.commands.int8 import fp32_call
+    from convbench.commands.int8 import fp32_call, time_contestants
     from convbench.experiment.pipeline import Experiment, TimingOptions
     from convbench.quant import sparse
-    from convbench.timing.timers import prepared_call, summarize
+    from convbench.timing.timers import prepared_call
     from convkernels.layouts import Pass
     exp = Experiment([], [layer for _, layer in layers], "cpu", cachedir=args.cachedir,
                      policy=flags.build_policy(args), verify=False,
@@ -128,9 +148,6 @@ def _bench(args, layers, overrides, densities, out: Path) -> int:
         calls = {}
         for density in densities:
             params = dict(overrides, DENSITY=density)
-            refusal = sparse.KERNEL.unsupported_reason(layer, sparse.KERNEL.resolve_params(params))
-            if refusal:
-                raise UsageError(f"{layer.name}: {refusal}")
             arrays, _ = sparse.kernel_arrays(inputs["x"], inputs["w"], layer, density,
                                              _pattern(args, layer, density))
             build = sparse.build(layer, params, args.cachedir, flags.build_policy(args))
@@ -139,27 +156,16 @@ def _bench(args, layers, overrides, densities, out: Path) -> int:
         for name in dense_forwards(args, layer):
             calls[f"dense-{name}"], _ = fp32_call(args, layer, exp, name)
             chosen[layer.name].append(name)
-        with exp.timed_section():
-            for call in calls.values():
-                for _ in range(args.warmup):
-                    call()
-            got = exp.timer.interleaved(calls, args.rounds)
-        med = {name: statistics.median(v) for name, v in got.items()}
-        dense = med.get("sparse-100")
+        head = {"layer_set": lset, "layer": layer.name, "batch": layer.batch}
+        med, rows, summed = time_contestants(exp, calls, args, head)
+        samples += rows
         fastest = min((n for n in med if n.startswith("dense-")), key=med.get)
-        for name, values in got.items():
-            samples += [{"layer_set": lset, "layer": layer.name, "batch": layer.batch,
-                         "contestant": name, "round": r, "ms": v} for r, v in enumerate(values)]
-            s = summarize(values)
-            summary.append({"layer_set": lset, "layer": layer.name, "batch": layer.batch,
-                            "contestant": name,
-                            "density": int(name.split("-")[1]) if name.startswith("sparse") else 100,
-                            **{k: s[k] for k in ("samples", "median_ms", "q1_ms", "q3_ms",
-                                                 "min_ms")},
-                            "max_ms": max(values),
-                            "fastest_dense": fastest[len("dense-"):],
-                            "ratio_vs_fastest_dense": med[name] / med[fastest],
-                            "ratio_vs_sparse-100": med[name] / dense if dense else ""})
+        for name, row in summed.items():
+            summary.append(dict(row, **{
+                "density": int(name.split("-")[1]) if name.startswith("sparse") else 100,
+                "fastest_dense": fastest[len("dense-"):],
+                "ratio_vs_fastest_dense": med[name] / med[fastest],
+                "ratio_vs_sparse-100": med[name] / med["sparse-100"]}))
         print(f"{layer.name} b{layer.batch} (ms, medians of {args.rounds}): "
               + ", ".join(f"{n} {m:.2f}" for n, m in med.items()), flush=True)
         write_csv(out / "samples.csv", samples)

@@ -10,8 +10,12 @@ order); each then trains ``--steps / 2`` more steps from that state with a fresh
   per output channel (LSQ), both with straight-through rounding and LSQ's gradient scale
   ``1 / sqrt(elements x Qmax)``: the convention of the int8 kernel (docs/int8.md);
 * ``pruned``: every convolution's filter pruned to ``--density`` percent of its blocks
-  (:func:`convbench.quant.sparse.prune`, the block-sparse kernel's pruning), then
-  fine-tuned with the pruned blocks held at zero.
+  (:func:`convbench.quant.sparse.prune`, the block-sparse kernel's pruning: blocks of one
+  vector of this CPU's output channels, recorded in the metadata), then fine-tuned with
+  the pruned blocks held at zero.
+
+Each run after the shared steps starts from the same torch seed, so they draw the same
+dropout masks.
 
 The validation loss (mean squared error on a held-out synthetic set, the model in eval
 mode) is taken every ``--every`` steps.  Writes ``curves.csv`` (run, step, training loss,
@@ -224,10 +228,14 @@ def _main(argv, prog: str) -> int:
     finals = {}
     for name in RUNS:
         run = copy.deepcopy(model)
+        torch.manual_seed(args.seed + 1)  # every run draws the same dropout masks
         after = None
         if name == "lsq":
             quantize(run)
-            run(batch(half)[0])  # the quantizers take their ranges from one batch
+            with torch.no_grad():  # the quantizers take their ranges from one batch
+                run.eval()
+                run(batch(half)[0])
+                run.train()
         elif name == "pruned":
             masks = prune(run, args.density)
             after = lambda masks=masks: hold(masks)  # noqa: E731
@@ -252,8 +260,10 @@ def _write(out: Path, curves, args, finals) -> None:
     writer.writeheader()
     writer.writerows(curves)
     write_atomic(out / "curves.csv", buf.getvalue())
+    from convkernels.cpu.direct.sparse import lanes
     meta = dict(run_metadata(PROJECT_ROOT, "cpu", args.threads), machine=machine_id("cpu"),
                 settings={k: v for k, v in vars(args).items() if k != "outdir"},
+                pruning_block_channels=lanes(),  # the pruned run's blocks: this CPU's vector
                 final_val_loss=finals,
                 ratio_vs_fp32={k: v / finals["fp32"] for k, v in finals.items()})
     write_atomic(out / "metadata.json", json.dumps(meta, indent=2, default=str))

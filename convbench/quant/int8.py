@@ -134,13 +134,20 @@ def _conv64(layer, x, w):
     return torch_pass(layer, Pass.FWD, {"x": x, "w": w})
 
 
-def exact_sums(case: Case):
-    """The exact int32 sums ``sum (xq - zx) wq`` (int64 tensor, logical NCDHW): float64
-    convolutions of integers, exact (see the module docstring)."""
+def exact_conv(layer, x, w):
+    """The exact sums of a convolution of integers ``x`` and ``w`` (any tensors holding
+    integers), as int64: float64 sums of integers below 2^53 are exact in any order.
+    A ValueError where they leave int32 (what the kernels sum in)."""
     import torch
-    s = _conv64(case.layer, case.xq.double() - case.zx, case.wq.double())
-    assert float(s.abs().max()) < 2.0 ** 31, "the sums overflow int32"
+    s = _conv64(layer, x.double(), w.double())
+    if float(s.abs().max()) >= 2.0 ** 31:
+        raise ValueError(f"{layer.name}: the sums overflow int32")
     return torch.round(s).to(torch.int64)
+
+
+def exact_sums(case: Case):
+    """The exact int32 sums ``sum (xq - zx) wq`` (int64 tensor, logical NCDHW)."""
+    return exact_conv(case.layer, case.xq.double() - case.zx, case.wq)
 
 
 #: The float32 roundings between the exact sums and the kernel's value before it rounds
@@ -321,7 +328,7 @@ def verify_gpu(layer, params=None, seed: int = 0, target: str = "cpu", cachedir=
                     dtype=torch.int32, device=device)
     b(x=x.permute(0, 2, 3, 4, 1).contiguous().to(device),
       w=w.permute(0, 2, 3, 4, 1).contiguous().to(device), y=y)
-    exact = torch.round(_conv64(layer, x.double(), w.double())).to(torch.int64)
+    exact = exact_conv(layer, x, w)
     got = y.cpu().permute(0, 4, 1, 2, 3).to(torch.int64)
     mismatches = int((got != exact).sum())
     return {"int32_mismatches": mismatches, "elements": exact.numel(), "ok": mismatches == 0}

@@ -8,7 +8,7 @@ kernel multiplies a broadcast input value with.  Pruning keeps, per vector of ou
 channels, the ``NNZ = round(DENSITY% x KD KH KW C)`` blocks of largest norm, so every
 vector does the same work (the threads stay balanced) and ``NNZ`` is a constant of the
 build.  (Single weights pruned alone leave a vector of 16 with all zeros too rarely to
-skip: at 25% density, one vector in 10^10.)
+skip: at 25% density, about one vector in 100, 0.75^16.)
 
 **The compressed filter** (made once per filter, by the caller:
 :func:`convbench.quant.sparse.compress`): ``wv[K / V, NNZ, V]``, the kept blocks' values,

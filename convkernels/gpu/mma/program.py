@@ -54,7 +54,12 @@ def int8_program(layer: Layer, dtype, params) -> dace.SDFG:
     zero-filled border is exact) with ``mma.sync`` m16n8k32 and int32 sums: the output
     ``y`` holds the int32 sums (:mod:`convbench.quant.int8` checks them bit for bit)."""
     sdfg = program(layer, dtype, params)
-    for name in ("y", "y_0"):  # the output and its flat view
+    # the output and the flat views of it (every other array keeps its type)
+    outputs = ["y"] + [name for name, desc in sdfg.arrays.items()
+                       if isinstance(desc, dace.data.View) and name.startswith("y_")]
+    if len(outputs) < 2:
+        raise ValueError(f"int8_program: no flat view of y among {sorted(sdfg.arrays)}")
+    for name in outputs:
         sdfg.arrays[name].dtype = dace.int32
     return sdfg
 
