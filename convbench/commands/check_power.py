@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from convbench.commands import flags
-from convbench.base.errors import ArgumentParser, UsageError, check_at_least, run_main
+from convbench.base.errors import ArgumentParser, check_at_least, run_main
 
 PROG = "check_power.py"
 PASSES = ("fwd", "bwd_data", "bwd_filter")
@@ -39,12 +39,7 @@ def _main(argv, prog: str) -> int:
     from convbench.layersets.sets import load_layers
     sets = args.paramscsv or ["cosmoflow_mlperf", "cosmoflow"]
     layers = [(s, layer.with_batch(args.batch)) for s in sets for layer in load_layers(s)]
-    if args.layer:
-        wanted = [n.strip() for n in args.layer.split(",") if n.strip()]
-        unknown = sorted(set(wanted) - {layer.name for _, layer in layers})
-        if unknown:
-            raise UsageError(f"--layer: unknown layer(s) {', '.join(unknown)}")
-        layers = [(s, layer) for s, layer in layers if layer.name in wanted]
+    layers = flags.pick_layers(layers, args.layer)
     from convbench.check import power
     from convbench.base import tables
     from convbench.results.writer import run_metadata

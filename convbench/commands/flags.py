@@ -59,6 +59,18 @@ def add_layer_flags(p, default_set: Optional[str] = "cosmoflow", many: bool = Fa
                        "list the others (default: the first bad line is an error)")
 
 
+def pick_layers(pairs, text: Optional[str]):
+    """The ``(set, layer)`` pairs whose layer ``--layer NAME,...`` names (all without it);
+    a :class:`UsageError` naming the unknown ones."""
+    if not text:
+        return list(pairs)
+    wanted = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = sorted(set(wanted) - {layer.name for _, layer in pairs})
+    if unknown:
+        raise UsageError(f"--layer: unknown layer(s) {', '.join(unknown)}")
+    return [(s, layer) for s, layer in pairs if layer.name in wanted]
+
+
 def add_device_flag(p, default: str = "auto") -> None:
     p.add_argument("--device", default=default, metavar="cpu|gpu|auto",
                    help=f"where to run (default {default}; auto: the GPU if a CUDA device is "

@@ -11,8 +11,6 @@ machine, or ``--fp32 NAME``) and torch's quantized ``Conv3d`` on each engine, an
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import subprocess
 import warnings
@@ -86,13 +84,7 @@ def select(args, kernel=None):
         sets = [sets]
     layers = [(s, layer.with_batch(args.batch) if args.batch else layer)
               for s in sets for layer in load_layers(s)]
-    if getattr(args, "layer", None):
-        wanted = [n.strip() for n in args.layer.split(",") if n.strip()]
-        unknown = sorted(set(wanted) - {layer.name for _, layer in layers})
-        if unknown:
-            raise UsageError(f"--layer: unknown layer(s) {', '.join(unknown)}")
-        layers = [(s, layer) for s, layer in layers if layer.name in wanted]
-    return layers, overrides
+    return flags.pick_layers(layers, getattr(args, "layer", None)), overrides
 
 
 def _overrides(args, kernel=None):
@@ -151,15 +143,12 @@ def metadata(args, extra) -> Dict[str, object]:
 
 
 def write_csv(path: Path, rows: List[dict]) -> None:
+    """``rows`` as a CSV file (every key a column, in order of first appearance), written
+    as the result writer writes its tables (:func:`convbench.results.writer.csv_text`)."""
     from convbench.base.files import write_atomic
-    if not rows:
-        return
-    buf = io.StringIO()
-    fields = list(dict.fromkeys(k for row in rows for k in row))
-    writer = csv.DictWriter(buf, fieldnames=fields)
-    writer.writeheader()
-    writer.writerows(rows)
-    write_atomic(path, buf.getvalue())
+    from convbench.results.writer import csv_text
+    if rows:
+        write_atomic(path, csv_text(list(dict.fromkeys(k for row in rows for k in row)), rows))
 
 
 def _verify(args, layers, overrides, out: Path) -> int:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import copy
 import csv
-import io
 import json
 import math
 import time
@@ -255,11 +254,8 @@ def _write(out: Path, curves, args, finals) -> None:
     from convbench.build.toolchain import PROJECT_ROOT
     from convbench.build.tuned import machine_id
     from convbench.results.writer import run_metadata
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=["run", "step", "train_loss", "val_loss"])
-    writer.writeheader()
-    writer.writerows(curves)
-    write_atomic(out / "curves.csv", buf.getvalue())
+    from convbench.results.writer import csv_text
+    write_atomic(out / "curves.csv", csv_text(["run", "step", "train_loss", "val_loss"], curves))
     from convkernels.cpu.direct.sparse import lanes
     meta = dict(run_metadata(PROJECT_ROOT, "cpu", args.threads), machine=machine_id("cpu"),
                 settings={k: v for k, v in vars(args).items() if k != "outdir"},

@@ -27,7 +27,7 @@ import dataclasses
 from typing import Dict, Optional
 
 from convbench.build.precision import INT8
-from convbench.registry import Implementation, Layout, Param, Pass
+from convbench.registry import Implementation, Layout, Param, Pass, stored_shape
 from convkernels.cpu.direct import int8_dot
 from convkernels.cpu.direct.blocking import auto_switch, cpu_schedule, switch_param
 from convkernels.cpu.isa import fit_pixels
@@ -204,7 +204,7 @@ def kernel_arrays(case: Case, out: int, plant: str = "", params=None):
     if plant == "scale-channel":
         qs = torch.roll(qs, 1, dims=1)
     L = case.layer
-    y_shape = (L.batch, L.out_d, L.out_h, L.out_w, L.out_channels)
+    y_shape = stored_shape(Layout.NDHWC, "y", L.output_shape)
     wpk, wsum = pack_filter(case, KERNEL.resolve_params(dict(params or {}, OUT=out)))
     return {"x": case.xq.permute(0, 2, 3, 4, 1).contiguous(), "wpk": wpk, "wsum": wsum,
             "zp": torch.tensor([zx, zy], dtype=torch.int32), "qs": qs.contiguous(),
@@ -324,8 +324,8 @@ def verify_gpu(layer, params=None, seed: int = 0, target: str = "cpu", cachedir=
     spec = toolchain.make_spec(GPU_KERNEL, layer, INT8, target, params or {}, planted=planted)
     b = cache.build(spec, cachedir, policy=policy)
     device = "cuda" if target == "gpu" else "cpu"
-    y = torch.zeros((layer.batch, layer.out_d, layer.out_h, layer.out_w, layer.out_channels),
-                    dtype=torch.int32, device=device)
+    y = torch.zeros(stored_shape(Layout.NDHWC, "y", layer.output_shape), dtype=torch.int32,
+                    device=device)
     b(x=x.permute(0, 2, 3, 4, 1).contiguous().to(device),
       w=w.permute(0, 2, 3, 4, 1).contiguous().to(device), y=y)
     exact = exact_conv(layer, x, w)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Dict, Optional
 
 from convbench.build.precision import DTYPES
-from convbench.registry import Implementation, Layout, Param, Pass
+from convbench.registry import Implementation, Layout, Param, Pass, stored_shape
 from convkernels.cpu.direct import sparse
 from convkernels.cpu.direct.blocking import cpu_schedule, switch_param
 
@@ -108,8 +108,7 @@ def kernel_arrays(x, w, layer, density: int, pattern: str = "blocks"):
     import torch
     pruned, keep = prune(w, layer, density, pattern)
     wv, offs = compress(pruned, keep, layer)
-    y = torch.empty((layer.batch, layer.out_d, layer.out_h, layer.out_w, layer.out_channels),
-                    dtype=torch.float32)
+    y = torch.empty(stored_shape(Layout.NDHWC, "y", layer.output_shape), dtype=torch.float32)
     return {"x": x.permute(0, 2, 3, 4, 1).contiguous(), "wv": wv, "offs": offs, "y": y}, pruned
 
 
