@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Dict, List
 
 from convbench.base.errors import ArgumentParser, UsageError, check_at_least, run_main
-from convbench.commands import flags
+from convbench.commands import flags, tensorcore
 
 PROG = "convbench int8"
 ENGINES = ("x86", "fbgemm", "onednn")
@@ -27,13 +27,9 @@ ENGINES = ("x86", "fbgemm", "onednn")
 def build_parser(prog: str = PROG):
     from convbench.quant.int8 import PLANTS
     p = ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
-    p.add_argument("mode", choices=("verify", "bench", "verify-gpu", "sass"),
-                   help="check the CPU kernel exactly, time it, check the int8 tensor-core "
-                   "kernel (its CPU emulation, or the GPU with --device gpu), or read that "
-                   "kernel's sm_90 machine code")
-    p.add_argument("--device", default="cpu", choices=("cpu", "gpu"),
-                   help="verify-gpu: run the tensor-core kernel's emulation (cpu, default) "
-                   "or the kernel itself (gpu)")
+    tensorcore.add_mode_flags(p, "check the CPU kernel exactly, time it, check the int8 "
+                              "tensor-core kernel (its CPU emulation, or the GPU with "
+                              "--device gpu), or read that kernel's sm_90 machine code")
     flags.add_layer_flags(p, None, many=True, select=False)
     p.add_argument("--layer", default=None, metavar="NAME,...",
                    help="layers of the sets (default: all)")
@@ -215,81 +211,11 @@ def fp32_call(args, layer, exp, name: str = ""):
 
 def _gpu(args, layers, out: Path) -> int:
     """``verify-gpu`` and ``sass``: the int8 tensor-core kernel on each layer."""
-    from convbench.base import tables
-    from convbench.base.files import write_atomic
+    from convbench.build.precision import INT8
     from convbench.quant import int8
-    overrides = _overrides(args, int8.GPU_KERNEL)
-    params = int8.GPU_KERNEL.resolve_params(overrides)
-    rows, failed = [], 0
-    for lset, layer in layers:
-        refusal = int8.GPU_KERNEL.unsupported_reason(layer, params)
-        head = {"layer_set": lset, "layer": layer.name, "batch": layer.batch}
-        if refusal:
-            print(f"{lset} {layer.name}: unsupported ({refusal})", flush=True)
-            rows.append(dict(head, status="unsupported", reason=refusal))
-            continue
-        if args.mode == "verify-gpu":
-            if getattr(args, "device", "cpu") == "gpu":
-                from convbench.timing.devices import resolve_device
-                resolve_device("gpu")  # a one-line error where no GPU is usable
-            row = int8.verify_gpu(layer, overrides, args.seed, getattr(args, "device", "cpu"),
-                                  args.cachedir, flags.build_policy(args))
-            failed += not row["ok"]
-            status = "passed" if row["ok"] else "FAILED"
-            print(f"{lset} {layer.name} b{layer.batch}: {status}: int32 "
-                  f"{row['int32_mismatches']} of {row['elements']} differ", flush=True)
-            rows.append(dict(head, status=status.lower(), **row))
-        else:
-            from convbench.build import gpubuild
-            from convbench.build.precision import INT8
-            probe = gpubuild.probe(int8.GPU_KERNEL, lset, layer, dict(params),
-                                   disassemble=True, keep_listing=True, dtype=INT8)
-            if probe.error:
-                failed += 1
-                print(f"{lset} {layer.name}: {probe.error}", flush=True)
-                rows.append(dict(head, status="failed", reason=probe.error))
-                continue
-            for r in gpubuild.kernel_rows(probe):
-                r["tensor_ops"] = tensor_ops(probe.listing, r["kernel"])
-                rows.append(dict(head, status="compiled", **{k: r[k] for k in SASS_COLUMNS}))
-                print(f"{lset} {layer.name} b{layer.batch}: {r['kernel']}: {r['registers']} "
-                      f"registers, {r['spill_stores']} spill stores"
-                      + (f", main loop {r['tensor_ops']} of {r['loop_instructions']}"
-                         if r["main"] == "yes" else ""), flush=True)
-    name = "verify_gpu" if args.mode == "verify-gpu" else "sass"
-    write_csv(out / f"{name}.csv", rows)
-    if args.mode == "sass":
-        compiled = [r for r in rows if r["status"] == "compiled"]
-        write_atomic(out / "sass.md", tables.markdown(
-            ["layer set", "layer", "batch", "kernel", "main"] + list(SASS_COLUMNS[2:]),
-            [[r["layer_set"], r["layer"], r["batch"]] + [r[k] for k in SASS_COLUMNS]
-             for r in compiled]) + "\n")
-    write_atomic(out / "metadata.json", json.dumps(metadata(args, {
-        "mode": args.mode, "params": dict(params), "seed": args.seed,
-        "device": getattr(args, "device", "cpu")}), indent=2, default=str))
-    print(f"int8 {args.mode}: {len(rows) - failed} of {len(rows)} rows without failure; {out}")
-    return 1 if failed else 0
-
-
-#: The columns ``sass`` keeps of each kernel (:func:`convbench.build.gpubuild.kernel_rows`,
-#: and ``tensor_ops``: :func:`tensor_ops`).
-SASS_COLUMNS = ("kernel", "main", "registers", "shared", "spill_stores", "spill_loads",
-                "loop_instructions", "tensor_ops", "fma_share", "ldsm_per_fma", "ldgsts")
-
-
-def tensor_ops(listing: str, kernel: str) -> str:
-    """The tensor-core instructions of ``kernel``'s main loop in a SASS ``listing``
-    (:func:`convbench.build.sass.main_loop`), by full opcode: ``64 IMMA.16832.S8.S8``."""
-    from convbench.build import sass
-    counts: Dict[str, int] = {}
-    for fn in sass.parse_listing(listing):
-        if fn.name != kernel:
-            continue
-        loop, _ = sass.main_loop(fn)
-        for ins in loop.instructions if loop is not None else ():
-            if "MMA" in ins.base:
-                counts[ins.opcode] = counts.get(ins.opcode, 0) + 1
-    return ", ".join(f"{n} {op}" for op, n in sorted(counts.items()))
+    return tensorcore.run(args, layers, out, kernel=int8.GPU_KERNEL, verify=int8.verify_gpu,
+                          dtype=INT8, label="int8", mismatches="int32_mismatches",
+                          overrides=_overrides(args, int8.GPU_KERNEL))
 
 
 def time_contestants(exp, calls, args, head):

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import List
 
 from convbench.base.errors import ArgumentParser, UsageError, check_at_least, run_main
-from convbench.commands import flags
+from convbench.commands import flags, tensorcore
 from convbench.commands.int8 import add_run_flags, metadata, select, write_csv
 
 PROG = "convbench sparse"
@@ -24,7 +24,11 @@ DENSITIES = (100, 75, 50, 25, 10)
 
 def build_parser(prog: str = PROG):
     p = ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
-    p.add_argument("mode", choices=("verify", "bench"), help="check, or time")
+    tensorcore.add_mode_flags(p, "check the CPU kernel, time it, check the 2:4 sparse "
+                              "tensor-core kernel bit for bit (its CPU emulation, or the GPU "
+                              "with --device gpu), or read that kernel's sm_90 machine code")
+    p.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"),
+                   help="verify-gpu, sass: the tensor-core kernel's operands (default float16)")
     flags.add_layer_flags(p, None, many=True, select=False)
     p.add_argument("--layer", default=None, metavar="NAME,...",
                    help="layers of the sets (default: all)")
@@ -64,6 +68,10 @@ def _main(argv, prog: str) -> int:
     check_at_least(("--rounds", args.rounds, 1), ("--warmup", args.warmup, 0))
     if args.batch is not None and args.batch <= 0:
         raise UsageError(f"--batch: must be a positive integer, got {args.batch}")
+    if args.mode in ("verify-gpu", "sass"):
+        return _gpu(args)
+    if args.device == "gpu":
+        raise UsageError(f"--device gpu: only verify-gpu runs on the GPU, not {args.mode}")
     densities = _densities(args.densities)
     if args.pattern == "2:4" and not set(densities) <= {100, 50}:
         raise UsageError("--pattern 2:4 keeps 50% (give --densities 100,50 or 50)")
@@ -89,6 +97,24 @@ def _main(argv, prog: str) -> int:
             _pattern(args, layer, density)
         check_fp32(args, layer, dense_forwards(args, layer))
     return _bench(args, layers, overrides, densities, out)
+
+
+def _gpu(args) -> int:
+    """``verify-gpu`` and ``sass``: the 2:4 sparse tensor-core forward on each layer."""
+    from convbench.build.precision import DTYPES
+    from convbench.quant import sparse
+    if args.plant:
+        raise UsageError(f"--plant: verify plants errors, {args.mode} does not")
+    layers, overrides = select(args, sparse.MMA_KERNEL)
+    out = Path(args.outdir or f"outputs/sparse/{args.mode}")
+    out.mkdir(parents=True, exist_ok=True)
+
+    def verify(layer, params, seed, device, cachedir, policy):
+        return sparse.verify_mma(layer, params, seed, device, cachedir, policy,
+                                 dtype=args.dtype)
+    return tensorcore.run(args, layers, out, kernel=sparse.MMA_KERNEL, verify=verify,
+                          dtype=DTYPES[args.dtype], label="sparse", mismatches="mismatches",
+                          overrides=overrides)
 
 
 def sparse_kernel():

@@ -123,3 +123,73 @@ def verify(layer, density: int, params=None, seed: int = 0, plant: bool = False,
     b(**arrays)
     truth = truth_for(layer, Pass.FWD, {"x": inputs["x"], "w": pruned}, random_inputs=True)
     return compare(arrays["y"].permute(0, 4, 1, 2, 3), truth, DTYPES["float32"].rounding)
+
+
+# -- the 2:4 sparse tensor-core forward (GPU), checked in its CPU emulation --------------------
+
+def _mma_kernel():
+    from convkernels.gpu.mma import sparse as mma_sparse
+    return Implementation(**mma_sparse.fields(
+        name="implicitGemmMMASparse", pass_=Pass.FWD,
+        summary="implicit GEMM on NDHWC on 2:4 sparse tensor cores: the mma.sync kernels' "
+                "stages and gather, the filter 2:4 compressed with its metadata (built "
+                "once), mma.sp m16n8k32 with float32 sums (CPU: ldmatrix and the MMA "
+                "emulated lane by lane)",
+        constraints="C a multiple of 4; CTAtileK a multiple of 32; one image of the input "
+                    "below 2^31 elements"))
+
+
+#: The 2:4 sparse tensor-core forward (GPU; its CPU schedule emulates ``mma.sp``): 16-bit
+#: input, the packed filter (:func:`convkernels.gpu.mma.sparse.pack`), float32 sums out.
+MMA_KERNEL = _mma_kernel()
+
+
+def integer_operands(layer, seed: int = 0):
+    """Random small integers (logical NCDHW, float64): the input in [-8, 8], the filter in
+    [-4, 4] pruned 2:4 along its channels.  Every product and partial sum is an integer
+    below 2^24, exact in float32 and in both 16-bit types, so the sums can be checked bit
+    for bit."""
+    import torch
+    from convkernels.gpu.mma.sparse import prune_2to4
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randint(-8, 9, layer.input_shape, generator=gen).double()
+    w = torch.randint(-4, 5, layer.filter_shape, generator=gen).double()
+    pruned = prune_2to4(w.permute(0, 2, 3, 4, 1).numpy())  # channels last: groups of 4
+    return x, torch.from_numpy(pruned).permute(0, 4, 1, 2, 3).contiguous()
+
+
+def packed_filter(layer, params, w, dtype: str = "float16"):
+    """The 2:4 filter ``w`` (logical, pruned) as the sparse tensor-core kernel reads it,
+    as a torch tensor of ``dtype``."""
+    import numpy as np
+    import torch
+    from convkernels.gpu.mma import sparse as mma_sparse
+    tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+    bits = w.permute(0, 2, 3, 4, 1).contiguous().to(tdt).view(torch.int16).numpy()
+    params = MMA_KERNEL.resolve_params(params or {})
+    packed = mma_sparse.pack(layer, params, bits.view(np.uint16))
+    return torch.from_numpy(packed.view(np.int16)).view(tdt)
+
+
+def verify_mma(layer, params=None, seed: int = 0, target: str = "cpu", cachedir=None,
+               policy: str = "rebuild", planted: str = "", dtype: str = "float16"):
+    """:data:`MMA_KERNEL`'s float32 sums on :func:`integer_operands` against the exact
+    ones, bit for bit: on the CPU its emulation, on the GPU the sparse tensor cores.
+    ``planted`` tags a build a test broke."""
+    import torch
+    from convbench.build import cache, toolchain
+    x, w = integer_operands(layer, seed)
+    spec = toolchain.make_spec(MMA_KERNEL, layer, dtype, target, params or {}, planted=planted)
+    b = cache.build(spec, cachedir, policy=policy)
+    device = "cuda" if target == "gpu" else "cpu"
+    tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+    y = torch.zeros(stored_shape(Layout.NDHWC, "y", layer.output_shape), dtype=torch.float32,
+                    device=device)
+    b(x=x.permute(0, 2, 3, 4, 1).contiguous().to(tdt).to(device),
+      w=packed_filter(layer, params, w, dtype).to(device), y=y)
+    from convbench.quant.int8 import exact_conv
+    exact = exact_conv(layer, x, w).double()
+    got = y.cpu().permute(0, 4, 1, 2, 3).double()
+    bad = ~(got == exact)
+    return {"mismatches": int(bad.sum()), "nan": int(torch.isnan(got).sum()),
+            "elements": exact.numel(), "ok": not bool(bad.any())}

@@ -116,24 +116,29 @@ def stage_code(s: Shape) -> str:
                   f"ck < {s.C}", vk, "b"), 4)}
 }}"""
     else:
-        b = _kmajor_b(s, f"(int64_t){tap} * {s.C} + ", s.C, va)
+        z = s.BZ
+        b = _kmajor_b(s, f"(int64_t){tap} * {s.C // z} + ", s.C // z, vector(s.C // z, s.CE),
+                      f"{tap} * {s.CB} + c0 / {s.TK}")
     return _staged(s, a, b, f"""if (c0 >= {s.C}) {{
     c0 = 0;
     if (++kw == {s.KW}) {{ kw = 0; if (++kh == {s.KH}) {{ kh = 0; ++kd; }} }}
 }}""")
 
 
-def _kmajor_b(s: Shape, tap: str, limit: int, vec: int) -> str:
+def _kmajor_b(s: Shape, tap: str, limit: int, vec: int, kt: str) -> str:
     """C++ staging this thread's chunks of its output channel's filter row (B, K-major, at
-    ``bbase``): values ``ch = c0 + bc * CE`` on, after ``tap`` (C++ ending in ``+``, or
-    empty where ``c0`` indexes the whole row), zero-filled from ``limit`` on."""
-    return f"""{{ // B (K-major): output channel's filter row at bbase, values c0 + bc * {s.CE}..
-    const int ch = c0 + bc * {s.CE};
+    ``bbase``): stored values ``ch = c0 / BZ + bc * CE`` on, after ``tap`` (C++ ending in
+    ``+``, or empty where ``c0`` indexes the whole row), zero-filled from ``limit`` on;
+    then what a compressed filter stages besides (``s.filter_extra``, of the K tile's
+    index ``kt``)."""
+    z = s.BZ
+    return f"""{{ // B (K-major): output channel's filter row at bbase, values c0 / {z} + bc * {s.CE}..
+    const int ch = c0{f" / {z}" if z > 1 else ""} + bc * {s.CE};
     const auto* base = wb;
     const auto* src = bbase >= 0 ? wb + bbase + {tap}ch : wb;
-{indent(_copies(s, f"bs + sslot * {s.BSB}", s.CBK, s.CPR, "bn", "bc", "ch", limit, s.TK,
-                  "bbase >= 0", vec, "b"), 4)}
-}}"""
+{indent(_copies(s, f"bs + sslot * {s.BSB}", s.CBK, s.CPR // z, "bn", "bc", "ch", limit,
+                  s.TK // z, "bbase >= 0", vec, "b"), 4)}
+}}""" + s.filter_extra(kt)
 
 
 def _staged(s: Shape, a: str, b: str, advance: str) -> str:
@@ -155,7 +160,7 @@ def _packed_stage_code(s: Shape) -> str:
     C: one tap) decodes its own tap and checks it against the input's borders; B is a run
     of the filter row (the filter's own order); values past ``RF`` are zero-filled.
     ``kd`` only marks the end (``KD`` once the reduction is staged)."""
-    va, vb = vector(s.C, s.CE), vector(s.RF, s.CE)
+    va = vector(s.C, s.CE)
     a = f"""{{ // A (taps packed): this thread's pixel, chunks ac.. of the flat reduction from c0
     #pragma unroll
     for (int j = 0; j < {s.CA}; ++j) {{
@@ -174,7 +179,8 @@ def _packed_stage_code(s: Shape) -> str:
         }}
     }}
 }}"""
-    return _staged(s, a, _kmajor_b(s, "", s.RF, vb), f"if (c0 >= {s.RF}) kd = {s.KD};")
+    b = _kmajor_b(s, "", s.RF // s.BZ, vector(s.RF // s.BZ, s.CE), f"c0 / {s.TK}")
+    return _staged(s, a, b, f"if (c0 >= {s.RF}) kd = {s.KD};")
 
 
 def prologue_code(s: Shape, gpu: bool, ahead: Optional[int] = None, after: str = "") -> str:
@@ -185,7 +191,7 @@ def prologue_code(s: Shape, gpu: bool, ahead: Optional[int] = None, after: str =
         bset = "bbase = 0;"  # its rows are reduction values; columns checked per chunk
         n = ""
     else:
-        bset = f"if (n < {s.K}) bbase = n * {s.taps * s.C};"
+        bset = f"if (n < {s.K}) bbase = n * {s.taps * s.C // s.BZ};"
         n = "const int64_t n = (int64_t)blk_n + bn;"
     return f"""{thread_code(s, gpu)}
 #pragma unroll

@@ -68,15 +68,15 @@ for (int kk = 0; kk < {s.TK // s.KM}; ++kk) {{
 }}"""
 
 
-def step_code(s: Shape, gpu: bool) -> str:
-    """Step ``kt``: issue the next K tile, compute the one in stage ``cslot``, wait for
-    the tile after it."""
+def step_code(s: Shape, gpu: bool, loop=mma_loop) -> str:
+    """Step ``kt``: issue the next K tile, compute the one in stage ``cslot`` (with the
+    main loop ``loop(s, gpu)``), wait for the tile after it."""
     return f"""{gather.thread_code(s, gpu)}
 {simt_gather.load_state(s, writable=True)}
 {gather.stage_code(s)}
 {{
     {s.acc_t}* acc = acco + tp * {s.RR};
-{indent(mma_loop(s, gpu), 4)}
+{indent(loop(s, gpu), 4)}
 }}
 cslot = cslot + 1 == {s.S} ? 0 : cslot + 1;
 {simt_gather.store_state(("kd", "kh", "kw", "c0", "sslot", "cslot"))}

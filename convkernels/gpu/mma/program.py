@@ -25,7 +25,7 @@ from convkernels.transposed import swap_roles, transposed_layer
 
 
 #: What the prologue and the steps call the stages, as bytes, before their code.
-_PREAMBLE = ("char* as = reinterpret_cast<char*>(ao);\n"
+PREAMBLE = ("char* as = reinterpret_cast<char*>(ao);\n"
              "char* bs = reinterpret_cast<char*>(bo);\n")
 
 
@@ -33,7 +33,7 @@ def code():
     """The tasklet code by role, for :func:`convkernels.gpu.pipeline.tasklets.set_code`
     (looked up when called, so that a test can plant a bug in one of the functions)."""
     def staged(f):
-        return lambda s, gpu: _PREAMBLE + f(s, gpu)
+        return lambda s, gpu: PREAMBLE + f(s, gpu)
     return {"prologue": staged(gather.prologue_code), "step": staged(mainloop.step_code),
             "epilogue": epilogue.epilogue_code}
 
@@ -53,14 +53,19 @@ def int8_program(layer: Layer, dtype, params) -> dace.SDFG:
     """The forward on int8 operands (``dtype``: int8; symmetric, no zero point, so the
     zero-filled border is exact) with ``mma.sync`` m16n8k32 and int32 sums: the output
     ``y`` holds the int32 sums (:mod:`convbench.quant.int8` checks them bit for bit)."""
-    sdfg = program(layer, dtype, params)
-    # the output and the flat views of it (every other array keeps its type)
+    return retype_output(program(layer, dtype, params), dace.int32)
+
+
+def retype_output(sdfg: dace.SDFG, dtype) -> dace.SDFG:
+    """``sdfg`` with its output ``y`` and the flat views of it in ``dtype`` (the
+    accumulators' type: the epilogue then stores the sums as they are); every other array
+    keeps its type."""
     outputs = ["y"] + [name for name, desc in sdfg.arrays.items()
                        if isinstance(desc, dace.data.View) and name.startswith("y_")]
     if len(outputs) < 2:
-        raise ValueError(f"int8_program: no flat view of y among {sorted(sdfg.arrays)}")
+        raise ValueError(f"retype_output: no flat view of y among {sorted(sdfg.arrays)}")
     for name in outputs:
-        sdfg.arrays[name].dtype = dace.int32
+        sdfg.arrays[name].dtype = dtype
     return sdfg
 
 

@@ -109,7 +109,15 @@ class Shape(Warps, simt_tiles.Shape):
     packed = property(lambda s: not s.flip and 2 * s.C <= s.TK)
     RF = property(lambda s: s.taps * s.C)          # the flat reduction's length
     KT = property(lambda s: -(-s.RF // s.TK) if s.packed else s.taps * s.CB)
-    CBK = property(lambda s: s.TN * s.CPR // s.NT)  # chunks of a K-major B per thread
+    #: Reduction values per stored filter value: 1, or 2 where the filter is stored 2:4
+    #: compressed (:mod:`convkernels.gpu.mma.sparse`: K tiles of B hold ``TK / 2`` values)
+    BZ = property(lambda s: 1)
+    CBK = property(lambda s: s.TN * s.CPR // s.BZ // s.NT)  # chunks of a K-major B per thread
+
+    def filter_extra(self, kt: str) -> str:
+        """C++ a stage copies besides the filter's values, for the K tile of index ``kt``
+        (C++): nothing (a compressed filter's metadata: :mod:`convkernels.gpu.mma.sparse`)."""
+        return ""
     CBN = property(lambda s: s.TK * s.NCH // s.NT)  # chunks of an N-major B per thread
 
 
