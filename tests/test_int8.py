@@ -122,11 +122,12 @@ def test_profile_conv3d_takes_dtype_int8(tmp_path, write_csv, cachedir, capsys):
                      "small,2,6,32,5,6,8,3,3,3,1,1\n")
     assert profile_conv3d.main(["--dtype", "int8", "--verify", "--paramscsv", str(sets),
                                 "--cachedir", str(cachedir), "--outdir", str(tmp_path)]) == 0
-    assert "1 passed, 0 failed" in capsys.readouterr().out
+    assert "2 passed, 0 failed" in capsys.readouterr().out  # the direct and Winograd kernels
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["verify", "--param", "ISA=7"], "ISA=7"),
+    (["verify", "--kernel", "direct", "--param", "ISA=7"], "ISA=7"),
+    (["verify", "--param", "ISA=1"], "give --kernel"),
     (["verify", "--layer", "conv9"], "unknown layer"),
     (["bench", "--rounds", "0"], "--rounds"),
     (["bench", "--engines", "nope"], "no nope"),
@@ -175,13 +176,16 @@ def test_the_bench_writes_samples_summary_and_metadata(tmp_path, write_csv, cach
                          "--rounds", "2", "--warmup", "1", "--engines", "x86",
                          "--fp32", "directConvNDHWCblocked", "--outdir", str(tmp_path)]) == 0
     samples = list(csv.DictReader(open(tmp_path / "samples.csv")))
-    assert {r["contestant"] for r in samples} == {"dace-int8", "torch-int8-x86", "dace-fp32"}
-    assert len(samples) == 6 and all(float(r["ms"]) > 0 for r in samples)
+    assert {r["contestant"] for r in samples} == {"dace-int8", "dace-int8-winograd",
+                                                  "torch-int8-x86", "dace-fp32"}
+    assert len(samples) == 8 and all(float(r["ms"]) > 0 for r in samples)
     summary = {r["contestant"]: r for r in csv.DictReader(open(tmp_path / "summary.csv"))}
     assert float(summary["dace-fp32"]["ratio_vs_dace-fp32"]) == 1.0
     meta = json.loads((tmp_path / "metadata.json").read_text())
     assert meta["fp32_forward"] == {"small": "directConvNDHWCblocked"}
-    assert meta["check_violations"] == {"small": 0} and meta["kernel"]["isa"] != "none"
+    assert meta["check_violations"] == {"small/directConvNDHWCint8": 0,
+                                        "small/winogradF2int8": 0}
+    assert all(k["isa"] != "none" for k in meta["kernels"].values())
 
 
 @pytest.mark.full
@@ -189,8 +193,11 @@ def test_the_bench_writes_samples_summary_and_metadata(tmp_path, write_csv, cach
 def test_both_cosmoflow_sets_verify_exactly(layer_set, cachedir):
     from convbench.layersets.sets import load_layers
     for layer in load_layers(layer_set):
-        row = _verify(layer.with_batch(1), cachedir)
-        assert row["ok"], (layer.name, row)
+        for kernel in int8.KERNELS.values():
+            if kernel.unsupported_reason(layer, kernel.resolve_params({})):
+                continue  # the Winograd kernel: C = 1 (cosmoflow conv1)
+            row = _verify(layer.with_batch(1), cachedir, kernel=kernel)
+            assert row["ok"], (layer.name, kernel.name, row)
 
 
 # -- the int8 tensor-core forward (GPU), in its CPU emulation ---------------------------------

@@ -33,6 +33,9 @@ def build_parser(prog: str = PROG):
     flags.add_layer_flags(p, None, many=True, select=False)
     p.add_argument("--layer", default=None, metavar="NAME,...",
                    help="layers of the sets (default: all)")
+    p.add_argument("--kernel", default="all", choices=("all", "direct", "winograd"),
+                   help="verify, bench: our int8 CPU kernels to run: the direct one "
+                   "(vpdpbusd), the exact Winograd one (vpdpwssd), or both (default)")
     flags.add_param_flag(p)
     p.add_argument("--plant", default="", choices=("",) + PLANTS,
                    help="verify: plant an error, which must fail (tests)")
@@ -83,12 +86,25 @@ def select(args, kernel=None):
     return flags.pick_layers(layers, getattr(args, "layer", None)), overrides
 
 
+def cpu_kernels(args):
+    """Our int8 CPU kernels that ``--kernel`` names (``convbench.quant.int8.KERNELS``)."""
+    from convbench.quant.int8 import KERNELS
+    which = getattr(args, "kernel", "all")
+    return list(KERNELS.values()) if which == "all" else [KERNELS[which]]
+
+
 def _overrides(args, kernel=None):
-    """``--param``, checked against the kernel's parameters."""
+    """``--param``, checked against the kernel's parameters (default: the one kernel
+    ``--kernel`` names; with both, ``--param`` is refused)."""
     from convbench import registry
-    from convbench.quant.int8 import KERNEL
     overrides = registry.parse_param_overrides(args.param)
-    (kernel or KERNEL).resolve_params(overrides)
+    if kernel is None:
+        kernels = cpu_kernels(args)
+        if overrides and len(kernels) > 1:
+            raise UsageError("--param: give --kernel direct or --kernel winograd (their "
+                             "parameters differ)")
+        kernel = kernels[0]
+    kernel.resolve_params(overrides)
     return overrides
 
 
@@ -105,8 +121,8 @@ def run(args, layers=None) -> int:
         raise UsageError(f"--device gpu: only verify-gpu runs on the GPU, not {args.mode}")
     if getattr(args, "plant", "") and args.mode != "verify":
         raise UsageError(f"--plant: verify plants errors, {args.mode} does not")
-    from convbench.quant.int8 import GPU_KERNEL, KERNEL
-    kernel = GPU_KERNEL if args.mode in ("verify-gpu", "sass") else KERNEL
+    from convbench.quant.int8 import GPU_KERNEL
+    kernel = GPU_KERNEL if args.mode in ("verify-gpu", "sass") else None
     if layers is None:
         layers, overrides = select(args, kernel)
     else:
@@ -152,31 +168,33 @@ def _verify(args, layers, overrides, out: Path) -> int:
     from convbench.quant import int8
     rows, failed = [], 0
     for lset, layer in layers:
-        refusal = int8.KERNEL.unsupported_reason(layer, int8.KERNEL.resolve_params(overrides))
-        if refusal:
-            print(f"{lset} {layer.name}: unsupported ({refusal})", flush=True)
-            rows.append({"layer_set": lset, "layer": layer.name, "status": "unsupported",
-                         "reason": refusal})
-            continue
-        row = int8.verify(layer, overrides, args.seed, args.plant,
-                          cachedir=args.cachedir, policy=flags.build_policy(args))
-        failed += not row["ok"]
-        status = "passed" if row["ok"] else "FAILED"
-        torch_text = (f", torch x86 within {row['torch_max_diff']} "
-                      f"({row['torch_off_by_one']} off by one)" if "torch_max_diff" in row else "")
-        print(f"{lset} {layer.name} b{layer.batch}: {status}: int32 {row['int32_mismatches']} "
-              f"of {row['elements']} differ, uint8 {row['uint8_violations']} beyond the "
-              f"rounding{torch_text}", flush=True)
-        rows.append(dict({"layer_set": lset, "layer": layer.name, "batch": layer.batch,
-                          "status": status.lower(), "plant": args.plant}, **row))
+        for kernel in cpu_kernels(args):
+            head = {"layer_set": lset, "layer": layer.name, "batch": layer.batch,
+                    "kernel": kernel.name}
+            refusal = kernel.unsupported_reason(layer, kernel.resolve_params(overrides))
+            if refusal:
+                print(f"{lset} {layer.name} {kernel.name}: unsupported ({refusal})", flush=True)
+                rows.append(dict(head, status="unsupported", reason=refusal))
+                continue
+            row = int8.verify(layer, overrides, args.seed, args.plant, cachedir=args.cachedir,
+                              policy=flags.build_policy(args), kernel=kernel)
+            failed += not row["ok"]
+            status = "passed" if row["ok"] else "FAILED"
+            torch_text = (f", torch x86 within {row['torch_max_diff']} "
+                          f"({row['torch_off_by_one']} off by one)"
+                          if "torch_max_diff" in row else "")
+            print(f"{lset} {layer.name} b{layer.batch} {kernel.name}: {status}: int32 "
+                  f"{row['int32_mismatches']} of {row['elements']} differ, uint8 "
+                  f"{row['uint8_violations']} beyond the rounding{torch_text}", flush=True)
+            rows.append(dict(head, status=status.lower(), plant=args.plant, **row))
     write_csv(out / "verify.csv", rows)
     write_atomic(out / "metadata.json", json.dumps(metadata(args, {
-        "mode": "verify", "params": overrides, "plant": args.plant, "seed": args.seed}),
-        indent=2, default=str))
+        "mode": "verify", "params": overrides, "plant": args.plant, "seed": args.seed,
+        "kernels": [k.name for k in cpu_kernels(args)]}), indent=2, default=str))
     passed = sum(r.get("status") == "passed" for r in rows)
     print(f"int8: {passed} passed, {failed} failed, "
           f"{sum(r.get('status') == 'unsupported' for r in rows)} unsupported "
-          f"(of {len(rows)} layers); {out}")
+          f"(of {len(rows)} kernel-layer pairs); {out}")
     return 1 if failed else 0
 
 
@@ -238,18 +256,25 @@ def time_contestants(exp, calls, args, head):
     return {name: statistics.median(v) for name, v in got.items()}, samples, summary
 
 
-def _mix(build, params) -> Dict[str, int]:
-    """The instruction mix of the build's main loop (:mod:`convbench.build.cpumix`); empty
-    where it cannot be read (no objdump)."""
+def _mix(build, params, kernel) -> Dict[str, int]:
+    """The instruction mix of the build's main loop (:mod:`convbench.build.cpumix`, the loop
+    with the most of the kernel's product instruction); empty where it cannot be read (no
+    objdump)."""
     from convbench.build import cpumix
+    from convbench.quant.int8 import WINOGRAD_KERNEL
     from convkernels.cpu.direct import int8_dot
-    from convbench.quant.int8 import KERNEL
-    product = int8_dot.PRODUCTS[int8_dot.isa_of(KERNEL.resolve_params(params))]
+    from convkernels.cpu.winograd import int8 as wq
+    products = wq.PRODUCTS if kernel is WINOGRAD_KERNEL else int8_dot.PRODUCTS
+    product = products[int8_dot.isa_of(kernel.resolve_params(params))]
     try:
         return cpumix.main_loop_mix(cpumix.library_of(build), product)
     except (OSError, RuntimeError, subprocess.SubprocessError) as err:
         print(f"no instruction mix: {err}")
         return {}
+
+
+#: The contestant name of each int8 CPU kernel in a bench's files.
+CONTESTANTS = {"directConvNDHWCint8": "dace-int8", "winogradF2int8": "dace-int8-winograd"}
 
 
 def _bench(args, layers, overrides, engines, out: Path) -> int:
@@ -264,25 +289,30 @@ def _bench(args, layers, overrides, engines, out: Path) -> int:
     failed = 0
     for lset, layer in layers:
         params = dict(overrides, OUT=1)
-        refusal = int8.KERNEL.unsupported_reason(layer, int8.KERNEL.resolve_params(params))
-        if refusal:
-            print(f"{layer.name}: unsupported ({refusal})", flush=True)
-            continue
-        case = int8.make_case(layer, args.seed)
-        arrays = int8.kernel_arrays(case, 1, params=params)
-        build = int8.build(layer, params, args.cachedir, flags.build_policy(args))
-        calls = {"dace-int8": prepared_call(build, arrays, "y")}
-        mixes[layer.name] = _mix(build, params)
-        if not args.no_check:  # the timed build's own output, checked
-            sums = int8.exact_sums(case)
-            f, slack = int8.requantized(case, sums)
-            bad = int8.u8_violations(arrays["y"].permute(0, 4, 1, 2, 3), f, slack, case.zy)
-            checks[layer.name] = bad
-            if bad:  # not timed: a kernel that computes the wrong thing has no speed
-                print(f"{layer.name}: FAILED: the int8 kernel's output fails its check "
-                      f"({bad} values); not timed", flush=True)
-                failed += 1
+        case, calls = None, {}
+        for kernel in cpu_kernels(args):
+            refusal = kernel.unsupported_reason(layer, kernel.resolve_params(params))
+            if refusal:
+                print(f"{layer.name} {kernel.name}: unsupported ({refusal})", flush=True)
                 continue
+            case = case or int8.make_case(layer, args.seed)
+            arrays = int8.kernel_arrays(case, 1, params=params, kernel=kernel)
+            build = int8.build(layer, params, args.cachedir, flags.build_policy(args), kernel)
+            call = prepared_call(build, arrays, "y")  # its first call fills arrays["y"]
+            mixes[f"{layer.name}/{kernel.name}"] = _mix(build, params, kernel)
+            if not args.no_check:  # the timed build's own output, checked
+                sums = int8.exact_sums(case)
+                f, slack = int8.requantized(case, sums)
+                bad = int8.u8_violations(arrays["y"].permute(0, 4, 1, 2, 3), f, slack, case.zy)
+                checks[f"{layer.name}/{kernel.name}"] = bad
+                if bad:  # not timed: a kernel that computes the wrong thing has no speed
+                    print(f"{layer.name}: FAILED: {kernel.name}'s output fails its check "
+                          f"({bad} values); not timed", flush=True)
+                    failed += 1
+                    continue
+            calls[CONTESTANTS[kernel.name]] = call
+        if not calls:
+            continue
         for engine in engines:
             calls[f"torch-int8-{engine}"] = int8.torch_quantized(case, engine)
         calls["dace-fp32"], chosen[layer.name] = fp32_call(args, layer, exp)
@@ -295,17 +325,20 @@ def _bench(args, layers, overrides, engines, out: Path) -> int:
                 "ratio_vs_dace-fp32": med[name] / med["dace-fp32"],
                 "ratio_vs_best_torch_int8": med[name] / best_torch if best_torch else ""}))
         line = ", ".join(f"{n} {m:.2f}" for n, m in med.items())
-        print(f"{layer.name} b{layer.batch} (ms, medians of {args.rounds}): {line}; int8/fp32 "
-              f"{med['dace-int8'] / med['dace-fp32']:.2f}x"
-              + (f", int8/best torch int8 {med['dace-int8'] / best_torch:.2f}x"
-                 if best_torch else ""), flush=True)
+        ratios = "; ".join(
+            f"{n}/fp32 {med[n] / med['dace-fp32']:.2f}x"
+            + (f", /best torch int8 {med[n] / best_torch:.2f}x" if best_torch else "")
+            for n in CONTESTANTS.values() if n in med)
+        print(f"{layer.name} b{layer.batch} (ms, medians of {args.rounds}): {line}; {ratios}",
+              flush=True)
         write_csv(out / "samples.csv", samples)  # after every layer: a long run keeps them
         write_csv(out / "summary.csv", summary)
     write_atomic(out / "metadata.json", json.dumps(metadata(args, {
         "mode": "bench", "params": overrides, "seed": args.seed, "rounds": args.rounds,
         "warmup": args.warmup, "engines": engines, "fp32_forward": chosen,
         "timer": exp.timer.method, "heap": exp.output_rule(),
-        "check_violations": checks, "kernel": int8.describe_build(overrides),
+        "check_violations": checks,
+        "kernels": {k.name: int8.describe_build(overrides, k) for k in cpu_kernels(args)},
         "main_loop_mix": mixes}),
         indent=2, default=str))
     print(f"results: {out}")

@@ -141,10 +141,11 @@ def _int8(args) -> int:
     """``--dtype int8``: the int8 forward kernel (``convbench int8``), verified and/or timed
     against our float32 forward and torch's quantized ``Conv3d`` (``--iters`` rounds)."""
     from convbench.commands import int8
-    from convbench.quant.int8 import KERNEL
-    if args.implementation not in (None, KERNEL.name):
-        raise UsageError(f"--dtype int8: {KERNEL.name} is the int8 implementation, not "
-                         f"{args.implementation}")
+    from convbench.quant.int8 import KERNELS
+    names = {k.name: key for key, k in KERNELS.items()}
+    if args.implementation not in (None, *names):
+        raise UsageError(f"--dtype int8: the int8 implementations are {', '.join(names)}, "
+                         f"not {args.implementation}")
     if args.device == "gpu" or resolve_pass(args.pass_) not in (None, "fwd"):
         raise UsageError("--dtype int8: the int8 kernel is a forward pass on the CPU")
     if args.math != "ieee":
@@ -157,6 +158,7 @@ def _int8(args) -> int:
         if on:
             run = argparse.Namespace(
                 mode=mode, batch=None, param=args.param, plant="", seed=args.seed,
+                kernel=names.get(args.implementation, "all"),
                 rounds=args.totaliter, warmup=args.warmupiter, fp32="", no_check=False,
                 threads=args.threads, cachedir=args.cachedir,
                 loadprecompiled=args.loadprecompiled,

@@ -63,6 +63,26 @@ KERNEL = Implementation(
     precisions=(INT8.label,))
 
 
+def _winograd_kernel():
+    from convkernels.cpu.winograd import int8 as wq
+    return Implementation(
+        name="winogradF2int8", layout=Layout.NDHWC, pass_=Pass.FWD,
+        summary="exact int8 Winograd F(2^3, 3^3) on NDHWC for the CPU: integer transforms "
+                "(2G for G), 16-bit products of channel pairs per instruction (vpdpwssd) "
+                "into int32 sums equal to the direct convolution's, requantized to uint8",
+        algorithm=wq.program, schedules={"cpu": cpu_schedule}, params=wq.params(),
+        supports=wq.supports,
+        constraints="3 x 3 x 3 filters at stride 1, C even, K a multiple of the vector's "
+                    "int32 lanes, no groups or dilation",
+        precisions=(INT8.label,))
+
+
+#: The exact int8 Winograd forward (:mod:`convkernels.cpu.winograd.int8`).
+WINOGRAD_KERNEL = _winograd_kernel()
+#: The int8 CPU kernels by the name ``--kernel`` gives.
+KERNELS = {"direct": KERNEL, "winograd": WINOGRAD_KERNEL}
+
+
 def _gpu_kernel():
     from convkernels.gpu.mma import program as mma
     return Implementation(**mma.fields(
@@ -193,8 +213,8 @@ def pack_filter(case: Case, params):
     return wpk, wsum
 
 
-def kernel_arrays(case: Case, out: int, plant: str = "", params=None):
-    """The kernel's arguments (NDHWC, the filter packed for ``params``), with a plant of
+def kernel_arrays(case: Case, out: int, plant: str = "", params=None, kernel=KERNEL):
+    """``kernel``'s arguments (NDHWC, the filter packed for ``params``), with a plant of
     :data:`PLANTS` applied."""
     import torch
     m, bq = case.multipliers()
@@ -205,27 +225,34 @@ def kernel_arrays(case: Case, out: int, plant: str = "", params=None):
         qs = torch.roll(qs, 1, dims=1)
     L = case.layer
     y_shape = stored_shape(Layout.NDHWC, "y", L.output_shape)
-    wpk, wsum = pack_filter(case, KERNEL.resolve_params(dict(params or {}, OUT=out)))
-    return {"x": case.xq.permute(0, 2, 3, 4, 1).contiguous(), "wpk": wpk, "wsum": wsum,
+    resolved = kernel.resolve_params(dict(params or {}, OUT=out))
+    if kernel is WINOGRAD_KERNEL:
+        from convkernels.cpu.winograd import int8 as wq
+        filters = {"u": torch.from_numpy(wq.pack(L, resolved, case.wq.numpy()))}
+    else:
+        wpk, wsum = pack_filter(case, resolved)
+        filters = {"wpk": wpk, "wsum": wsum}
+    return {"x": case.xq.permute(0, 2, 3, 4, 1).contiguous(), **filters,
             "zp": torch.tensor([zx, zy], dtype=torch.int32), "qs": qs.contiguous(),
             "y": torch.empty(y_shape, dtype=torch.int32 if out == 0 else torch.uint8)}
 
 
-def build(layer, params: Optional[Dict[str, int]] = None, cachedir=None, policy: str = "rebuild"):
-    """The kernel's build for ``layer`` (``params`` over its defaults), from the cache."""
+def build(layer, params: Optional[Dict[str, int]] = None, cachedir=None, policy: str = "rebuild",
+          kernel=KERNEL):
+    """``kernel``'s build for ``layer`` (``params`` over its defaults), from the cache."""
     from convbench.build import cache, toolchain
-    return cache.build(toolchain.make_spec(KERNEL, layer, INT8, "cpu", params or {}),
+    return cache.build(toolchain.make_spec(kernel, layer, INT8, "cpu", params or {}),
                        cachedir, policy=policy)
 
 
 def run_kernel(case: Case, out: int, params=None, plant: str = "", cachedir=None,
-               policy: str = "rebuild"):
+               policy: str = "rebuild", kernel=KERNEL):
     """The kernel's output on ``case`` (logical NCDHW): int32 sums (``out`` 0) or uint8."""
     if plant and plant not in PLANTS:
         raise ValueError(f"unknown plant {plant!r} (known: {', '.join(PLANTS)})")
     params = dict(params or {}, OUT=out, PLANT=int(plant == "tap"))
-    b = build(case.layer, params, cachedir, policy)
-    arrays = kernel_arrays(case, out, plant, params)
+    b = build(case.layer, params, cachedir, policy, kernel)
+    arrays = kernel_arrays(case, out, plant, params, kernel)
     b(**arrays)
     return arrays["y"].permute(0, 4, 1, 2, 3)
 
@@ -280,24 +307,24 @@ def check_outputs(case: Case, sums_out, u8_out, torch_u8=None) -> Dict[str, obje
 
 
 def verify(layer, params=None, seed: int = 0, plant: str = "", torch_engine: str = "x86",
-           cachedir=None, policy: str = "rebuild") -> Dict[str, object]:
+           cachedir=None, policy: str = "rebuild", kernel=KERNEL) -> Dict[str, object]:
     """Build and run the kernel's two outputs on a fresh case and check them
     (:func:`check_outputs`; torch's quantized ``Conv3d`` where it takes the layer)."""
     case = make_case(layer, seed)
-    sums = run_kernel(case, 0, params, plant, cachedir, policy)
-    u8 = run_kernel(case, 1, params, plant, cachedir, policy)
+    sums = run_kernel(case, 0, params, plant, cachedir, policy, kernel)
+    u8 = run_kernel(case, 1, params, plant, cachedir, policy, kernel)
     ref = None
     if torch_engine and tuple(layer.pads) == tuple(layer.pads_end):
         ref = torch_quantized(case, torch_engine)().int_repr()
     return check_outputs(case, sums, u8, ref)
 
 
-def describe_build(overrides=None) -> Dict[str, object]:
-    """The kernel's parameters and the instructions they pick on this CPU (metadata)."""
-    params = KERNEL.resolve_params(overrides or {})
+def describe_build(overrides=None, kernel=KERNEL) -> Dict[str, object]:
+    """``kernel``'s parameters and the instructions they pick on this CPU (metadata)."""
+    params = kernel.resolve_params(overrides or {})
     isa = int8_dot.isa_of(params)
     name, flag, width = int8_dot.ISAS[isa] if isa else ("none", "", 0)
-    return {"implementation": KERNEL.name, "params": dict(params), "isa": name,
+    return {"implementation": kernel.name, "params": dict(params), "isa": name,
             "cpu_flag": flag, "int32_lanes": width}
 
 

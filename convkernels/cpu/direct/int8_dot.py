@@ -116,7 +116,7 @@ def k_outer(layer, params) -> bool:
 FILTER_BYTES = 1 << 19
 
 
-def _global(isa: int) -> str:
+def global_code(isa: int) -> str:
     """The C++ helpers of one ISA: a vector type ``cb_vi``, and ``cb_dot``, ``cb_bcast``,
     ``cb_load``, ``cb_sub``, ``cb_store32`` and ``cb_store8`` (the requantizing store)."""
     name = ISAS[isa][0]
@@ -297,7 +297,7 @@ def int8_sdfg(layer, L, params, name):
     whole = lambda a: dace.Memlet.from_array(a, sdfg.arrays[a])
     prepare = sdfg.add_state("prepare", is_start_block=True)
     t = prepare.add_tasklet("pad", {"xin", "zpin", "wsumin"}, {"xout", "compout"}, pad_code(L),
-                            language=dace.Language.CPP, code_global=_global(isa))
+                            language=dace.Language.CPP, code_global=global_code(isa))
     for conn, array in (("xin", "x"), ("zpin", "zp"), ("wsumin", "wsum")):
         prepare.add_edge(prepare.add_read(array), None, t, conn, whole(array))
     for conn, array in (("xout", "xp"), ("compout", "comp")):
