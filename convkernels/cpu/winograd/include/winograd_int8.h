@@ -54,15 +54,46 @@ static inline __attribute__((always_inline)) void wq_bt3(T (&s)[64]) {
     for (int r = 0; r < 16; ++r) wq_bt4(s[4 * r], s[4 * r + 1], s[4 * r + 2], s[4 * r + 3]);
 }
 
-// V[p][t][C] (row stride WQ_T C per point) of the block's tiles from tile0: per vector of
-// channels the 4^3 patch of d = x - zx (zero outside) widened into registers, B^T three
-// times, the 64 points stored; channels past the last whole vector one by one
-static void wq_input(const uint8_t* __restrict x, int zx, int16_t* __restrict V, long tile0) {
+// one tile's V (Vt: its row of point 0; row stride WQ_T C per point) from the patch at
+// base (x at the tile's corner): per vector of channels the 4^3 values of d = x - zx
+// (zero where ok is false: past the border; INSIDE: every one inside) widened into
+// registers, B^T three times, the 64 points stored; channels past the last whole vector
+// one by one
+template <bool INSIDE>
+static inline void wq_patch(const uint8_t* __restrict base, int zx, const bool (&ok)[64],
+                            int16_t* __restrict Vt) {
+    constexpr long QD = (long)WQ_H * WQ_W * WQ_C, QH = (long)WQ_W * WQ_C;
     const wq_h z = (wq_h){} + (int16_t)zx;
+    int c = 0;
+    for (; c + WQ_HL <= WQ_C; c += WQ_HL) {
+        wq_h s[64];
+        #pragma GCC unroll 64
+        for (int q = 0; q < 64; ++q) {
+            const uint8_t* src = base + (q / 16) * QD + (q / 4 % 4) * QH + (q % 4) * WQ_C + c;
+            s[q] = (INSIDE || ok[q]) ? __builtin_convertvector(*(const wq_b*)src, wq_h) - z
+                                     : (wq_h){};
+        }
+        wq_bt3(s);
+        #pragma GCC unroll 64
+        for (int q = 0; q < 64; ++q) *(wq_h*)(Vt + (long)q * WQ_T * WQ_C + c) = s[q];
+    }
+    for (; c < WQ_C; ++c) {
+        int16_t s[64];
+        for (int q = 0; q < 64; ++q)
+            s[q] = (INSIDE || ok[q])
+                ? (int16_t)((int)base[(q / 16) * QD + (q / 4 % 4) * QH + (q % 4) * WQ_C + c] - zx)
+                : (int16_t)0;
+        wq_bt3(s);
+        for (int q = 0; q < 64; ++q) Vt[(long)q * WQ_T * WQ_C + c] = s[q];
+    }
+}
+
+// V[p][t][C] of the block's tiles from tile0 (zeros past the last tile)
+static void wq_input(const uint8_t* __restrict x, int zx, int16_t* __restrict V, long tile0) {
     for (int t = 0; t < WQ_T; ++t) {
         const long i = tile0 + t;
         int16_t* Vt = V + (long)t * WQ_C;
-        if (i >= WQ_COUNT) {  // past the last tile: zeros
+        if (i >= WQ_COUNT) {
             for (int p = 0; p < WQ_P; ++p)
                 std::memset(Vt + (long)p * WQ_T * WQ_C, 0, sizeof(int16_t) * WQ_C);
             continue;
@@ -70,33 +101,21 @@ static void wq_input(const uint8_t* __restrict x, int zx, int16_t* __restrict V,
         long nb, d0, h0, w0;
         wq_tile(i, nb, d0, h0, w0);
         d0 -= WQ_PD; h0 -= WQ_PH; w0 -= WQ_PW;
-        bool in[64];
-        #pragma GCC unroll 64
-        for (int q = 0; q < 64; ++q) {
-            const long d = d0 + q / 16, h = h0 + q / 4 % 4, w = w0 + q % 4;
-            in[q] = d >= 0 && h >= 0 && w >= 0 && d < WQ_D && h < WQ_H && w < WQ_W;
+        // the patch's corner; on the border it may lie outside x (never read there)
+        const uint8_t* base = x + (((nb * WQ_D + d0) * WQ_H + h0) * WQ_W + w0) * WQ_C;
+        bool ok[64];
+        if (d0 >= 0 && h0 >= 0 && w0 >= 0 && d0 + 4 <= WQ_D && h0 + 4 <= WQ_H && w0 + 4 <= WQ_W) {
+            wq_patch<true>(base, zx, ok, Vt);
+            continue;
         }
-        const uint8_t* base = x + ((nb * WQ_D + d0) * WQ_H + h0) * WQ_W * WQ_C + w0 * WQ_C;
-        constexpr long QD = (long)WQ_H * WQ_W * WQ_C, QH = (long)WQ_W * WQ_C;
-        int c = 0;
-        for (; c + WQ_HL <= WQ_C; c += WQ_HL) {
-            wq_h s[64];
-            #pragma GCC unroll 64
-            for (int q = 0; q < 64; ++q)
-                s[q] = in[q] ? __builtin_convertvector(
-                    *(const wq_b*)(base + (q / 16) * QD + (q / 4 % 4) * QH + (q % 4) * WQ_C + c), wq_h) - z
-                    : (wq_h){};
-            wq_bt3(s);
-            #pragma GCC unroll 64
-            for (int q = 0; q < 64; ++q) *(wq_h*)(Vt + (long)q * WQ_T * WQ_C + c) = s[q];
+        bool od[4], oh[4], ow[4];
+        for (int j = 0; j < 4; ++j) {
+            od[j] = d0 + j >= 0 && d0 + j < WQ_D;
+            oh[j] = h0 + j >= 0 && h0 + j < WQ_H;
+            ow[j] = w0 + j >= 0 && w0 + j < WQ_W;
         }
-        for (; c < WQ_C; ++c) {
-            int16_t s[64];
-            for (int q = 0; q < 64; ++q)
-                s[q] = in[q] ? (int16_t)((int)base[(q / 16) * QD + (q / 4 % 4) * QH + (q % 4) * WQ_C + c] - zx) : 0;
-            wq_bt3(s);
-            for (int q = 0; q < 64; ++q) Vt[(long)q * WQ_T * WQ_C + c] = s[q];
-        }
+        for (int q = 0; q < 64; ++q) ok[q] = od[q / 16] && oh[q / 4 % 4] && ow[q % 4];
+        wq_patch<false>(base, zx, ok, Vt);
     }
 }
 
