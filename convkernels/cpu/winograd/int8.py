@@ -23,9 +23,11 @@ instruction.
 **Work.**  The output is cut into 2 x 2 x 2 tiles, the tiles into blocks of ``T``.  A
 work item is a block times ``KQ`` blocks of ``KBW = NV x VL`` output channels: it
 transforms its tiles' input (``V[p][t][c]``, within a thread's L2), then per block of
-output channels and per transform point the register-blocked GEMM (``RT`` tiles x ``NV``
-vectors of int32 sums, one broadcast channel pair per tile), then the output transform
-and the store (int32 sums, ``OUT`` 0, or requantized to uint8, ``OUT`` 1).  The C++ is
+output channels the register-blocked GEMMs (``RT`` tiles x ``NV`` vectors of int32 sums,
+each product with its tile's channel pair broadcast from memory) of the 64 transform
+points, then the output transform and the store (int32 sums, ``OUT`` 0, or requantized
+to uint8, ``OUT`` 1).  ``GROUP`` 1 runs that per group of ``RT`` tiles, so that the
+group's sums stay near the core; 0 per block of ``T`` tiles.  The C++ is
 ``include/winograd_int8.h``.
 
 **Plant** (``PLANT`` 1, tests only): the last transform point's products are dropped.

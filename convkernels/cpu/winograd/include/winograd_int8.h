@@ -6,7 +6,8 @@
 //     WQ_PW, the output WQ_OD, WQ_OH, WQ_OW; tiles per axis WQ_TD, WQ_TH, WQ_TW, WQ_COUNT in all;
 //   the blocking: WQ_T tiles per block, WQ_RT tiles per register block, WQ_NV vectors of
 //     WQ_VL int32 lanes (WQ_KBW = WQ_NV WQ_VL output channels per block), WQ_KQ blocks per
-//     work item; WQ_VB bytes per vector;
+//     work item; WQ_VB bytes per vector; WQ_GROUP (1: the GEMMs and the output transform
+//     per group of WQ_RT tiles, 0: per block);
 //   WQ_OUT (0: the int32 sums, 1: requantized to uint8), WQ_PLANT (1: the last transform
 //     point is dropped).
 // Transform point p = (pd 4 + ph) 4 + pw.  V[p][t][c] = B^T d (d = x - zx, zero outside),
