@@ -22,8 +22,8 @@ register(Implementation(
     schedules={"cpu": cpu_schedule},
     params=(Param("SLICES", 8, "chunks of output depth planes per batch element, each "
                                "with its own partial gradient (the largest divisor of the "
-                               f"depth up to SLICES, fewer where the partials would pass "
-                               f"{filter_gradient.PARTIAL_BYTES >> 20} MiB); 0: no slices, each tile "
+                               "depth up to SLICES, fewer where the partials would pass "
+                               "half of the last-level cache); 0: no slices, each tile "
                                "reduces over all pixels and writes dL/dw itself (ROWS unused)",
                   minimum=0),
             # CB 2 x NV 2 (x 3 width taps: 12 accumulators, AVX2's whole budget): of the 51

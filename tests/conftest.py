@@ -36,6 +36,12 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ and "OMP_NUM_THREADS" not in os.env
     os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1)
                                             // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
+# The CPU blockings follow the machine's caches (convkernels.cpu.caches); the tests pin the
+# reference ones, so that a test of a blocking does not depend on the machine it runs on
+# (tests/test_caches.py reads a machine's and sets others).
+from convkernels.cpu.caches import ENV as _CACHES_ENV, reference_setting  # noqa: E402
+os.environ.setdefault(_CACHES_ENV, reference_setting())
+
 from cases import Case  # noqa: E402
 from convbench.timing import devices  # noqa: E402
 from convbench.build.cache import BuildCache, fill  # noqa: E402

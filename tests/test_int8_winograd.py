@@ -96,6 +96,7 @@ def test_the_blocking_follows_its_rules():
                  k_d=3, k_h=3, k_w=3, stride=1, pad=1)
     t, rt, nv, vl, kq = wq.blocking(deep, p)
     assert (rt, nv, vl) == (8, 2, 16) and not wq.group_of(deep, p)  # per block: C > 128
-    assert t % rt == 0 and 128 * t * 256 <= wq.V_BYTES and 256 * t * nv * vl <= wq.M_BYTES
+    v_bytes, m_bytes = wq.budgets()
+    assert t % rt == 0 and 128 * t * 256 <= v_bytes and 256 * t * nv * vl <= m_bytes
     t, rt, nv, vl, kq = wq.blocking(LAYERS[1], p)
     assert (rt, nv) == (10, 1) and wq.group_of(LAYERS[1], p) and t % rt == 0

@@ -175,11 +175,11 @@ def test_winograd_blocking_follows_the_layer():
     deep = layer_constants(Layer("deep", 2, 256, 512, 8, 8, 8, 3, 3, 3, pad=1), Layout.NDHWC)
     b = _winograd.blocking(deep, params, threads=2)
     assert (b.T, b.fuse, b.share) == (_winograd.tile_count(deep), True, True), b
-    assert b.KG == b.KB and 64 * 4 * b.CB * b.KB <= _winograd.FUSED_CHUNK_BYTES, b
+    assert b.KG == b.KB and 64 * 4 * b.CB * b.KB <= _winograd.fused_chunk_bytes(), b
     wide = layer_constants(Layer("wide", 2, 32, 64, 64, 64, 64, 3, 3, 3, pad=1), Layout.NDHWC)
     b = _winograd.blocking(wide, params, threads=2)
     assert not b.fuse and not b.share and b.T >= _winograd.TARGET_TILES, b
-    assert 4 * 64 * b.T * (b.CB + b.KG) <= 2 * _winograd.SCRATCH_BYTES, b
+    assert 4 * 64 * b.T * (b.CB + b.KG) <= 2 * _winograd.scratch_bytes(), b
     # what is set is kept
     b = _winograd.blocking(wide, dict(params, T=12, FUSE=1, NV=2), threads=2)
     assert (b.T, b.fuse, b.NV) == (12, True, 2), b

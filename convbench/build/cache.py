@@ -78,9 +78,14 @@ def source_hash(impl) -> str:
 
 def cache_key(spec: "toolchain.BuildSpec") -> Dict[str, Any]:
     """The full key of a build: the spec plus source, DaCe and toolchain."""
-    return {"format": CACHE_FORMAT, **spec.key(), "name": spec.name,
-            "source_sha256": source_hash(spec.impl),
-            "toolchain": toolchain.toolchain_flags(spec.target, spec.arch)}
+    key = {"format": CACHE_FORMAT, **spec.key(), "name": spec.name,
+           "source_sha256": source_hash(spec.impl),
+           "toolchain": toolchain.toolchain_flags(spec.target, spec.arch)}
+    if spec.target == "cpu":  # the CPU blockings follow the caches they were made for
+        from convkernels.cpu.caches import caches
+        c = caches()
+        key["caches"] = {"l1d": c.l1d, "l2": c.l2, "l3": c.l3}
+    return key
 
 
 def _sha256(path: Path) -> str:

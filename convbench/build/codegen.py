@@ -31,6 +31,8 @@ import warnings
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from convkernels.cpu.caches import reference_setting
+
 #: The layers every implementation is generated on: a first layer (1 channel, padding),
 #: a deep odd strided one and its stride-1 form (channel blocks and tails), the first
 #: MLPerf CosmoFlow layer (4 channels: the tensor cores' packed taps), and CosmoFlow's
@@ -48,7 +50,11 @@ LAYERS = (
 #: The GPU architecture the digests are for.
 CUDA_ARCH = "90"
 #: The environment of the processes that generate code (see the module).
-PINNED_ENV = {"PYTHONHASHSEED": "0", "CONVBENCH_CUDA_ARCH": CUDA_ARCH}
+#: The hash seed, the GPU architecture and the CPU caches the CPU blockings are derived
+#: from (:data:`convkernels.cpu.caches.REFERENCE`), so that a digest does not depend on the
+#: machine that generates it.
+PINNED_ENV = {"PYTHONHASHSEED": "0", "CONVBENCH_CUDA_ARCH": CUDA_ARCH,
+              "CONVBENCH_CACHES": reference_setting()}
 
 
 def layers() -> List[Tuple[str, object]]:

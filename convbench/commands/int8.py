@@ -15,10 +15,11 @@ import json
 import subprocess
 import warnings
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict
 
 from convbench.base.errors import ArgumentParser, UsageError, check_at_least, run_main
 from convbench.commands import flags, tensorcore
+from convbench.commands.rows import metadata, write_csv
 
 PROG = "convbench int8"
 ENGINES = ("x86", "fbgemm", "onednn")
@@ -144,23 +145,6 @@ def run(args, layers=None) -> int:
     for _, layer in layers:  # before anything is built or timed
         check_fp32(args, layer)
     return _bench(args, layers, overrides, engines, out)
-
-
-def metadata(args, extra) -> Dict[str, object]:
-    from convbench.build.toolchain import PROJECT_ROOT
-    from convbench.build.tuned import machine_id
-    from convbench.results.writer import run_metadata
-    return dict(run_metadata(PROJECT_ROOT, "cpu", args.threads), machine=machine_id("cpu"),
-                **extra)
-
-
-def write_csv(path: Path, rows: List[dict]) -> None:
-    """``rows`` as a CSV file (every key a column, in order of first appearance), written
-    as the result writer writes its tables (:func:`convbench.results.writer.csv_text`)."""
-    from convbench.base.files import write_atomic
-    from convbench.results.writer import csv_text
-    if rows:
-        write_atomic(path, csv_text(list(dict.fromkeys(k for row in rows for k in row)), rows))
 
 
 def _verify(args, layers, overrides, out: Path) -> int:

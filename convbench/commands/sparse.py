@@ -16,7 +16,8 @@ from typing import List
 
 from convbench.base.errors import ArgumentParser, UsageError, check_at_least, run_main
 from convbench.commands import flags, tensorcore
-from convbench.commands.int8 import add_run_flags, metadata, select, write_csv
+from convbench.commands.int8 import add_run_flags, select
+from convbench.commands.rows import metadata, write_csv
 
 PROG = "convbench sparse"
 DENSITIES = (100, 75, 50, 25, 10)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Dict
 
 from convbench.commands import flags
+from convbench.commands.rows import metadata, write_csv
 
 #: The columns ``sass`` keeps of each kernel (:func:`convbench.build.gpubuild.kernel_rows`,
 #: and ``tensor_ops``: :func:`tensor_ops`).
@@ -35,7 +36,6 @@ def run(args, layers, out: Path, *, kernel, verify, dtype, label: str, mismatche
     under ``out``; 1 where a row failed."""
     from convbench.base import tables
     from convbench.base.files import write_atomic
-    from convbench.commands.int8 import metadata, write_csv
     params = kernel.resolve_params(overrides)
     device = getattr(args, "device", "cpu")
     rows, failed = [], 0

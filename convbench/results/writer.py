@@ -278,7 +278,15 @@ def run_metadata(root: Path, device: str, threads: Optional[int]) -> Dict[str, A
         "threads": {"requested": threads, "torch": torch.get_num_threads(),
                     "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")},
         "isa": _isa_metadata(torch),
+        "caches": _caches_metadata(),
     }
+
+
+def _caches_metadata() -> Dict[str, Any]:
+    """The CPU caches the CPU kernels' blockings were derived from
+    (:mod:`convkernels.cpu.caches`), and the online CPUs."""
+    from convkernels.cpu.caches import caches
+    return dict(caches().describe(), cpus=os.cpu_count())
 
 
 def _isa_metadata(torch) -> Dict[str, Any]:

@@ -57,10 +57,13 @@ from convkernels.layer import layer_constants
 from convkernels.layouts import Layout
 
 
-#: The partial gradients (one per slice, each the size of dL/dw) stay below this many
-#: bytes: large filters get few slices.  Slices of few depth planes keep a slice's dy and
-#: x in cache while the tiles of its filter elements run one after the other.
-PARTIAL_BYTES = 16 << 20
+def partial_bytes() -> int:
+    """The partial gradients (one per slice, each the size of dL/dw) stay below this many
+    bytes, half of the last-level cache (:mod:`convkernels.cpu.caches`): large filters get
+    few slices.  Slices of few depth planes keep a slice's dy and x in cache while the
+    tiles of its filter elements run one after the other."""
+    from convkernels.cpu.caches import caches
+    return caches().l3 // 2
 
 
 class FilterTiles(NamedTuple):
@@ -93,7 +96,7 @@ def tile_sizes(layer, params) -> FilterTiles:
         return FilterTiles(0, tw, cb, nb, nv, inner, form, 0, False, split, 1)
     per_slice = 4 * layer.batch * layer.out_channels * layer.in_channels * layer.k_d \
         * layer.k_h * layer.k_w
-    slices = max(1, min(params["SLICES"], PARTIAL_BYTES // per_slice))
+    slices = max(1, min(params["SLICES"], partial_bytes() // per_slice))
     rows = largest_divisor(layer.out_h, params["ROWS"]) if params["ROWS"] else 0
     inner = inner and not rows
     chunks = largest_divisor(layer.out_d, slices)

@@ -104,16 +104,18 @@ def tile_of(layer, params):
 
 def k_outer(layer, params) -> bool:
     """Whether the tile map runs the channel blocks outermost (``KOUTER`` 1, or 2 and the
-    packed filter larger than :data:`FILTER_BYTES`): a thread's consecutive tiles then
+    packed filter larger than :func:`filter_bytes`): a thread's consecutive tiles then
     read one block's filter, which stays in its cache, instead of every block's in turn."""
     if params["KOUTER"] != 2:
         return bool(params["KOUTER"])
-    return layer.out_channels * layer.k_d * layer.k_h * layer.k_w * layer.in_channels > FILTER_BYTES
+    return layer.out_channels * layer.k_d * layer.k_h * layer.k_w * layer.in_channels > filter_bytes()
 
 
-#: The packed filter's bytes above which ``KOUTER=2`` runs the channel blocks outermost
-#: (half of a 1 MiB L2).
-FILTER_BYTES = 1 << 19
+def filter_bytes() -> int:
+    """The packed filter's bytes above which ``KOUTER=2`` runs the channel blocks
+    outermost: half of the L2 (:mod:`convkernels.cpu.caches`)."""
+    from convkernels.cpu.caches import caches
+    return caches().l2 // 2
 
 
 def global_code(isa: int) -> str:

@@ -23,6 +23,7 @@ import os
 from typing import NamedTuple
 
 from convkernels.winograd import algebra
+from convkernels.cpu.caches import caches
 from convkernels.cpu.isa import accumulator_budget, vector_registers
 from convkernels.cpu.direct.blocking import largest_divisor
 from convkernels.cpu.winograd.forward import _matrix, micro_code, padded, vector_code, vector_of
@@ -32,11 +33,16 @@ from convkernels.winograd.tiles import R, tile_count, tiles
 M_OUT = 2
 N_IN = M_OUT + R - 1
 P = N_IN ** 3
-#: An item's transformed filter (64 points x K x CG) stays within this many bytes (the
-#: 2 MiB L2 of the machines measured: it is read once per block of tiles).
-FILTER_BYTES = 2 << 20
-#: A block's transformed dL/dy (64 points x T tiles x K) stays within this many bytes.
-BLOCK_BYTES = 512 << 10
+def filter_bytes() -> int:
+    """An item's transformed filter (64 points x K x CG) stays within this many bytes: the
+    L2 (:mod:`convkernels.cpu.caches`; it is read once per block of tiles)."""
+    return caches().l2
+
+
+def block_bytes() -> int:
+    """A block's transformed dL/dy (64 points x T tiles x K) stays within this many bytes:
+    a quarter of the L2."""
+    return caches().l2 // 4
 
 
 class Blocking(NamedTuple):
@@ -49,15 +55,15 @@ class Blocking(NamedTuple):
 
 def blocking(L, params, threads: int = 0) -> Blocking:
     """``CG`` channels per item (0: halved from all until the item's filter fits
-    :data:`FILTER_BYTES` and every thread has two items), ``T`` tiles per block (0: a
-    block's transformed dL/dy within :data:`BLOCK_BYTES`), ``RT`` x ``NV`` register
+    :func:`filter_bytes` and every thread has two items), ``T`` tiles per block (0: a
+    block's transformed dL/dy within :func:`block_bytes`), ``RT`` x ``NV`` register
     block."""
     threads = threads or os.cpu_count() or 1
     vl = vector_of(L.C)
     cg = params["CG"]
     if not cg:
         cg = L.C
-        while (4 * P * L.K * cg > FILTER_BYTES or L.C // cg < 2 * threads) \
+        while (4 * P * L.K * cg > filter_bytes() or L.C // cg < 2 * threads) \
                 and cg % 2 == 0 and cg // 2 >= vl:
             cg //= 2
     cg = largest_divisor(L.C, cg)
@@ -66,7 +72,7 @@ def blocking(L, params, threads: int = 0) -> Blocking:
     rt = params["RT"] or max(1, min((vector_registers() - nv - 1) // nv,
                                     accumulator_budget() // nv))
     count = tile_count(L, M_OUT)
-    t = params["T"] or max(rt, BLOCK_BYTES // (4 * P * L.K) // rt * rt)
+    t = params["T"] or max(rt, block_bytes() // (4 * P * L.K) // rt * rt)
     return Blocking(min(t, count), cg, min(rt, t, count), nv, vl)
 
 

@@ -27,6 +27,7 @@ import dace
 import numpy as np
 
 from convkernels.winograd import algebra
+from convkernels.cpu.caches import caches
 from convkernels.cpu.isa import accumulator_budget, vector_registers
 from convkernels.cpu.direct.blocking import largest_divisor
 from convkernels.cpu.winograd.forward import _matrix, micro_code, padded, vector_code, vector_of
@@ -37,11 +38,16 @@ from convkernels.winograd.tiles import R, tile_count, tiles
 M_OUT = 2
 N_IN = M_OUT + R - 1
 PLANE = N_IN * N_IN
-#: The bytes of one item's accumulators (16 points x K x CB) the default blocking keeps
-#: within: half of a 2 MiB L2.
-ACC_BYTES = 1 << 20
-#: The bytes of a block's transformed operands (16 points x TB tiles x (K + CB)).
-BLOCK_BYTES = 512 << 10
+def acc_bytes() -> int:
+    """The bytes of one item's accumulators (16 points x K x CB) the default blocking keeps
+    within: half of the L2 (:mod:`convkernels.cpu.caches`)."""
+    return caches().l2 // 2
+
+
+def block_bytes() -> int:
+    """The bytes of a block's transformed operands (16 points x TB tiles x (K + CB)): a
+    quarter of the L2."""
+    return caches().l2 // 4
 
 
 class Blocking(NamedTuple):
@@ -54,14 +60,14 @@ class Blocking(NamedTuple):
 
 def blocking(L, params, threads: int = 0) -> Blocking:
     """``TB`` tiles per block, ``CB`` input channels per item, ``RK`` x ``NV`` register
-    block (0: chosen here: the item's sums within :data:`ACC_BYTES`, at least as many
-    items as threads where channels allow, the block within :data:`BLOCK_BYTES`)."""
+    block (0: chosen here: the item's sums within :func:`acc_bytes`, at least as many
+    items as threads where channels allow, the block within :func:`block_bytes`)."""
     threads = threads or os.cpu_count() or 1
     vl = vector_of(L.C)
     cb = params["CB"]
     if not cb:
         cb = L.C
-        while (4 * PLANE * L.K * cb > ACC_BYTES or N_IN * (L.C // cb) < threads) \
+        while (4 * PLANE * L.K * cb > acc_bytes() or N_IN * (L.C // cb) < threads) \
                 and cb % 2 == 0 and cb // 2 >= vl:
             cb //= 2
     cb = largest_divisor(L.C, cb)
@@ -70,7 +76,7 @@ def blocking(L, params, threads: int = 0) -> Blocking:
     rk = params["RK"] or max(1, min((vector_registers() - nv - 1) // nv,
                                     accumulator_budget() // nv))
     rk = min(rk, L.K)
-    tb = params["TB"] or max(8, BLOCK_BYTES // (4 * PLANE * (L.K + cb)))
+    tb = params["TB"] or max(8, block_bytes() // (4 * PLANE * (L.K + cb)))
     return Blocking(min(tb, tile_count(L, M_OUT)), cb, rk, nv, vl)
 
 

@@ -42,6 +42,7 @@ from typing import NamedTuple
 import dace
 
 from convkernels.winograd import algebra
+from convkernels.cpu.caches import caches
 from convkernels.cpu.isa import accumulator_budget, vector_floats, vector_registers
 from convkernels.cpu.direct.blocking import largest_divisor, auto_switch
 from convkernels.cpu.winograd.sdfg import call_map, finish, layer_sdfg
@@ -65,18 +66,32 @@ class Blocking(NamedTuple):
     share: bool
 
 
-#: Bytes of one thread's scratch that the default blocking keeps its ``V`` and ``M`` in
-#: (half of a 2 MiB L2; the other half holds the filter chunk that streams through).
-SCRATCH_BYTES = 1 << 20
-#: The most bytes of ``M`` one work item of the few-tiles regime holds (all tiles times one
-#: register block of output channels; the 2 MiB L2 of the machines measured).
-ITEM_BYTES = 2 << 20
-#: The transformed filter chunk (all transform points, ``CB x KB``) that a work item of
-#: ``FUSE`` makes and uses at once.
-FUSED_CHUNK_BYTES = 1 << 20
-#: The largest transformed input that ``SHARE`` 2 computes once for all work items (half
-#: of a 32 MiB last-level cache).
-SHARED_BYTES = 16 << 20
+# The budgets of the default blocking, from this machine's caches
+# (:mod:`convkernels.cpu.caches`; with its reference 2 MiB L2 and 32 MiB last-level cache
+# they are 1 MiB, 2 MiB, 1 MiB and 16 MiB).
+
+def scratch_bytes() -> int:
+    """Bytes of one thread's scratch that the default blocking keeps its ``V`` and ``M``
+    in: half of the L2 (the other half holds the filter chunk that streams through)."""
+    return caches().l2 // 2
+
+
+def item_bytes() -> int:
+    """The most bytes of ``M`` one work item of the few-tiles regime holds (all tiles
+    times one register block of output channels): the L2."""
+    return caches().l2
+
+
+def fused_chunk_bytes() -> int:
+    """The transformed filter chunk (all transform points, ``CB x KB``) that a work item of
+    ``FUSE`` makes and uses at once: half of the L2."""
+    return caches().l2 // 2
+
+
+def shared_bytes() -> int:
+    """The largest transformed input that ``SHARE`` 2 computes once for all work items:
+    half of the last-level cache."""
+    return caches().l3 // 2
 #: Tiles per block the default blocking aims at: each value of the transformed filter
 #: is used once per tile of a block, so fewer would make the filter stream the bottleneck.
 TARGET_TILES = 24
@@ -102,12 +117,12 @@ def blocking(L, params, m: int = M_OUT, threads: int = 0) -> Blocking:
     for ``threads`` (default: this machine's cores).
 
     Two regimes.  Few tiles (every tile's ``M`` for one register block of output
-    channels within :data:`ITEM_BYTES`, as in the deep layers of small spatial size and
+    channels within :func:`item_bytes`, as in the deep layers of small spatial size and
     many channels): one block of all tiles, one item per ``KB`` output channels, the input
     transformed once for all of them and the filter in the items, so that each value is
     transformed once.  Many tiles: blocks of about :data:`TARGET_TILES` tiles or more,
     output and input channels cut until a block's ``V`` and ``M`` fit
-    :data:`SCRATCH_BYTES`, and the filter transformed in one pass before them."""
+    :func:`scratch_bytes`, and the filter transformed in one pass before them."""
     P = (m + R - 1) ** 3
     vl = vector_of(L.K)
     nv = largest_divisor(L.K // vl, params["NV"] or default_nv())
@@ -117,12 +132,13 @@ def blocking(L, params, m: int = M_OUT, threads: int = 0) -> Blocking:
                                     accumulator_budget() // nv))
     count = tile_count(L, m)
     threads = threads or os.cpu_count() or 1
-    if 4 * P * count * kb <= ITEM_BYTES:
+    scratch = scratch_bytes()
+    if 4 * P * count * kb <= item_bytes():
         t, kg, cb = count, kb, L.C
     else:
         target = min(max(TARGET_TILES, rt), -(-count // rt) * rt)
         kg, cb = L.K, L.C
-        while 4 * P * target * (cb + kg) > SCRATCH_BYTES:
+        while 4 * P * target * (cb + kg) > scratch:
             if kg % (2 * kb) == 0:
                 kg //= 2
             elif cb % 2 == 0 and cb > vl:
@@ -132,7 +148,7 @@ def blocking(L, params, m: int = M_OUT, threads: int = 0) -> Blocking:
         t = None
     kg = kb * largest_divisor(L.K // kb, max(1, (params["KG"] or kg) // kb))
     cb = largest_divisor(L.C, params["CB"] or cb)
-    t = min(params["T"] or t or max(rt, SCRATCH_BYTES // (4 * P * (cb + kg)) // rt * rt), count)
+    t = min(params["T"] or t or max(rt, scratch // (4 * P * (cb + kg)) // rt * rt), count)
     blocks = -(-count // t)
     if not params["T"]:  # as many blocks, evened out: no block mostly empty
         t = -(-count // blocks)
@@ -143,12 +159,12 @@ def blocking(L, params, m: int = M_OUT, threads: int = 0) -> Blocking:
     if fuse == 2:  # each item transforms its own chunks where there are too few blocks
         fuse = blocks <= 2  # to share the cost of writing U and reading it back
     if fuse and not params["CB"]:  # the filter chunk an item transforms stays in L2
-        cb = largest_divisor(L.C, max(vl, FUSED_CHUNK_BYTES // (4 * P * kb)))
+        cb = largest_divisor(L.C, max(vl, fused_chunk_bytes() // (4 * P * kb)))
     share = params["SHARE"]
     if share == 2:  # where several items would transform the same tiles' input, all of
         # one block (with more, an item's own block in its L2 is faster than a shared one
         # in the last-level cache), and it stays in the last-level cache
-        share = blocks == 1 and L.K // kg > 1 and 4 * P * t * L.C <= SHARED_BYTES
+        share = blocks == 1 and L.K // kg > 1 and 4 * P * t * L.C <= shared_bytes()
     return Blocking(t, kg, cb, kb, rt, nv, vl, bool(fuse), bool(share))
 
 
@@ -313,7 +329,7 @@ def params():
         Param("SHARE", 2, "1: one pass transforms the whole input first and the work items "
                           "of a tile block share it; 0: each item transforms its block's "
                           "input; 2: shared where there is one block, split among items by "
-                          "output channels, and its transformed input fits SHARED_BYTES", minimum=0,
+                          "output channels, and its transformed input fits half of the last-level cache", minimum=0,
               check=auto_switch),
         Param("FUSE", 2, "1: each work item transforms the filter chunks it uses; 0: one "
                          "pass transforms the whole filter first; 2: fused where there are "

@@ -46,9 +46,13 @@ BT = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]])
 G2 = np.array([[2, 0, 0], [1, 1, 1], [1, -1, 1], [0, 0, 2]])
 AT = np.array([[1, 1, 1, 0], [0, 1, -1, -1]])
 
-#: Bytes of a work item's transformed input and of its int32 sums for one block of output
-#: channels (within a 1 MiB L2, beside the filter slab that streams through).
-V_BYTES, M_BYTES = 1 << 19, 1 << 18
+def budgets():
+    """``(V, M)``: bytes of a work item's transformed input and of its int32 sums for one
+    block of output channels: half and a quarter of the L2 (:mod:`convkernels.cpu.caches`;
+    beside them, the filter slab that streams through)."""
+    from convkernels.cpu.caches import caches
+    l2 = caches().l2
+    return l2 // 2, l2 // 4
 #: The 16-bit dot product per ``ISA`` value (int8_dot's numbering).
 DOT16 = {
     1: """static inline cb_vi cb_dot16(cb_vi acc, cb_vi w, const int16_t* pair) {
@@ -113,9 +117,10 @@ def blocking(layer, p):
     rt = p["RT"] or {(True, 16): 10, (False, 16): 8, (True, 8): 12, (False, 8): 6}[group, vl]
     kbw = nv * vl
     count = tiles(layer)[3]
-    budget = V_BYTES // (128 * layer.in_channels)
+    v_bytes, m_bytes = budgets()
+    budget = v_bytes // (128 * layer.in_channels)
     if not group:  # the block's sums too
-        budget = min(budget, M_BYTES // (256 * kbw))
+        budget = min(budget, m_bytes // (256 * kbw))
     t = p["T"] or max(rt, budget // rt * rt)
     t = min(t, -(-count // rt) * rt)
     blocks = -(-count // t)

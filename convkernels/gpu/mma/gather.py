@@ -132,8 +132,9 @@ def _kmajor_b(s: Shape, tap: str, limit: int, vec: int, kt: str) -> str:
     then what a compressed filter stages besides (``s.filter_extra``, of the K tile's
     index ``kt``)."""
     z = s.BZ
-    return f"""{{ // B (K-major): output channel's filter row at bbase, values c0 / {z} + bc * {s.CE}..
-    const int ch = c0{f" / {z}" if z > 1 else ""} + bc * {s.CE};
+    c0 = f"c0 / {z}" if z > 1 else "c0"
+    return f"""{{ // B (K-major): output channel's filter row at bbase, values {c0} + bc * {s.CE}..
+    const int ch = {c0} + bc * {s.CE};
     const auto* base = wb;
     const auto* src = bbase >= 0 ? wb + bbase + {tap}ch : wb;
 {indent(_copies(s, f"bs + sslot * {s.BSB}", s.CBK, s.CPR // z, "bn", "bc", "ch", limit,
