@@ -32,14 +32,23 @@ def test_sysfs_is_read(tmp_path):
 def test_sizes_and_the_override(monkeypatch):
     assert parse_size("32K") == 32768 and parse_size("2M") == 2 << 20
     assert parse_size("1048576") == 1 << 20 and parse_size("1G") == 1 << 30
-    with pytest.raises(ValueError, match="not a size"):
+    with pytest.raises(caches.CachesError, match="not a size"):
         parse_size("lots")
     monkeypatch.setenv(ENV, "l2=512K")
     c = caches.caches()
     assert (c.l2, c.l3, c.source) == (512 << 10, caches.REFERENCE["l3"], f"${ENV}")
     monkeypatch.setenv(ENV, "l4=1M")
-    with pytest.raises(ValueError, match="unknown cache 'l4'"):
+    with pytest.raises(caches.CachesError, match="unknown cache 'l4'"):
         caches.caches()
+
+
+def test_a_bad_setting_is_one_line(monkeypatch, capsys):
+    """A command run with a bad ``$CONVBENCH_CACHES`` says so on one line, status 2."""
+    from convbench.commands import int8 as command
+    monkeypatch.setenv(ENV, "l2=lots")
+    assert command.main(["verify", "--kernel", "winograd", "--layer", "conv3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "$CONVBENCH_CACHES: not a size: 'lots'" in err, err
 
 
 #: A layer with many tiles (MLPerf conv3 at batch 2): the forward's blocks are cut until

@@ -83,6 +83,10 @@ def test_the_command_verifies_and_benches(tmp_path, write_csv, cachedir, capsys)
     (["bench", "--paramscsv", "cosmoflow", "--layer", "conv1", "--pattern", "2:4",
       "--densities", "50"], "groups of 4"),
     (["bench", "--layer", "conv5", "--fp32", "implicitGemmBwdFilter"], "not a forward"),
+    (["bench", "--device", "gpu"], "only verify-gpu"),
+    (["sass", "--device", "gpu"], "only verify-gpu"),
+    (["verify-gpu", "--plant"], "--plant"),
+    (["verify-gpu", "--param", "CTAtileK=16"], "multiple of 32"),
 ])
 def test_bad_input_is_one_line(argv, message, capsys):
     from convbench.commands import sparse as command

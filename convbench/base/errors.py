@@ -3,7 +3,7 @@
 import os
 
 from convbench.base import files
-from convkernels.cpu import isa
+from convkernels.cpu import caches, isa
 
 
 class UsageError(Exception):
@@ -69,7 +69,7 @@ def run_main(prog: str, body, argv=None) -> int:
     import sys
     try:
         return body(argv)
-    except (UsageError, files.WriteError, isa.IsaCapError) as err:
+    except (UsageError, files.WriteError, isa.IsaCapError, caches.CachesError) as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
         return err.exit_status
     except KeyboardInterrupt:

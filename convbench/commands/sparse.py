@@ -106,6 +106,8 @@ def _gpu(args) -> int:
     from convbench.quant import sparse
     if args.plant:
         raise UsageError(f"--plant: verify plants errors, {args.mode} does not")
+    if args.device == "gpu" and args.mode != "verify-gpu":
+        raise UsageError(f"--device gpu: only verify-gpu runs on the GPU, not {args.mode}")
     layers, overrides = select(args, sparse.MMA_KERNEL)
     out = Path(args.outdir or f"outputs/sparse/{args.mode}")
     out.mkdir(parents=True, exist_ok=True)

@@ -28,6 +28,13 @@ SYSFS = Path("/sys/devices/system/cpu/cpu0/cache")
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
+class CachesError(ValueError):
+    """``$CONVBENCH_CACHES`` is not a list of sizes (the command line prints it on one
+    line, status 2)."""
+
+    exit_status = 2
+
+
 @dataclasses.dataclass(frozen=True)
 class Caches:
     """Bytes of the L1 data cache and the L2 of one core, the last-level cache (``l3``:
@@ -50,7 +57,7 @@ def parse_size(text: str) -> int:
     """Bytes of ``"48K"``, ``"2M"``, ``"1048576"`` (sysfs and ``$CONVBENCH_CACHES``)."""
     m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(i?B)?\s*", text, re.IGNORECASE)
     if not m:
-        raise ValueError(f"not a size: {text!r} (a number with K, M or G)")
+        raise CachesError(f"not a size: {text!r} (a number with K, M or G)")
     return int(m.group(1)) * _UNITS[m.group(2).upper()]
 
 
@@ -92,8 +99,11 @@ def _override(text: str) -> Dict[str, int]:
     for item in filter(None, (s.strip() for s in text.split(","))):
         key, _, value = item.partition("=")
         if key.strip() not in REFERENCE:
-            raise ValueError(f"${ENV}: unknown cache {key.strip()!r} (known: l1d, l2, l3)")
-        out[key.strip()] = parse_size(value)
+            raise CachesError(f"${ENV}: unknown cache {key.strip()!r} (known: l1d, l2, l3)")
+        try:
+            out[key.strip()] = parse_size(value)
+        except CachesError as err:
+            raise CachesError(f"${ENV}: {err}") from None
     return out
 
 

@@ -95,8 +95,8 @@ def params():
 
 def tiles(layer):
     """Tiles per axis (depth, height, width) and in all."""
-    od, oh, ow = layer.output_shape[2:]
-    td, th, tw = -(-od // 2), -(-oh // 2), -(-ow // 2)
+    from convkernels.winograd.tiles import tiles as along
+    td, th, tw = (along(n) for n in layer.output_shape[2:])
     return td, th, tw, layer.batch * td * th * tw
 
 
