@@ -194,13 +194,22 @@ FIRST_SMALL = Layer("conv1_small", 1, 1, 16, 20, 20, 20, 3, 3, 3, pad=1)
 FAST_LAYERS = [("small", FIRST_SMALL), ("odd", ODD["deep_s2"])]
 
 
+#: The odd fast layer of a kernel for few input channels, which refuses the deep ones:
+#: strided, padded, and K = 24 fills no whole vector.
+FEW_ODD = Layer("few_odd", 2, 3, 24, 5, 7, 9, 3, 3, 3, stride=2, pad=1)
+
+
 def fast_layers(name: str) -> List[Tuple[str, Layer]]:
-    """:data:`FAST_LAYERS` for implementation ``name``: the deep odd stride-1 shape (batch
-    2, no padding) in place of the strided one where ``name`` refuses strides."""
+    """:data:`FAST_LAYERS` for implementation ``name``: in place of the strided deep shape,
+    the first of the stride-1 deep shape (batch 2, no padding) and :data:`FEW_ODD` that
+    ``name`` takes, where it refuses the strided one."""
     impl = registry.get(name)
-    refuses = impl.unsupported_reason(ODD["deep_s2"], impl.resolve_params())
-    return [("odd", ODD["deep_noncubic"]) if layer is ODD["deep_s2"] and refuses
-            else (s, layer) for s, layer in FAST_LAYERS]
+
+    def takes(layer):
+        return impl.unsupported_reason(layer, impl.resolve_params()) is None
+    odd = next((layer for layer in (ODD["deep_s2"], ODD["deep_noncubic"], FEW_ODD)
+                if takes(layer)), ODD["deep_noncubic"])
+    return [("odd", odd) if layer is ODD["deep_s2"] else (s, layer) for s, layer in FAST_LAYERS]
 
 
 def fast_cases(names: Iterable[str]) -> List[Case]:

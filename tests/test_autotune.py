@@ -46,11 +46,12 @@ def _write(path, machines):
 
 def test_an_unseen_machine_chooses_by_rule(machine):
     """No entries anywhere: Winograd where its rule applies (the deep 3x3x3 layers), the
-    blocked direct kernels elsewhere (few channels; a filter gradient over 32^3 outputs
-    per sample), each said to be chosen by its rule."""
+    few-channel forward on conv1, the blocked direct kernels elsewhere (a filter gradient
+    over 32^3 outputs per sample, strides), each said to be chosen by its rule."""
     machine("unseen CPU | avx512f")
     conv1, conv2 = MLPERF64[0], MLPERF64[1]
-    assert network.default_choice(conv1, Pass.FWD, "cpu") == (BLOCKED, "rule direct-blocked")
+    assert network.default_choice(conv1, Pass.FWD, "cpu") == ("directConvNDHWCfew",
+                                                              "rule few-channels")
     assert network.default_choice(conv2, Pass.FWD, "cpu") == ("winogradF2", "rule winograd-3x3x3")
     assert network.default_choice(conv2, Pass.BWD_DATA, "cpu")[0] == "winogradF2BwdData"
     # the data gradient sums over the 32 output channels: Winograd for 4 input channels too

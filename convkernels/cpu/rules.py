@@ -58,3 +58,13 @@ DIRECT = Rule(
     "every layer it supports (few channels, strides, other filters): the CPU's general "
     "register-blocked kernel",
     lambda layer: True, rank=1)
+
+#: Input channels up to which the few-channel forward kernel is chosen.
+FEW_CHANNELS = 8
+
+FEW = Rule(
+    "few-channels",
+    f"forward layers with at most {FEW_CHANNELS} input channels (CosmoFlow's conv1): the "
+    "reduction per pixel is short and the output dominates, which the few-channel kernel's "
+    "written-out reduction and streamed stores serve",
+    lambda layer: layer.in_channels // layer.groups <= FEW_CHANNELS, rank=2)

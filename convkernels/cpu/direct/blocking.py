@@ -213,7 +213,7 @@ def store_tile(indent, t, pixel_tile_shape, var, channels, value, vectors=1, add
     or ``value(p, v)`` (``add``: plus what it holds).  ``width``: only the tile's first
     ``width`` pixels along the width (a shorter last width tile)."""
     db, hb, wb = pixel_tile_shape
-    lines = [f"{indent}for {var} in range({channels}):"]
+    lines = []
     for p, (di, hi, wi) in enumerate(tile_pixels(pixel_tile_shape)):
         if width is not None and wi >= width:
             continue
@@ -222,6 +222,7 @@ def store_tile(indent, t, pixel_tile_shape, var, channels, value, vectors=1, add
                        else f"{t['kb']} * {channels} + {var}")
             out = (f"y[{t['b']}, {t['odb']} * {db} + {di}, {t['ohb']} * {hb} + {hi}, "
                    f"{t['owb']} * {wb} + {wi}, {channel}]")
+            lines.append(f"{indent}for {var} in range({channels}):")
             lines.append(f"{indent}    {out} = {out + ' + ' if add else ''}"
                          f"{value(p, v) if vectors > 1 else value(p)}")
     return lines

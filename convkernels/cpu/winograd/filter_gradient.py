@@ -32,7 +32,7 @@ from convkernels.cpu.isa import accumulator_budget, vector_registers
 from convkernels.cpu.direct.blocking import largest_divisor
 from convkernels.cpu.winograd.forward import _matrix, micro_code, padded, vector_code, vector_of
 from convkernels.winograd.fields import tile_padded
-from convkernels.cpu.winograd.sdfg import call_map, finish, layer_sdfg
+from convkernels.cpu.calls import call_map, finish, layer_sdfg
 from convkernels.winograd.tiles import R, tile_count, tiles
 
 M_OUT = 2

@@ -45,7 +45,7 @@ from convkernels.winograd import algebra
 from convkernels.cpu.caches import caches
 from convkernels.cpu.isa import accumulator_budget, vector_floats, vector_registers
 from convkernels.cpu.direct.blocking import largest_divisor, auto_switch
-from convkernels.cpu.winograd.sdfg import call_map, finish, layer_sdfg
+from convkernels.cpu.calls import call_map, finish, include, layer_sdfg
 from convkernels.winograd.tiles import M_OUT, R, tile_count, tiles
 
 
@@ -180,16 +180,11 @@ def padded(floats: int) -> int:
     return floats + 16
 
 
-#: The C++ the Winograd kernels share and the forward kernel (``include/``), included
-#: by content in each kernel's generated code (so each build's source, and the cache's
-#: hash of the package's files, holds them).
-INCLUDE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "include")
-
-
 def header(name: str) -> str:
-    """The text of ``convkernels/cpu/winograd/include/<name>``."""
-    with open(os.path.join(INCLUDE, name)) as f:
-        return f.read()
+    """The text of ``convkernels/cpu/winograd/include/<name>``: the C++ the Winograd
+    kernels share and the forward kernel, included by content in each kernel's generated
+    code (:func:`convkernels.cpu.calls.include`)."""
+    return include(__file__, name)
 
 
 def vector_code(vl: int) -> str:

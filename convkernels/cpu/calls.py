@@ -1,13 +1,25 @@
-"""The SDFG scaffolding of the Winograd CPU programs (:mod:`~convkernels.cpu.winograd.forward`,
-:mod:`~convkernels.cpu.winograd.adjoint`, :mod:`~convkernels.cpu.winograd.filter_gradient`):
-the layer's arrays, parallel maps whose body is one call into the
-program's C++ code, and that code added with every connector a pointer."""
+"""The SDFG scaffolding of the CPU programs written in C++ (the Winograd kernels,
+:mod:`~convkernels.cpu.winograd.forward`, :mod:`~convkernels.cpu.winograd.adjoint`,
+:mod:`~convkernels.cpu.winograd.filter_gradient`, and the few-channel direct forward,
+:mod:`~convkernels.cpu.direct.few`): the layer's arrays, parallel maps whose body is one
+call into the program's C++ code, that code added with every connector a pointer, and the
+text of the C++ headers it is made of."""
+
+import os
 
 import dace
 
 
+def include(module_file: str, name: str) -> str:
+    """The text of ``include/<name>`` beside the module ``module_file`` (a kernel's C++,
+    included by content in its generated code, so that each build's source, and the
+    cache's hash of the package's files, holds it)."""
+    with open(os.path.join(os.path.dirname(os.path.abspath(module_file)), "include", name)) as f:
+        return f.read()
+
+
 def layer_sdfg(name: str, layer, L, w_shape=None):
-    """The SDFG every Winograd CPU program starts from: the layer's float32 ``x``
+    """The SDFG every C++ CPU program starts from: the layer's float32 ``x``
     (NDHWC), ``w`` and ``y`` arrays, and nothing else yet."""
     from convkernels.layouts import Layout, stored_shape
     sdfg = dace.SDFG(name)
