@@ -81,8 +81,12 @@ def test_a_measured_winner_goes_before_the_rule(machine):
 def test_rules_rank_and_registry_checks():
     layer = MLPERF64[2]
     impl, rule = registry.by_rule(Pass.FWD, layer, "cpu")
+    assert impl.name == "directConvNDHWCamx" and rule.rank == 3  # bfloat16 on AMX
+    float32 = lambda i: "float32" in i.precisions  # noqa: E731
+    impl, rule = registry.by_rule(Pass.FWD, layer, "cpu", float32)
     assert impl.name == "winogradF2" and rule.rank == 2
-    impl, rule = registry.by_rule(Pass.FWD, layer, "cpu", lambda i: i.name != "winogradF2")
+    impl, rule = registry.by_rule(Pass.FWD, layer, "cpu",
+                                  lambda i: float32(i) and i.name != "winogradF2")
     assert impl.name == BLOCKED and rule.name == "direct-blocked"
     assert registry.by_rule(Pass.FWD, layer, "gpu") is None
     with pytest.raises(ValueError, match="unknown target"):

@@ -162,7 +162,8 @@ def table(results: Path) -> Tuple[List[str], List[List[str]], str]:
                          "16-bit and TF32 only" if "float32-tf32" in impl.precisions
                          else "16-bit only"),
                      f"{ok16} / {bad16}" if ok16 or bad16 else (
-                         "not run" if len(impl.precisions) > 1 else "float32 only"),
+                         "not run" if {"float16", "bfloat16"} & set(impl.precisions)
+                         else "float32 only"),
                      f"{verified} / {run}" if run else ("not run" if "gpu" in impl.targets
                                                        else "CPU only"), ratio,
                      _share_text(shares.get(impl.name, [])) if "gpu" in impl.targets else ""])

@@ -33,11 +33,12 @@ def default_choice(layer: Layer, pass_: Pass, device: str, dtype=None) -> Tuple[
     declares ``network-cpu`` (CPU), ``network-hopper`` (a Hopper GPU, 16 bits or TF32: the
     wgmma kernels, refused elsewhere), ``network-tensor-cores`` (GPU, 16 bits or TF32),
     ``network``, ``cli``, else the general one (:data:`GENERAL`): the first that supports
-    ``layer``.  In a precision other than float32 (``dtype``, a
-    :class:`~convbench.build.precision.DType`), only implementations that build for it count."""
+    ``layer``.  Only implementations that build in the precision count: ``dtype`` (a
+    :class:`~convbench.build.precision.DType`), float32 where it is None."""
     def usable(impl) -> bool:
         return (impl.pass_ == pass_ and device in impl.targets
-                and (dtype is None or not impl.unsupported_dtype(dtype, device))
+                and (not impl.unsupported_dtype(dtype, device) if dtype is not None
+                     else "float32" in impl.precisions)
                 and not devices.arch_problem(impl.cuda_arch, device)
                 and not impl.unsupported_reason(layer, tuned.tuned_params(impl, layer, device)))
 

@@ -6,8 +6,8 @@ them without tuning (``best``: the fastest implementation of the pass; ``entries
 parameters and those of each candidate that was timed).
 
 The candidates of a pass are the CPU implementations that declare a rule
-(:class:`convkernels.declarations.Rule`) and support the layer, whether their rule applies or
-not: the rules guess, the autotune measures.  The neighbourhood of one is its parameters
+(:class:`convkernels.declarations.Rule`), build in float32 (what it times) and support the
+layer, whether their rule applies or not: the rules guess, the autotune measures.  The neighbourhood of one is its parameters
 as they stand here (this machine's entry, else the nearest machine's), its defaults
 (sized to this CPU's ISA) and the entries other machines stored for the layer, at most
 :data:`NEIGHBOURS` in all, less those whose micro-tile would spill.
@@ -76,7 +76,8 @@ def candidates(layer: Layer, pass_: Pass, target: str = "cpu") -> List[Candidate
     each with up to :data:`NEIGHBOURS` configurations (module docstring)."""
     found: List[Candidate] = []
     for impl in registry.all_implementations().values():
-        if impl.pass_ != Pass(pass_) or impl.rule(target) is None:
+        if (impl.pass_ != Pass(pass_) or impl.rule(target) is None
+                or "float32" not in impl.precisions):  # the autotune times float32
             continue
         configs = [tuned.tuned_params(impl, layer, target)]
         configs += [p for p in [impl.resolve_params(), *tuned.params_elsewhere(

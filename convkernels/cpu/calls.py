@@ -18,14 +18,14 @@ def include(module_file: str, name: str) -> str:
         return f.read()
 
 
-def layer_sdfg(name: str, layer, L, w_shape=None):
-    """The SDFG every C++ CPU program starts from: the layer's float32 ``x``
-    (NDHWC), ``w`` and ``y`` arrays, and nothing else yet."""
+def layer_sdfg(name: str, layer, L, w_shape=None, dtype=dace.float32):
+    """The SDFG every C++ CPU program starts from: the layer's ``x`` (NDHWC), ``w`` and
+    ``y`` arrays of ``dtype`` (float32, or a 16-bit storage type), and nothing else yet."""
     from convkernels.layouts import Layout, stored_shape
     sdfg = dace.SDFG(name)
-    sdfg.add_array("x", stored_shape(Layout.NDHWC, "x", layer.input_shape), dace.float32)
-    sdfg.add_array("w", w_shape or L.w_shape, dace.float32)
-    sdfg.add_array("y", L.y_shape, dace.float32)
+    sdfg.add_array("x", stored_shape(Layout.NDHWC, "x", layer.input_shape), dtype)
+    sdfg.add_array("w", w_shape or L.w_shape, dtype)
+    sdfg.add_array("y", L.y_shape, dtype)
     return sdfg
 
 
@@ -40,18 +40,19 @@ def call_map(state, label: str, ranges, inputs, call: str, outputs) -> None:
                              language=dace.Language.CPP, external_edges=True)
 
 
-def finish(sdfg, code: str):
+def finish(sdfg, code: str, dtype=dace.float32):
     """The program's C++ code added and every connector a pointer (:func:`pointer_connectors`)."""
     sdfg.append_global_code(code)
-    return pointer_connectors(sdfg)
+    return pointer_connectors(sdfg, dtype)
 
 
-def pointer_connectors(sdfg):
-    """Every tasklet connector a pointer to its whole float32 array, also where the array
-    has one element (DaCe would pass that one as a value)."""
+def pointer_connectors(sdfg, dtype=dace.float32):
+    """Every tasklet connector a pointer to its whole array of ``dtype`` (every array of
+    the program has it), also where the array has one element (DaCe would pass that one
+    as a value)."""
     for node, _ in sdfg.all_nodes_recursive():
         if isinstance(node, dace.nodes.Tasklet):
             for conns in (node.in_connectors, node.out_connectors):
                 for name in conns:
-                    conns[name] = dace.pointer(dace.float32)
+                    conns[name] = dace.pointer(dtype)
     return sdfg

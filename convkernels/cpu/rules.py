@@ -68,3 +68,18 @@ FEW = Rule(
     "reduction per pixel is short and the output dominates, which the few-channel kernel's "
     "written-out reduction and streamed stores serve",
     lambda layer: layer.in_channels // layer.groups <= FEW_CHANNELS, rank=2)
+
+#: Channels per AMX tile chunk: the tile kernels need multiples of it in and out.
+AMX_CHANNELS = 32
+
+
+def _amx_layer(layer) -> bool:
+    return (layer.in_channels % AMX_CHANNELS == 0 and layer.out_channels % AMX_CHANNELS == 0
+            and layer.stride == 1 and layer.groups == 1)
+
+
+AMX = Rule(
+    "amx-bf16",
+    f"bfloat16 on CPUs with AMX-BF16: stride-1 layers with multiples of {AMX_CHANNELS} "
+    "channels in and out (the tile kernels refuse other CPUs and precisions)",
+    _amx_layer, rank=3)
