@@ -73,6 +73,11 @@ def test_a_measured_winner_goes_before_the_rule(machine):
     conv2 = MLPERF64[1]
     tuning.store_best("cpu", "fwd", conv2, BLOCKED, {"cpu": "test"})
     assert network.default_choice(conv2, Pass.FWD, "cpu") == (BLOCKED, "measured here")
+    # the winner was timed in float32: it does not decide a bfloat16 run
+    from convbench.build import precision
+    from convbench.experiment import choice
+    assert choice.default_choice(conv2, Pass.FWD, "cpu", precision.get_dtype("bfloat16"))[1] \
+        .startswith("rule")
     machine("another unseen CPU | avx512f")  # another machine's winner is not taken
     assert network.default_choice(conv2, Pass.FWD, "cpu")[0] == "winogradF2"
     assert path.is_file()

@@ -10,8 +10,8 @@ sources, each named in the text it produces:
   passes (``rounds.csv``: per round and layer the fastest DaCe-generated median over the
   faster torch layout's; a layer's ratio is its median over rounds, as the bench reports).
 - CPU training step: the newest end-to-end run under ``results/cpu/`` that timed torch in
-  both memory formats (its ``metadata.json`` ``comparison``), with the fused blocks and the
-  machine's own vector ISA (no ``$CONVBENCH_ISA`` cap).
+  both memory formats (its ``metadata.json`` ``comparison``), in float32, with the fused
+  blocks and the machine's own vector ISA (no ``$CONVBENCH_ISA`` cap).
 - GPU layers: the newest tune campaign's FP32 cases (each layer's fastest verified
   configuration over the fastest vendor path), and the tensor-core implementations'
   range over the campaigns ``convbench status`` reads them from.
@@ -144,11 +144,12 @@ def _threads(meta: Dict[str, Any]) -> str:
 
 
 def cpu_step(results: Path) -> Optional[str]:
-    # the project's default path: not a run that turned the fused blocks off or capped the
-    # vector ISA below the machine's ($CONVBENCH_ISA)
+    # the project's default path: float32, not a run that turned the fused blocks off or
+    # capped the vector ISA below the machine's ($CONVBENCH_ISA)
     runs = [(f, m) for f, m in end2end_runs(results / "cpu")
             if "comparison" in m and "--no-fuse" not in m.get("command", [])
-            and not (m.get("isa") or {}).get("cap")]
+            and not (m.get("isa") or {}).get("cap")
+            and (m.get("precision") or {}).get("label", "float32") == "float32"]
     if not runs:
         return None
     folder, meta = runs[-1]

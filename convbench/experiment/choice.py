@@ -26,8 +26,9 @@ def default_implementation(layer: Layer, pass_: Pass, device: str, dtype=None) -
 
 def default_choice(layer: Layer, pass_: Pass, device: str, dtype=None) -> Tuple[str, str]:
     """``(implementation, how it was chosen)`` for ``pass_`` on ``layer`` where the user
-    named none.  On the CPU: the fastest as measured on this machine (``bench_cpu.py
-    --store`` or ``--autotune``, :func:`convbench.build.tuned.best_implementation`), else
+    named none.  On the CPU: the fastest as measured on this machine in float32
+    (``bench_cpu.py --store`` or ``--autotune``, :func:`convbench.build.tuned.best_implementation`;
+    not in another precision, whose winner it does not say), else
     the highest-ranked implementation whose rule applies
     (:func:`convbench.registry.by_rule`, "rule <name>").  Then (and on the GPU) the one that
     declares ``network-cpu`` (CPU), ``network-hopper`` (a Hopper GPU, 16 bits or TF32: the
@@ -44,7 +45,9 @@ def default_choice(layer: Layer, pass_: Pass, device: str, dtype=None) -> Tuple[
 
     impls = registry.all_implementations()
     if device == "cpu":
-        measured = impls.get(tuned.best_implementation(str(pass_), layer, "cpu") or "")
+        # the stored winners were timed in float32 (bench_cpu.py --store, the autotune)
+        measured = (impls.get(tuned.best_implementation(str(pass_), layer, "cpu") or "")
+                    if dtype is None or dtype.label == "float32" else None)
         if measured is not None and usable(measured):
             return measured.name, "measured here"
         ruled = registry.by_rule(pass_, layer, "cpu", usable)

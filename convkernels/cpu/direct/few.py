@@ -82,8 +82,9 @@ def refusal(layer, params) -> str:
         return (f"the reduction over a tap row is written out: KW x C = {run} values, at most "
                 f"{MAX_RUN} (a kernel for few input channels)")
     pb, nv, _ = tile_of(layer, params)
-    if pb * nv + nv > vector_registers():
-        return (f"a tile of {pb} pixels x {nv} vectors takes {pb * nv + nv} registers, "
+    need = pb * nv + nv + (0 if embedded() else 1)  # and the broadcast's, with AVX2
+    if need > vector_registers():
+        return (f"a tile of {pb} pixels x {nv} vectors takes {need} registers, "
                 f"this CPU has {vector_registers()}")
     return ""
 

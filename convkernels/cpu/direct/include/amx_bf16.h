@@ -22,6 +22,8 @@
 // from the padded input; the positions past OW are computed and not stored.
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <unistd.h>
 #include <sys/syscall.h>
@@ -105,7 +107,10 @@ static inline void ax_begin() {
     // Linux hands a thread the tile state only once the process asked for it
     static const long granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
                                         18 /* XFEATURE_XTILEDATA */);
-    (void)granted;
+    if (granted != 0) {  // a kernel before Linux 5.16: the first tile instruction would trap
+        std::fputs("directConvNDHWCamx*: Linux refused the AMX tile state (arch_prctl)\n", stderr);
+        std::abort();
+    }
     ax_config cfg;
     std::memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
