@@ -36,13 +36,15 @@ last block of positions); 2 swaps the halves of every pair in the packed filter 
 filter gradient's paired input).
 """
 
+from typing import NamedTuple
+
 from convkernels.cpu.calls import call_map, finish, include, layer_sdfg
 from convkernels.cpu.direct.blocking import cpu_schedule
 from convkernels.cpu.isa import has_feature
 from convkernels.cpu.rules import AMX
 from convkernels.layer import layer_constants
 from convkernels.layouts import Layout
-from convkernels.transposed import swap_roles, transposed_layer
+from convkernels.transposed import supports as transposable, swap_roles, transposed_layer
 
 #: The CPU flags the hardware kernels need.
 FEATURES = ("amx_tile", "amx_bf16")
@@ -62,8 +64,7 @@ def refusal(layer, params, computed=None) -> str:
         return (f"{t.in_channels} channels in and {t.out_channels} out: both must be "
                 "multiples of 32 (a tile's reduction chunk and its block of columns)")
     if params["EMULATE"]:
-        macs = layer.batch * layer.out_channels * layer.in_channels * layer.k_d * layer.k_h \
-            * layer.k_w * layer.out_d * layer.out_h * layer.out_w
+        macs = layer.flops() // 2
         if macs > EMULATED_MACS:
             return f"EMULATE=1 computes each tile in C++: {macs:.2g} products is too many"
         return ""
@@ -79,7 +80,6 @@ def supports(layer, params):
 
 
 def supports_data_gradient(layer, params):
-    from convkernels.transposed import supports as transposable
     return transposable(layer, params) or refusal(layer, params, transposed_layer(layer)) or None
 
 
@@ -89,11 +89,37 @@ def check_params(values):
     return None if values["PLANT"] in (0, 1, 2) else "PLANT must be 0, 1 or 2"
 
 
+class Grid(NamedTuple):
+    """The output plane on the padded width (``include/amx_bf16.h``'s comment), in one
+    place for the C++ (its prelude) and the buffers' sizes: the padded extents, a padded
+    plane's pixels, the blocks of 32 positions ``q`` per plane and their positions, the
+    largest tap offset, the pixels the last block reads past the last plane, and the
+    pairs per plane of the filter gradient's input."""
+
+    DP: int
+    HP: int
+    WP: int
+    PL: int
+    QB: int
+    QP: int
+    OFF: int
+    SLACK: int
+    SP: int
+
+
+def grid(L) -> Grid:
+    dp, hp, wp = L.OD + L.KD - 1, L.OH + L.KH - 1, L.OW + L.KW - 1
+    qb = -(-L.OH * wp // 32)
+    off = (L.KH - 1) * wp + L.KW - 1
+    return Grid(dp, hp, wp, hp * wp, qb, 32 * qb, off, 32 + L.KW, (32 * qb + off) // 2 + 1)
+
+
 def global_code(L, params, flip=False) -> str:
-    """The prelude of constants for layer constants ``L``, then ``include/amx_bf16.h``."""
+    """The prelude of constants for layer constants ``L`` (and its :func:`grid`), then
+    ``include/amx_bf16.h``."""
     longs = dict(AX_N=L.N, AX_C=L.C, AX_K=L.K, AX_D=L.D, AX_H=L.H, AX_W=L.W, AX_KD=L.KD,
                  AX_KH=L.KH, AX_KW=L.KW, AX_PD=L.PD, AX_PH=L.PH, AX_PW=L.PW, AX_OD=L.OD,
-                 AX_OH=L.OH, AX_OW=L.OW)
+                 AX_OH=L.OH, AX_OW=L.OW, **{f"AX_{k}": v for k, v in grid(L)._asdict().items()})
     switches = dict(AX_FLIP=int(flip), AX_EMULATE=params["EMULATE"], AX_PLANT=params["PLANT"])
     return "\n".join([f"#define {k} {v}" for k, v in switches.items()]
                      + [f"static constexpr long {k} = {v};" for k, v in longs.items()]
@@ -104,29 +130,31 @@ def _tag(params):
     return f"e{params['EMULATE']}_p{params['PLANT']}"
 
 
+def _calls(state, label, ranges, inputs, outputs, function):
+    """A parallel map over ``ranges`` whose body is ``function(inputs..., outputs...,
+    indices...)``, the bfloat16 arrays passed as ``uint16_t`` pointers."""
+    args = ([f"reinterpret_cast<const uint16_t*>({c})" for c in inputs]
+            + [f"reinterpret_cast<uint16_t*>({c})" for c in outputs] + list(ranges))
+    call_map(state, label, ranges, inputs, f"{function}({', '.join(args)});", outputs)
+
+
 def _forward_sdfg(name, layer, L, dtype, params, flip=False, w_shape=None):
     """Pack the filter and pad the input (one parallel map each), then the items: per
     sample, output plane, block of 32 positions and block of 32 output channels."""
-    dp, pl = L.OD + L.KD - 1, (L.OH + L.KH - 1) * (L.OW + L.KW - 1)
-    qb = -(-L.OH * (L.OW + L.KW - 1) // 32)
+    g = grid(L)
     sdfg = layer_sdfg(name, layer, L, w_shape, dtype.dace)
     sdfg.add_array("wpk", (L.K * L.KD * L.KH * L.KW * L.C,), dtype.dace, transient=True)
-    sdfg.add_array("xp", ((L.N * dp * pl + 32 + L.KW) * L.C,), dtype.dace, transient=True)
+    sdfg.add_array("xp", ((L.N * g.DP * g.PL + g.SLACK) * L.C,), dtype.dace, transient=True)
     state = sdfg.add_state("pack", is_start_block=True)
-    call_map(state, "filter_tiles", {"k16": f"0:{L.K // 16}"}, {"win": "w"},
-             "ax_pack_filter(reinterpret_cast<const uint16_t*>(win), "
-             "reinterpret_cast<uint16_t*>(wout), k16);", {"wout": "wpk"})
+    _calls(state, "filter_tiles", {"k16": f"0:{L.K // 16}"}, {"win": "w"}, {"wout": "wpk"},
+           "ax_pack_filter")
     pad = sdfg.add_state_after(state, "pad")
-    call_map(pad, "input_planes", {"b": f"0:{L.N}", "dp": f"0:{dp}"}, {"xin": "x"},
-             "ax_pad_plane(reinterpret_cast<const uint16_t*>(xin), "
-             "reinterpret_cast<uint16_t*>(xout), b, dp);", {"xout": "xp"})
+    _calls(pad, "input_planes", {"b": f"0:{L.N}", "dp": f"0:{g.DP}"}, {"xin": "x"},
+           {"xout": "xp"}, "ax_pad_plane")
     items = sdfg.add_state_after(pad, "items")
-    call_map(items, "tile_blocks", {"b": f"0:{L.N}", "od": f"0:{L.OD}", "qb": f"0:{qb}",
-                                    "kb": f"0:{L.K // 32}"},
-             {"xin": "xp", "win": "wpk"},
-             "ax_forward(reinterpret_cast<const uint16_t*>(xin), "
-             "reinterpret_cast<const uint16_t*>(win), reinterpret_cast<uint16_t*>(yout), "
-             "b, od, qb, kb);", {"yout": "y"})
+    _calls(items, "tile_blocks", {"b": f"0:{L.N}", "od": f"0:{L.OD}", "qb": f"0:{g.QB}",
+                                  "kb": f"0:{L.K // 32}"},
+           {"xin": "xp", "win": "wpk"}, {"yout": "y"}, "ax_forward")
     return finish(sdfg, global_code(L, params, flip), dtype.dace)
 
 
@@ -148,28 +176,20 @@ def filter_gradient(layer, dtype, params):
     """Transpose dL/dy per plane and pair the input per plane (a parallel map each), then
     the items: per tap, block of 32 output channels and block of 32 input channels."""
     L = layer_constants(layer, Layout.NDHWC)
-    wp = L.OW + L.KW - 1
-    dp = L.OD + L.KD - 1
-    qp = -(-L.OH * wp // 32) * 32
-    sp = (qp + (L.KH - 1) * wp + L.KW - 1) // 2 + 1
+    g = grid(L)
     sdfg = layer_sdfg(f"amx_bwdf_{layer.key()}_{_tag(params)}", layer, L, dtype=dtype.dace)
-    sdfg.add_array("dyt", (L.N * L.OD * L.K * qp,), dtype.dace, transient=True)
-    sdfg.add_array("xpairs", (2 * L.N * dp * sp * L.C * 2,), dtype.dace, transient=True)
+    sdfg.add_array("dyt", (L.N * L.OD * L.K * g.QP,), dtype.dace, transient=True)
+    sdfg.add_array("xpairs", (2 * L.N * g.DP * g.SP * L.C * 2,), dtype.dace, transient=True)
     state = sdfg.add_state("operands", is_start_block=True)
-    call_map(state, "dy_planes", {"b": f"0:{L.N}", "od": f"0:{L.OD}"}, {"yin": "y"},
-             "ax_transpose_dy(reinterpret_cast<const uint16_t*>(yin), "
-             "reinterpret_cast<uint16_t*>(tout), b, od);", {"tout": "dyt"})
+    _calls(state, "dy_planes", {"b": f"0:{L.N}", "od": f"0:{L.OD}"}, {"yin": "y"},
+           {"tout": "dyt"}, "ax_transpose_dy")
     pairs = sdfg.add_state_after(state, "pairs")
-    call_map(pairs, "input_planes", {"b": f"0:{L.N}", "dp": f"0:{dp}"}, {"xin": "x"},
-             "ax_pair_input(reinterpret_cast<const uint16_t*>(xin), "
-             "reinterpret_cast<uint16_t*>(pout), b, dp);", {"pout": "xpairs"})
+    _calls(pairs, "input_planes", {"b": f"0:{L.N}", "dp": f"0:{g.DP}"}, {"xin": "x"},
+           {"pout": "xpairs"}, "ax_pair_input")
     items = sdfg.add_state_after(pairs, "items")
-    call_map(items, "tile_blocks", {"t": f"0:{L.KD * L.KH * L.KW}", "kb": f"0:{L.K // 32}",
-                                    "cb": f"0:{L.C // 32}"},
-             {"tin": "dyt", "pin": "xpairs"},
-             "ax_filter_gradient(reinterpret_cast<const uint16_t*>(tin), "
-             "reinterpret_cast<const uint16_t*>(pin), reinterpret_cast<uint16_t*>(wout), "
-             "t, kb, cb);", {"wout": "w"})
+    _calls(items, "tile_blocks", {"t": f"0:{L.KD * L.KH * L.KW}", "kb": f"0:{L.K // 32}",
+                                  "cb": f"0:{L.C // 32}"},
+           {"tin": "dyt", "pin": "xpairs"}, {"wout": "w"}, "ax_filter_gradient")
     return finish(sdfg, global_code(L, params), dtype.dace)
 
 

@@ -32,6 +32,8 @@ of a smaller output still finds it in the cache.
 last input column as border.
 """
 
+import math
+
 import dace
 
 from convkernels.cpu.calls import call_map, finish, include, layer_sdfg
@@ -70,7 +72,7 @@ def streams(layer, params) -> bool:
     module)."""
     if params["STREAM"] != 2:
         return bool(params["STREAM"])
-    return 4 * layer.batch * layer.out_channels * layer.out_d * layer.out_h * layer.out_w > caches().l3
+    return 4 * math.prod(layer.output_shape) > caches().l3
 
 
 def refusal(layer, params) -> str:

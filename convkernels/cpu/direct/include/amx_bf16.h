@@ -5,6 +5,11 @@
 // writes for one layer (global_code):
 //   the layer      AX_N AX_C AX_K AX_D AX_H AX_W AX_KD AX_KH AX_KW AX_PD AX_PH AX_PW
 //                  AX_OD AX_OH AX_OW (stride 1; for the data gradient the transposed layer)
+//   the grid       AX_DP AX_HP AX_WP (padded extents), AX_PL (a padded plane's pixels),
+//                  AX_QB AX_QP (blocks of 32 positions q per plane, and their positions),
+//                  AX_OFF (the largest tap offset on the grid), AX_SLACK (pixels read past
+//                  the last plane), AX_SP (pairs per plane of the filter gradient's input):
+//                  amx.py's Grid, which also sizes the buffers
 //   the switches   AX_FLIP (w is the original filter of a transposed layer, read flipped
 //                  in space with its channels swapped), AX_EMULATE (the tile instructions
 //                  computed in C++, for CPUs without AMX: tests), AX_PLANT (tests only).
@@ -28,18 +33,8 @@
 #include <unistd.h>
 #include <sys/syscall.h>
 
-static constexpr long AX_DP = AX_OD + AX_KD - 1, AX_HP = AX_OH + AX_KH - 1,
-                      AX_WP = AX_OW + AX_KW - 1;
-static constexpr long AX_PL = AX_HP * AX_WP;                  // padded plane, pixels
 static constexpr long AX_TAPS = AX_KD * AX_KH * AX_KW;
-static constexpr long AX_QB = (AX_OH * AX_WP + 31) / 32;       // blocks of 32 q per plane
-static constexpr long AX_QP = AX_QB * 32;
 static constexpr long AX_CC = AX_C / 32;                       // reduction chunks per tap
-static constexpr long AX_OFF = (AX_KH - 1) * AX_WP + AX_KW - 1;  // the largest tap offset
-// pixels read past the last plane by the last q block (zero in the padded copy)
-static constexpr long AX_SLACK = 32 + AX_KW;
-// the filter gradient's pairs of the input per plane: (X(2s), X(2s+1)) and (X(2s+1), X(2s+2))
-static constexpr long AX_SP = (AX_QP + AX_OFF) / 2 + 1;
 
 static inline float ax_float(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
